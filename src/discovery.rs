@@ -1,0 +1,74 @@
+//! Pool membership from Envoy's admin API (`GET /clusters?format=json`): the members of a named
+//! cluster, as `ip:port`, leaving out hosts Envoy itself considers unhealthy. This is how a plugin on
+//! upstream Envoy follows EDS/DNS membership (Istio's `outbound|8000||svc` clusters) without
+//! Kubernetes API access.
+
+use serde_json::Value;
+
+pub fn cluster_members(admin_json: &[u8], cluster: &str) -> Option<Vec<String>> {
+    let doc: Value = serde_json::from_slice(admin_json).ok()?;
+    let statuses = doc.get("cluster_statuses")?.as_array()?;
+    let status = statuses
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(cluster))?;
+    let hosts = match status.get("host_statuses") {
+        Some(Value::Array(h)) => h.as_slice(),
+        _ => &[],
+    };
+    let mut members: Vec<String> = hosts
+        .iter()
+        .filter(|h| {
+            let health = h.get("health_status");
+            let eds = health
+                .and_then(|s| s.get("eds_health_status"))
+                .and_then(Value::as_str)
+                .unwrap_or("HEALTHY");
+            let failed_check = health
+                .and_then(|s| s.get("failed_active_health_check"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            matches!(eds, "HEALTHY" | "UNKNOWN" | "DEGRADED") && !failed_check
+        })
+        .filter_map(|h| {
+            let sa = h.get("address")?.get("socket_address")?;
+            let ip = sa.get("address")?.as_str()?;
+            let port = sa.get("port_value")?.as_u64()?;
+            Some(if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            })
+        })
+        .collect();
+    members.sort();
+    members.dedup();
+    Some(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_members_of_the_named_cluster() {
+        let doc = br#"{"cluster_statuses":[
+          {"name":"other","host_statuses":[{"address":{"socket_address":{"address":"9.9.9.9","port_value":1}}}]},
+          {"name":"outbound|8000||vllm.ns.svc.cluster.local","host_statuses":[
+            {"address":{"socket_address":{"address":"10.0.0.2","port_value":8000}},"health_status":{"eds_health_status":"HEALTHY"}},
+            {"address":{"socket_address":{"address":"10.0.0.1","port_value":8000}},"health_status":{"eds_health_status":"HEALTHY"}},
+            {"address":{"socket_address":{"address":"10.0.0.3","port_value":8000}},"health_status":{"eds_health_status":"UNHEALTHY"}},
+            {"address":{"socket_address":{"address":"10.0.0.4","port_value":8000}},"health_status":{"failed_active_health_check":true}},
+            {"address":{"socket_address":{"address":"::1","port_value":8000}}}
+          ]}]}"#;
+        assert_eq!(
+            cluster_members(doc, "outbound|8000||vllm.ns.svc.cluster.local"),
+            Some(vec![
+                "10.0.0.1:8000".to_string(),
+                "10.0.0.2:8000".to_string(),
+                "[::1]:8000".to_string()
+            ])
+        );
+        assert_eq!(cluster_members(doc, "missing"), None);
+        assert_eq!(cluster_members(b"not json", "x"), None);
+    }
+}

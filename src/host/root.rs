@@ -1,0 +1,462 @@
+//! The root context of each VM: configuration, the tick that elects a leader and keeps this VM's
+//! view current, and, in the leader, polling, discovery and publishing.
+
+use super::filter::Filter;
+use super::shared;
+use super::stats::{Counter, Gauge, Stats};
+use crate::config::BlockMode;
+use crate::config::Config;
+use crate::leader::{Leader, PollResult};
+use crate::router::{Router, Tokenizer};
+use crate::state::lease::{self, Lease};
+use crate::state::load::LoadTable;
+use crate::state::messages::{Message, Observation, Page};
+use crate::state::{
+    page_key, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY, QUEUE_NAME,
+    SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
+};
+use crate::tokenize::Tiktoken;
+use hashbrown::HashMap;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType, MapType};
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Queue messages the leader handles per tick at most, so one tick never stalls its worker.
+const MAX_DRAIN_PER_TICK: usize = 20_000;
+/// Observations per delta page: bounds one shared-data value (~ 8 bytes a block).
+const MAX_PAGE_BYTES: usize = 512 * 1024;
+/// Pages a request applies at most before routing; the rest wait for the next request or tick.
+const MAX_PAGES_PER_SYNC: u64 = 8;
+/// A VM re-reports its in-flight counts at least this often, so the leader can expire silent VMs.
+const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
+
+/// Everything one VM knows; shared by its root and HTTP contexts (one thread per VM).
+pub struct Vm {
+    pub config: Config,
+    pub router: Router,
+    /// Built once per VM when the configuration asks for real tokens.
+    pub tokenizer: Option<Box<dyn Tokenizer>>,
+    pub stats: Stats,
+    id: u64,
+    queue: Option<u32>,
+    leader: Option<LeaderState>,
+    load_cas: Option<u32>,
+    last_report_ms: u64,
+}
+
+struct LeaderState {
+    book: Leader,
+    queue: u32,
+    polls: HashMap<u32, String>,
+    admin_call: Option<u32>,
+    pending: Vec<Observation>,
+    head: u64,
+    snapshot_seq: u64,
+}
+
+impl Vm {
+    fn new(config: Config, tokenizer: Option<Box<dyn Tokenizer>>) -> Vm {
+        Vm {
+            config,
+            router: Router::new(),
+            tokenizer,
+            stats: Stats::define(),
+            id: random_u64(),
+            queue: None,
+            leader: None,
+            load_cas: None,
+            last_report_ms: 0,
+        }
+    }
+
+    /// Applies the delta pages the leader published since this VM last looked: one shared-data
+    /// read when nothing is new.
+    pub fn sync_pages(&mut self) {
+        let Some(head) = shared::get_u64(PAGE_HEAD_KEY) else {
+            return;
+        };
+        let applied = self.router.applied_page;
+        if head <= applied || self.leader.is_some() {
+            return;
+        }
+        if head - applied >= PAGE_RING - 1 {
+            self.load_snapshot(head);
+        }
+        let from = self.router.applied_page + 1;
+        for seq in from..=head.min(from + MAX_PAGES_PER_SYNC - 1) {
+            let page = shared::get(&page_key(seq)).0.and_then(|b| Page::decode(&b));
+            match page {
+                Some(p) if p.seq == seq => self.router.apply_page(&p),
+                // Overwritten while we read (we are a full ring behind): start from the snapshot.
+                _ => {
+                    self.load_snapshot(head);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn load_snapshot(&mut self, head: u64) {
+        match shared::get(SNAPSHOT_KEY).0.and_then(|b| Page::decode(&b)) {
+            Some(snapshot) if snapshot.seq + PAGE_RING > head => {
+                self.router.load_snapshot(&snapshot)
+            }
+            // No usable snapshot yet: skip ahead and let new observations rebuild the view.
+            _ => self.router.applied_page = head.saturating_sub(1),
+        }
+    }
+
+    /// Records a routing decision locally and tells the leader.
+    pub fn observe(&mut self, observation: Observation) {
+        self.router.observe(&observation);
+        if let Some(queue) = self.queue {
+            let message = Message::Observation {
+                vm: self.id,
+                observation,
+            };
+            shared::enqueue(queue, &message.encode());
+        }
+    }
+
+    fn tick(&mut self, now: u64) {
+        self.elect(now);
+        if self.leader.is_some() {
+            self.lead(now);
+        }
+        self.follow(now);
+    }
+
+    fn elect(&mut self, now: u64) {
+        let (bytes, cas) = shared::get(LEASE_KEY);
+        let current = bytes.and_then(|b| Lease::decode(&b));
+        let claim = lease::claim(
+            current,
+            self.id,
+            now,
+            self.config.leader_lease_ms,
+            self.config.singleton,
+        );
+        let won = match claim {
+            Some(l) => shared::cas(LEASE_KEY, &l.encode(), cas).is_ok(),
+            None => false,
+        };
+        if won && self.leader.is_none() {
+            self.become_leader();
+        } else if !won && self.leader.is_some() {
+            log::info!("kvroute: VM {:x} is no longer the leader", self.id);
+            self.leader = None;
+        }
+    }
+
+    fn become_leader(&mut self) {
+        let Ok(queue) = hostcalls::register_shared_queue(QUEUE_NAME) else {
+            log::warn!("kvroute: cannot register the observation queue; not leading");
+            return;
+        };
+        shared::set(QUEUE_ID_KEY, &queue.to_le_bytes());
+        self.queue = Some(queue);
+        // Catch up with what the previous leader published before taking over the sequence.
+        self.sync_pages();
+        let head = shared::get_u64(PAGE_HEAD_KEY)
+            .unwrap_or(0)
+            .max(self.router.applied_page);
+        self.router.applied_page = head;
+        self.leader = Some(LeaderState {
+            book: Leader::new(&self.config),
+            queue,
+            polls: HashMap::new(),
+            admin_call: None,
+            pending: Vec::new(),
+            head,
+            snapshot_seq: 0,
+        });
+        self.stats.inc(Counter::LeaderChanges);
+        log::info!("kvroute: VM {:x} is the leader (page head {head})", self.id);
+    }
+
+    fn lead(&mut self, now: u64) {
+        let Some(mut st) = self.leader.take() else {
+            return;
+        };
+        for _ in 0..MAX_DRAIN_PER_TICK {
+            let Some(bytes) = shared::dequeue(st.queue) else {
+                break;
+            };
+            match Message::decode(&bytes) {
+                Some(Message::Observation { observation, .. }) => {
+                    self.router.observe(&observation);
+                    st.pending.push(observation);
+                }
+                Some(m @ Message::Inflight { .. }) => st.book.on_message(&m, now),
+                None => log::debug!("kvroute: dropped an undecodable queue message"),
+            }
+        }
+        self.publish_pages(&mut st);
+        if st.book.discovery_due(&self.config, now) && st.admin_call.is_none() {
+            if let Some(cluster) = &self.config.admin_cluster {
+                st.admin_call = dispatch(
+                    cluster,
+                    "/clusters?format=json",
+                    "admin",
+                    None,
+                    self.timeout(),
+                );
+            }
+        }
+        for addr in st.book.poll_due(&self.config, now) {
+            if st.polls.values().any(|a| *a == addr) {
+                continue; // the previous poll of this pod has not answered yet
+            }
+            match dispatch(
+                &self.config.poll_cluster,
+                "/metrics",
+                &addr,
+                Some(&addr),
+                self.timeout(),
+            ) {
+                Some(token) => {
+                    st.polls.insert(token, addr);
+                }
+                None => {
+                    st.book.on_poll(&addr, PollResult::Failed, now);
+                    self.stats.inc(Counter::PollFailures);
+                }
+            }
+        }
+        let table = st.book.table(now, 3 * INFLIGHT_HEARTBEAT_MS);
+        shared::set(LOAD_KEY, &table.encode());
+        self.stats.set(Gauge::PodsKnown, table.pods.len() as u64);
+        self.stats.set(
+            Gauge::PodsHealthy,
+            st.book.healthy_pods(now, self.config.stale_after_ms) as u64,
+        );
+        self.stats
+            .set(Gauge::IndexEntries, self.router.index_entries() as u64);
+        self.leader = Some(st);
+    }
+
+    fn publish_pages(&mut self, st: &mut LeaderState) {
+        let mut start = 0;
+        while start < st.pending.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < st.pending.len() && (end == start || bytes < MAX_PAGE_BYTES) {
+                bytes += st
+                    .pending
+                    .get(end)
+                    .map_or(0, |o| o.hashes.len() * 8 + o.addr.len() + 8);
+                end += 1;
+            }
+            st.head += 1;
+            let page = Page {
+                seq: st.head,
+                observations: st
+                    .pending
+                    .get(start..end)
+                    .map(<[Observation]>::to_vec)
+                    .unwrap_or_default(),
+            };
+            // Page before head: a reader that sees the new head finds its page.
+            shared::set(&page_key(st.head), &page.encode());
+            shared::set_u64(PAGE_HEAD_KEY, st.head);
+            start = end;
+        }
+        st.pending.clear();
+        self.router.applied_page = st.head;
+        if st.head >= st.snapshot_seq + SNAPSHOT_EVERY_PAGES
+            || (st.snapshot_seq == 0 && st.head > 0)
+        {
+            shared::set(SNAPSHOT_KEY, &self.router.snapshot(st.head).encode());
+            st.snapshot_seq = st.head;
+        }
+    }
+
+    fn follow(&mut self, now: u64) {
+        if self.queue.is_none() {
+            self.queue = shared::get(QUEUE_ID_KEY)
+                .0
+                .and_then(|b| Some(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)));
+        }
+        let (bytes, cas) = shared::get(LOAD_KEY);
+        if cas != self.load_cas {
+            if let Some(table) = bytes.and_then(|b| LoadTable::decode(&b)) {
+                self.router.apply_load_table(&self.config, table);
+                self.load_cas = cas;
+            }
+        }
+        let heartbeat = now.saturating_sub(self.last_report_ms) >= INFLIGHT_HEARTBEAT_MS;
+        if let (Some(queue), Some(counts)) = (self.queue, self.router.inflight_report(heartbeat)) {
+            shared::enqueue(
+                queue,
+                &Message::Inflight {
+                    vm: self.id,
+                    counts,
+                }
+                .encode(),
+            );
+            self.last_report_ms = now;
+        }
+        if self.leader.is_none() {
+            self.sync_pages();
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.poll_timeout_ms)
+    }
+
+    fn on_call_response(&mut self, token: u32, body_size: usize, now: u64) {
+        let Some(st) = self.leader.as_mut() else {
+            return;
+        };
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if st.admin_call == Some(token) {
+            st.admin_call = None;
+            if status == 200 {
+                st.book.on_admin_clusters(&self.config, &body);
+            } else {
+                log::warn!("kvroute: admin /clusters answered {status}");
+            }
+        } else if let Some(addr) = st.polls.remove(&token) {
+            let result = if status == 0 {
+                PollResult::Failed
+            } else {
+                PollResult::Answered(status, &body)
+            };
+            if !st.book.on_poll(&addr, result, now) {
+                self.stats.inc(Counter::PollFailures);
+                log::debug!("kvroute: poll of {addr} failed (status {status})");
+            }
+        }
+    }
+}
+
+fn dispatch(
+    cluster: &str,
+    path: &str,
+    authority: &str,
+    destination: Option<&str>,
+    timeout: Duration,
+) -> Option<u32> {
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", authority),
+    ];
+    if let Some(d) = destination {
+        headers.push((crate::headers::DESTINATION, d));
+    }
+    match hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout) {
+        Ok(token) => Some(token),
+        Err(e) => {
+            log::warn!("kvroute: dispatch to cluster `{cluster}` failed: {e:?} (is the cluster configured?)");
+            None
+        }
+    }
+}
+
+/// A VM identity unlikely to collide: the standard library seeds its hasher from WASI random_get.
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(super::now_ms());
+    h.finish()
+}
+
+pub struct Root {
+    vm: Option<Rc<RefCell<Vm>>>,
+}
+
+impl Root {
+    pub fn new() -> Root {
+        Root { vm: None }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        if let Some(vm) = &self.vm {
+            if let Ok(mut vm) = vm.try_borrow_mut() {
+                vm.on_call_response(token_id, body_size, super::now_ms());
+            }
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let bytes = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let config = match Config::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("{e}");
+                return false;
+            }
+        };
+        let tokenizer: Option<Box<dyn Tokenizer>> = match config.block.mode {
+            BlockMode::Chars => None,
+            BlockMode::Tiktoken => match Tiktoken::new(&config.block.encoding) {
+                Ok(t) => Some(Box::new(t)),
+                Err(e) => {
+                    log::error!("kvroute: {e}");
+                    return false;
+                }
+            },
+        };
+        let tick = Duration::from_millis((config.poll_interval_ms / 2).clamp(10, 100));
+        if hostcalls::set_tick_period(tick).is_err() {
+            log::warn!("kvroute: the host refused a tick period");
+        }
+        log::info!(
+            "kvroute: configured with {} pool(s), poll every {} ms",
+            config.pools.len(),
+            config.poll_interval_ms
+        );
+        self.vm = Some(Rc::new(RefCell::new(Vm::new(config, tokenizer))));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(vm) = &self.vm {
+            if let Ok(mut vm) = vm.try_borrow_mut() {
+                if !vm.config.pools.is_empty() {
+                    vm.tick(super::now_ms());
+                }
+            }
+        }
+    }
+
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        // Drained on the next tick; draining here too would only split the same work.
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Never None (the SDK would panic): without a valid configuration the filter still strips
+        // spoofed routing headers and passes everything through.
+        Some(Box::new(Filter::new(self.vm.clone())))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

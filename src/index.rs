@@ -1,0 +1,248 @@
+//! The prefix index: which pods are believed to hold which blocks in their KV cache.
+//!
+//! One map from block hash to a 64-bit mask of pod slots answers "how many leading blocks of this
+//! prompt does each pod hold" in one pass over the prompt's blocks, whatever the pool size. Each pod
+//! also keeps an LRU of its blocks with a capacity that mirrors its real KV cache (`num_gpu_blocks ×
+//! block_size` tokens, converted to our block size), so what the index believes falls out roughly
+//! when the engine would evict it. The LRU is a queue of (hash, stamp) with lazy deletion: a touch
+//! pushes a new stamp, eviction pops entries whose stamp is stale; the queue is compacted when it
+//! grows past twice the capacity, so memory stays O(capacity).
+
+use hashbrown::HashMap;
+use std::collections::VecDeque;
+
+pub type PodMask = u64;
+pub const MAX_SLOTS: usize = 64;
+
+#[derive(Debug, Default, Clone)]
+struct PodLru {
+    capacity: usize,
+    /// hash → stamp of its latest touch.
+    latest: HashMap<u64, u64>,
+    queue: VecDeque<(u64, u64)>,
+}
+
+impl PodLru {
+    fn len(&self) -> usize {
+        self.latest.len()
+    }
+
+    /// Returns the hashes evicted to stay within capacity.
+    fn touch(&mut self, hash: u64, stamp: u64, evicted: &mut Vec<u64>) {
+        self.latest.insert(hash, stamp);
+        self.queue.push_back((hash, stamp));
+        self.evict_over_capacity(evicted);
+        if self.queue.len() > 2 * self.capacity.max(16) {
+            let latest = &self.latest;
+            self.queue.retain(|(h, s)| latest.get(h) == Some(s));
+        }
+    }
+
+    fn evict_over_capacity(&mut self, evicted: &mut Vec<u64>) {
+        while self.latest.len() > self.capacity {
+            let Some((h, s)) = self.queue.pop_front() else {
+                break;
+            };
+            if self.latest.get(&h) == Some(&s) {
+                self.latest.remove(&h);
+                evicted.push(h);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct PrefixIndex {
+    holders: HashMap<u64, PodMask>,
+    pods: Vec<PodLru>,
+    clock: u64,
+}
+
+impl PrefixIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets a slot's capacity in blocks (creating the slot); shrinking evicts at once.
+    pub fn set_capacity(&mut self, slot: usize, capacity: usize) {
+        if slot >= MAX_SLOTS {
+            return;
+        }
+        if self.pods.len() <= slot {
+            self.pods.resize_with(slot + 1, PodLru::default);
+        }
+        let mut evicted = Vec::new();
+        if let Some(pod) = self.pods.get_mut(slot) {
+            pod.capacity = capacity;
+            pod.evict_over_capacity(&mut evicted);
+        }
+        self.unmark(slot, &evicted);
+    }
+
+    /// Records that the pod in `slot` now holds `hashes` (a prompt's chained blocks, in order).
+    pub fn observe(&mut self, slot: usize, hashes: &[u64]) {
+        let Some(pod) = self.pods.get_mut(slot) else {
+            return;
+        };
+        let bit: PodMask = 1 << slot;
+        let mut evicted = Vec::new();
+        // Touch later blocks first so that the leading blocks (shared by most requests) are the most
+        // recent and are the last to go, as in an engine's LRU that frees a sequence's tail first.
+        for &h in hashes.iter().rev() {
+            self.clock += 1;
+            pod.touch(h, self.clock, &mut evicted);
+            *self.holders.entry(h).or_insert(0) |= bit;
+        }
+        self.unmark(slot, &evicted);
+    }
+
+    fn unmark(&mut self, slot: usize, evicted: &[u64]) {
+        let bit: PodMask = 1 << slot;
+        for h in evicted {
+            if let Some(mask) = self.holders.get_mut(h) {
+                *mask &= !bit;
+                if *mask == 0 {
+                    self.holders.remove(h);
+                }
+            }
+        }
+    }
+
+    /// Forgets everything about a slot (the pod left the pool or restarted).
+    pub fn clear_slot(&mut self, slot: usize) {
+        let Some(pod) = self.pods.get_mut(slot) else {
+            return;
+        };
+        let hashes: Vec<u64> = pod.latest.keys().copied().collect();
+        pod.latest.clear();
+        pod.queue.clear();
+        self.unmark(slot, &hashes);
+    }
+
+    /// Leading blocks of `hashes` held by each slot: `result[slot]`.
+    pub fn match_lengths(&self, hashes: &[u64], slots: usize) -> Vec<usize> {
+        let mut lengths = vec![0usize; slots.min(MAX_SLOTS)];
+        let mut alive: PodMask = if slots >= MAX_SLOTS {
+            PodMask::MAX
+        } else {
+            (1 << slots) - 1
+        };
+        for (i, h) in hashes.iter().enumerate() {
+            if alive == 0 {
+                break;
+            }
+            let mask = self.holders.get(h).copied().unwrap_or(0);
+            alive &= mask;
+            let mut bits = alive;
+            while bits != 0 {
+                let slot = bits.trailing_zeros() as usize;
+                if let Some(l) = lengths.get_mut(slot) {
+                    *l = i + 1;
+                }
+                bits &= bits - 1;
+            }
+        }
+        lengths
+    }
+
+    pub fn blocks_held(&self, slot: usize) -> usize {
+        self.pods.get(slot).map_or(0, PodLru::len)
+    }
+
+    pub fn entries(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// A slot's blocks, oldest first: the snapshot form.
+    pub fn slot_blocks_oldest_first(&self, slot: usize) -> Vec<u64> {
+        let Some(pod) = self.pods.get(slot) else {
+            return Vec::new();
+        };
+        pod.queue
+            .iter()
+            .filter(|(h, s)| pod.latest.get(h) == Some(s))
+            .map(|(h, _)| *h)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(slots: usize, capacity: usize) -> PrefixIndex {
+        let mut idx = PrefixIndex::new();
+        for s in 0..slots {
+            idx.set_capacity(s, capacity);
+        }
+        idx
+    }
+
+    #[test]
+    fn longest_leading_match_per_pod() {
+        let mut idx = index(3, 100);
+        idx.observe(0, &[1, 2, 3, 4]);
+        idx.observe(1, &[1, 2, 9]);
+        idx.observe(2, &[2, 3, 4]); // holds later blocks but not the first: no leading match
+        assert_eq!(idx.match_lengths(&[1, 2, 3, 4, 5], 3), vec![4, 2, 0]);
+        assert_eq!(idx.match_lengths(&[7], 3), vec![0, 0, 0]);
+        assert_eq!(idx.match_lengths(&[], 3), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn eviction_is_least_recently_used_and_bounded() {
+        let mut idx = index(1, 4);
+        idx.observe(0, &[1, 2, 3, 4]);
+        idx.observe(0, &[1, 2]); // refresh 1 and 2
+        idx.observe(0, &[10, 11]); // evicts 3 and 4
+        assert_eq!(idx.blocks_held(0), 4);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 1), vec![2]);
+        assert_eq!(idx.match_lengths(&[10, 11], 1), vec![2]);
+        assert_eq!(idx.entries(), 4);
+        for i in 0..10_000u64 {
+            idx.observe(0, &[100 + i]);
+        }
+        assert_eq!(idx.blocks_held(0), 4);
+        assert_eq!(idx.entries(), 4);
+        assert!(idx.pods[0].queue.len() <= 2 * 16 + 1, "queue compacted");
+    }
+
+    #[test]
+    fn the_leading_blocks_outlive_the_tail() {
+        let mut idx = index(1, 3);
+        idx.observe(0, &[1, 2, 3]);
+        idx.observe(0, &[1, 5]); // needs one slot: the tail (3) goes, not the shared head
+        assert_eq!(idx.match_lengths(&[1, 2], 1), vec![2]);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 1), vec![2]);
+    }
+
+    #[test]
+    fn shrinking_and_clearing_unmark_blocks() {
+        let mut idx = index(2, 10);
+        idx.observe(0, &[1, 2, 3]);
+        idx.observe(1, &[1, 2, 3]);
+        idx.set_capacity(0, 1);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 2), vec![1, 3]);
+        idx.clear_slot(1);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 2), vec![1, 0]);
+        assert_eq!(idx.entries(), 1);
+    }
+
+    #[test]
+    fn unknown_slots_are_ignored() {
+        let mut idx = index(1, 10);
+        idx.observe(5, &[1]);
+        idx.set_capacity(MAX_SLOTS + 3, 10);
+        assert_eq!(idx.entries(), 0);
+        assert_eq!(idx.slot_blocks_oldest_first(9), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn snapshot_order_is_oldest_first() {
+        let mut idx = index(1, 10);
+        idx.observe(0, &[1, 2]);
+        idx.observe(0, &[3]);
+        // observe touches in reverse, so 2 is older than 1.
+        assert_eq!(idx.slot_blocks_oldest_first(0), vec![2, 1, 3]);
+    }
+}

@@ -1,0 +1,275 @@
+//! The leader's bookkeeping, free of host calls: which pods exist (static pools plus members read
+//! from the admin API), when each was last polled and what it said, every VM's in-flight report,
+//! and the load table to publish. The host glue dispatches the polls this asks for and feeds back
+//! the answers.
+
+use crate::config::{Config, Role};
+use crate::prom::{self, PodMetrics};
+use crate::state::load::{LoadTable, PodLoad};
+use crate::state::messages::Message;
+use hashbrown::HashMap;
+
+#[derive(Debug, Clone, PartialEq)]
+struct PodRecord {
+    role: Role,
+    metrics: PodMetrics,
+    metrics_at_ms: u64,
+    failing: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Leader {
+    /// Members per pool, in the config's pool order.
+    members: Vec<Vec<String>>,
+    pods: HashMap<String, PodRecord>,
+    /// vm → (report time, counts).
+    inflight: HashMap<u64, (u64, Vec<(String, u32)>)>,
+    version: u64,
+    last_poll_ms: u64,
+    last_discovery_ms: u64,
+}
+
+/// Outcome of one metrics poll.
+pub enum PollResult<'a> {
+    /// HTTP status and body.
+    Answered(u32, &'a [u8]),
+    /// Refused, reset or timed out.
+    Failed,
+}
+
+impl Leader {
+    pub fn new(config: &Config) -> Leader {
+        let mut leader = Leader {
+            members: config.pools.iter().map(|p| p.endpoints.clone()).collect(),
+            ..Leader::default()
+        };
+        leader.sync_pods(config);
+        leader
+    }
+
+    fn sync_pods(&mut self, config: &Config) {
+        let mut wanted: Vec<(&String, Role)> = Vec::new();
+        for (pool, members) in config.pools.iter().zip(&self.members) {
+            for addr in members {
+                if wanted.len() < crate::config::MAX_PODS && !wanted.iter().any(|(a, _)| *a == addr)
+                {
+                    wanted.push((addr, pool.role));
+                }
+            }
+        }
+        self.pods
+            .retain(|addr, _| wanted.iter().any(|(a, _)| *a == addr));
+        for (addr, role) in wanted {
+            let record = self.pods.entry_ref(addr.as_str()).or_insert(PodRecord {
+                role,
+                metrics: PodMetrics::default(),
+                metrics_at_ms: 0,
+                failing: false,
+            });
+            record.role = role;
+        }
+    }
+
+    /// Pools whose membership comes from the admin API, if a refresh is due.
+    pub fn discovery_due(&mut self, config: &Config, now_ms: u64) -> bool {
+        let any = config.pools.iter().any(|p| p.cluster.is_some());
+        if any && now_ms.saturating_sub(self.last_discovery_ms) >= config.discovery_interval_ms {
+            self.last_discovery_ms = now_ms;
+            return true;
+        }
+        false
+    }
+
+    /// Applies a fresh `/clusters?format=json` answer to every cluster-backed pool.
+    pub fn on_admin_clusters(&mut self, config: &Config, body: &[u8]) {
+        for (i, pool) in config.pools.iter().enumerate() {
+            let Some(cluster) = &pool.cluster else {
+                continue;
+            };
+            if let (Some(members), Some(slot)) = (
+                crate::discovery::cluster_members(body, cluster),
+                self.members.get_mut(i),
+            ) {
+                *slot = members;
+            }
+        }
+        self.sync_pods(config);
+    }
+
+    /// The pods to poll now, if a round is due.
+    pub fn poll_due(&mut self, config: &Config, now_ms: u64) -> Vec<String> {
+        if now_ms.saturating_sub(self.last_poll_ms) < config.poll_interval_ms {
+            return Vec::new();
+        }
+        self.last_poll_ms = now_ms;
+        let mut addrs: Vec<String> = self.pods.keys().cloned().collect();
+        addrs.sort();
+        addrs
+    }
+
+    pub fn on_poll(&mut self, addr: &str, result: PollResult<'_>, now_ms: u64) -> bool {
+        let Some(record) = self.pods.get_mut(addr) else {
+            return false;
+        };
+        let parsed = match result {
+            PollResult::Answered(200, body) => prom::parse(body).ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(metrics) => {
+                record.metrics = metrics;
+                record.metrics_at_ms = now_ms;
+                record.failing = false;
+                true
+            }
+            None => {
+                record.failing = true;
+                false
+            }
+        }
+    }
+
+    pub fn on_message(&mut self, message: &Message, now_ms: u64) {
+        if let Message::Inflight { vm, counts } = message {
+            self.inflight.insert(*vm, (now_ms, counts.clone()));
+        }
+    }
+
+    /// The table to publish. In-flight reports older than `report_ttl_ms` are dropped: their VM is
+    /// gone (a VM with unfinished requests re-reports at least that often), and its requests with it.
+    pub fn table(&mut self, now_ms: u64, report_ttl_ms: u64) -> LoadTable {
+        self.inflight
+            .retain(|_, (at, _)| now_ms.saturating_sub(*at) <= report_ttl_ms);
+        self.version += 1;
+        let mut pods: Vec<PodLoad> = self
+            .pods
+            .iter()
+            .map(|(addr, r)| PodLoad {
+                addr: addr.clone(),
+                role: r.role,
+                metrics_at_ms: r.metrics_at_ms,
+                failing: r.failing,
+                metrics: r.metrics.clone(),
+                inflight: self
+                    .inflight
+                    .values()
+                    .flat_map(|(_, counts)| counts.iter())
+                    .filter(|(a, _)| a == addr)
+                    .map(|(_, n)| *n)
+                    .sum(),
+            })
+            .collect();
+        pods.sort_by(|a, b| a.addr.cmp(&b.addr));
+        LoadTable {
+            version: self.version,
+            published_ms: now_ms,
+            pods,
+        }
+    }
+
+    pub fn healthy_pods(&self, now_ms: u64, stale_after_ms: u64) -> usize {
+        self.pods
+            .values()
+            .filter(|r| {
+                !r.failing
+                    && r.metrics_at_ms > 0
+                    && now_ms.saturating_sub(r.metrics_at_ms) <= stale_after_ms
+            })
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &[u8] = b"vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n";
+
+    fn config(json: &str) -> Config {
+        Config::parse(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn polls_feed_the_table_and_failures_mark_pods() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1","10.0.0.2:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        assert_eq!(l.poll_due(&cfg, 1000).len(), 2);
+        assert!(l.poll_due(&cfg, 1100).is_empty(), "not before the interval");
+        assert!(l.on_poll("10.0.0.1:1", PollResult::Answered(200, PAGE), 1000));
+        assert!(!l.on_poll("10.0.0.2:1", PollResult::Answered(200, b"garbage"), 1000));
+        assert!(
+            !l.on_poll("9.9.9.9:1", PollResult::Failed, 1000),
+            "unknown pods are ignored"
+        );
+        let t = l.table(1000, 5000);
+        assert_eq!(t.pods.len(), 2);
+        assert!(t.pods[0].is_fresh(1000, 2000) && t.pods[0].metrics.running == 2.0);
+        assert!(!t.pods[1].is_fresh(1000, 2000));
+        assert_eq!(l.healthy_pods(1000, 2000), 1);
+        l.on_poll("10.0.0.1:1", PollResult::Failed, 1200);
+        assert_eq!(
+            l.healthy_pods(1200, 2000),
+            0,
+            "a failed poll is not trusted"
+        );
+        assert!(l.table(1300, 5000).version > t.version);
+    }
+
+    #[test]
+    fn in_flight_reports_sum_and_expire() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        l.on_message(
+            &Message::Inflight {
+                vm: 1,
+                counts: vec![("10.0.0.1:1".into(), 2)],
+            },
+            0,
+        );
+        l.on_message(
+            &Message::Inflight {
+                vm: 2,
+                counts: vec![("10.0.0.1:1".into(), 3)],
+            },
+            900,
+        );
+        assert_eq!(l.table(1000, 1000).pods[0].inflight, 5);
+        assert_eq!(l.table(1500, 1000).pods[0].inflight, 3, "vm 1 went silent");
+    }
+
+    #[test]
+    fn discovery_replaces_cluster_members() {
+        let cfg = config(
+            r#"{"admin_cluster":"admin","pools":[{"name":"a","cluster":"pool"},{"name":"s","endpoints":["1.1.1.1:1"]}]}"#,
+        );
+        let mut l = Leader::new(&cfg);
+        assert!(l.discovery_due(&cfg, 5000));
+        assert!(!l.discovery_due(&cfg, 5001));
+        let admin = |ips: &[&str]| {
+            let hosts: Vec<String> = ips
+                .iter()
+                .map(|ip| {
+                    format!(
+                        r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":80}}}}}}"#
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{"cluster_statuses":[{{"name":"pool","host_statuses":[{}]}}]}}"#,
+                hosts.join(",")
+            )
+        };
+        l.on_admin_clusters(&cfg, admin(&["10.0.0.1", "10.0.0.2"]).as_bytes());
+        assert_eq!(l.table(0, 1).pods.len(), 3);
+        l.on_admin_clusters(&cfg, admin(&["10.0.0.2"]).as_bytes());
+        let t = l.table(0, 1);
+        let addrs: Vec<&str> = t.pods.iter().map(|p| p.addr.as_str()).collect();
+        assert_eq!(addrs, vec!["1.1.1.1:1", "10.0.0.2:80"]);
+        l.on_admin_clusters(&cfg, b"{broken");
+        assert_eq!(
+            l.table(0, 1).pods.len(),
+            2,
+            "a broken answer keeps the last membership"
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! One VM's routing state and the request-path entry points: the VM's copy of the prefix index, the
+//! leader's latest load table, and this VM's own in-flight counts. The host glue feeds it shared
+//! data and request bodies; it answers with decisions. No host calls here, so all of it runs natively
+//! in tests.
+
+use crate::config::{BlockMode, Config, Role};
+use crate::index::{PrefixIndex, MAX_SLOTS};
+use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
+use crate::request::RequestView;
+use crate::scheduler::{decide, Decision, PodView, RouteRequest};
+use crate::state::load::LoadTable;
+use crate::state::messages::{Observation, Page};
+use hashbrown::HashMap;
+
+/// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
+pub trait Tokenizer {
+    fn encode(&self, text: &str) -> Vec<u32>;
+}
+
+/// The blocks of one request, ready for the scheduler and the index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocks {
+    pub hashes: Vec<u64>,
+    pub affinity_key: u64,
+    /// Estimated prompt tokens (for P/D and in-flight token accounting).
+    pub prompt_tokens: u64,
+}
+
+#[derive(Default)]
+pub struct Router {
+    index: PrefixIndex,
+    slot_of: HashMap<String, usize>,
+    load: LoadTable,
+    /// This VM's unfinished requests per pod, live.
+    local_inflight: HashMap<String, u32>,
+    /// What this VM last reported to the leader (already inside `load`'s sums).
+    reported_inflight: HashMap<String, u32>,
+    /// Sequence number of the last delta page applied.
+    pub applied_page: u64,
+}
+
+/// Longest prompt, in blocks, that is hashed: bounds per-request work on huge prompts.
+pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
+
+impl Router {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn load_table(&self) -> &LoadTable {
+        &self.load
+    }
+
+    pub fn index_entries(&self) -> usize {
+        self.index.entries()
+    }
+
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    pub fn slot_of(&self, addr: &str) -> Option<usize> {
+        self.slot_of.get(addr).copied()
+    }
+
+    /// Adopts a newer load table: new pods get index slots, removed pods are forgotten, capacities
+    /// follow what the pods report.
+    pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
+        let removed: Vec<String> = self
+            .slot_of
+            .keys()
+            .filter(|addr| !table.pods.iter().any(|p| &p.addr == *addr))
+            .cloned()
+            .collect();
+        for addr in removed {
+            if let Some(slot) = self.slot_of.remove(&addr) {
+                self.index.clear_slot(slot);
+            }
+        }
+        for pod in &table.pods {
+            let slot = match self.slot_of.get(&pod.addr) {
+                Some(&s) => s,
+                None => {
+                    let Some(free) =
+                        (0..MAX_SLOTS).find(|s| !self.slot_of.values().any(|v| v == s))
+                    else {
+                        continue;
+                    };
+                    self.slot_of.insert(pod.addr.clone(), free);
+                    free
+                }
+            };
+            let capacity = pod.capacity_blocks(
+                config.block.tokens_per_block,
+                config.default_pod_capacity_blocks,
+                config.max_pod_capacity_blocks,
+            );
+            self.index.set_capacity(slot, capacity);
+        }
+        self.load = table;
+    }
+
+    pub fn observe(&mut self, observation: &Observation) {
+        if let Some(&slot) = self.slot_of.get(&observation.addr) {
+            self.index.observe(slot, &observation.hashes);
+        }
+    }
+
+    pub fn apply_page(&mut self, page: &Page) {
+        for o in &page.observations {
+            self.observe(o);
+        }
+        self.applied_page = page.seq;
+    }
+
+    /// Replaces the index with a snapshot (a page whose observations are each pod's blocks, oldest
+    /// first).
+    pub fn load_snapshot(&mut self, snapshot: &Page) {
+        for &slot in self.slot_of.values() {
+            self.index.clear_slot(slot);
+        }
+        self.apply_page(snapshot);
+    }
+
+    /// The snapshot of this VM's index, for the leader to publish.
+    pub fn snapshot(&self, seq: u64) -> Page {
+        let mut observations: Vec<Observation> = self
+            .slot_of
+            .iter()
+            .map(|(addr, &slot)| Observation {
+                addr: addr.clone(),
+                hashes: self.index.slot_blocks_oldest_first(slot),
+            })
+            .collect();
+        observations.sort_by(|a, b| a.addr.cmp(&b.addr));
+        // `observe` touches in reverse order; hand it newest-first so the oldest ends oldest.
+        for o in &mut observations {
+            o.hashes.reverse();
+        }
+        Page { seq, observations }
+    }
+
+    pub fn blocks(
+        config: &Config,
+        view: &RequestView,
+        tokenizer: Option<&dyn Tokenizer>,
+    ) -> Blocks {
+        let seed = chain_seed(&view.model, view.cache_salt.as_deref());
+        let (hashes, prompt_tokens) = match (config.block.mode, tokenizer) {
+            (BlockMode::Tiktoken, Some(t)) => {
+                let text = String::from_utf8_lossy(&view.prompt);
+                let tokens = t.encode(&text);
+                let hashes = token_block_hashes(
+                    &tokens,
+                    config.block.tokens_per_block as usize,
+                    seed,
+                    MAX_BLOCKS_PER_REQUEST,
+                );
+                (hashes, tokens.len() as u64)
+            }
+            _ => (
+                char_block_hashes(
+                    &view.prompt,
+                    config.block_bytes(),
+                    seed,
+                    MAX_BLOCKS_PER_REQUEST,
+                ),
+                (view.prompt.len() / config.block.chars_per_token.max(1) as usize) as u64,
+            ),
+        };
+        let affinity_key = hashes.first().copied().unwrap_or(seed);
+        Blocks {
+            hashes,
+            affinity_key,
+            prompt_tokens,
+        }
+    }
+
+    /// In-flight requests to `addr` as this VM sees them now: everyone's last reports, with this
+    /// VM's part replaced by its live count.
+    fn inflight(&self, addr: &str, published: u32) -> f64 {
+        let reported = self.reported_inflight.get(addr).copied().unwrap_or(0);
+        let live = self.local_inflight.get(addr).copied().unwrap_or(0);
+        f64::from(published.saturating_sub(reported) + live)
+    }
+
+    pub fn route(
+        &self,
+        config: &Config,
+        model: &str,
+        role: Role,
+        blocks: &Blocks,
+        now_ms: u64,
+    ) -> Decision {
+        let lengths = self.index.match_lengths(&blocks.hashes, MAX_SLOTS);
+        let pods: Vec<PodView> = self
+            .load
+            .pods
+            .iter()
+            .map(|p| PodView {
+                addr: &p.addr,
+                role: p.role,
+                fresh: p.is_fresh(now_ms, config.stale_after_ms),
+                waiting: p.metrics.waiting,
+                running: p.metrics.running,
+                kv_usage: p.metrics.kv_usage,
+                inflight: self.inflight(&p.addr, p.inflight),
+                models: &p.metrics.models,
+                matched_blocks: self
+                    .slot_of
+                    .get(&p.addr)
+                    .and_then(|&s| lengths.get(s).copied())
+                    .unwrap_or(0),
+            })
+            .collect();
+        decide(
+            config,
+            &pods,
+            &RouteRequest {
+                model,
+                role,
+                block_hashes: &blocks.hashes,
+                affinity_key: blocks.affinity_key,
+            },
+        )
+    }
+
+    pub fn inflight_start(&mut self, addr: &str) {
+        *self.local_inflight.entry_ref(addr).or_insert(0) += 1;
+    }
+
+    pub fn inflight_end(&mut self, addr: &str) {
+        if let Some(n) = self.local_inflight.get_mut(addr) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// This VM's live counts if they differ from the last report (the report to send), else None.
+    pub fn inflight_report(&mut self, force: bool) -> Option<Vec<(String, u32)>> {
+        self.local_inflight
+            .retain(|addr, n| *n > 0 || self.slot_of.contains_key(addr));
+        if !force && self.local_inflight == self.reported_inflight {
+            return None;
+        }
+        self.reported_inflight = self.local_inflight.clone();
+        let mut counts: Vec<(String, u32)> = self
+            .local_inflight
+            .iter()
+            .map(|(a, n)| (a.clone(), *n))
+            .collect();
+        counts.sort();
+        Some(counts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prom::PodMetrics;
+    use crate::request::{parse, Endpoint};
+    use crate::scheduler::Decision;
+    use crate::state::load::PodLoad;
+
+    fn table(addrs: &[&str], now: u64) -> LoadTable {
+        LoadTable {
+            version: 1,
+            published_ms: now,
+            pods: addrs
+                .iter()
+                .map(|a| PodLoad {
+                    addr: a.to_string(),
+                    role: Role::Aggregated,
+                    metrics_at_ms: now,
+                    failing: false,
+                    metrics: PodMetrics {
+                        block_size: Some(16),
+                        num_gpu_blocks: Some(1024),
+                        ..PodMetrics::default()
+                    },
+                    inflight: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn primary(d: &Decision) -> String {
+        match d {
+            Decision::Route { ranked, .. } => ranked[0].addr.clone(),
+            Decision::NoEndpoint(r) => panic!("{r:?}"),
+        }
+    }
+
+    fn chat(system: &str, user: &str) -> RequestView {
+        let body = serde_json::json!({"model":"m","messages":[{"role":"system","content":system},{"role":"user","content":user}]});
+        parse(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_shared_prefix_follows_the_first_choice() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
+        let system = "You are a helpful assistant. ".repeat(100);
+        let first = Router::blocks(&cfg, &chat(&system, "question one"), None);
+        let d = r.route(&cfg, "m", Role::Aggregated, &first, 100);
+        let pod = primary(&d);
+        r.observe(&Observation {
+            addr: pod.clone(),
+            hashes: first.hashes.clone(),
+        });
+        // The chosen pod is now a little busier than the others; the prefix keeps it first.
+        let mut busier = table(&["a:1", "b:1", "c:1", "d:1"], 100);
+        busier
+            .pods
+            .iter_mut()
+            .find(|p| p.addr == pod)
+            .unwrap()
+            .metrics
+            .running = 2.0;
+        r.apply_load_table(&cfg, busier);
+        let mut followed = 0;
+        for i in 0..20 {
+            let b = Router::blocks(&cfg, &chat(&system, &format!("another question {i}")), None);
+            if primary(&r.route(&cfg, "m", Role::Aggregated, &b, 100)) == pod {
+                followed += 1;
+            }
+        }
+        // Without the observation the same load sends it elsewhere.
+        let mut fresh = Router::new();
+        let mut busier = table(&["a:1", "b:1", "c:1", "d:1"], 100);
+        busier
+            .pods
+            .iter_mut()
+            .find(|p| p.addr == pod)
+            .unwrap()
+            .metrics
+            .running = 2.0;
+        fresh.apply_load_table(&cfg, busier);
+        assert_ne!(
+            primary(&fresh.route(&cfg, "m", Role::Aggregated, &first, 100)),
+            pod
+        );
+        assert_eq!(followed, 20);
+    }
+
+    #[test]
+    fn removed_pods_leave_the_index_and_stale_tables_stop_routing() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+        r.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: vec![1, 2, 3],
+        });
+        assert_eq!(r.index_entries(), 3);
+        r.apply_load_table(&cfg, table(&["b:1"], 100));
+        assert_eq!(r.index_entries(), 0);
+        assert_eq!(r.slot_of("a:1"), None);
+        let b = Router::blocks(&cfg, &chat("x", "y"), None);
+        assert!(matches!(
+            r.route(
+                &cfg,
+                "m",
+                Role::Aggregated,
+                &b,
+                100 + cfg.stale_after_ms + 1
+            ),
+            Decision::NoEndpoint(_)
+        ));
+    }
+
+    #[test]
+    fn snapshot_reproduces_the_index() {
+        let cfg = Config::default();
+        let mut a = Router::new();
+        a.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+        a.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: vec![1, 2, 3],
+        });
+        a.observe(&Observation {
+            addr: "b:1".into(),
+            hashes: vec![1, 9],
+        });
+        let mut b = Router::new();
+        b.apply_load_table(&cfg, table(&["b:1", "a:1"], 100));
+        b.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: vec![77],
+        });
+        b.load_snapshot(&a.snapshot(5));
+        assert_eq!(b.applied_page, 5);
+        assert_eq!(
+            b.index().match_lengths(&[1, 2, 3], 64)[b.slot_of("a:1").unwrap()],
+            3
+        );
+        assert_eq!(
+            b.index().match_lengths(&[1, 9], 64)[b.slot_of("b:1").unwrap()],
+            2
+        );
+        assert_eq!(
+            b.index().match_lengths(&[77], 64)[b.slot_of("a:1").unwrap()],
+            0
+        );
+        assert_eq!(
+            a.index()
+                .slot_blocks_oldest_first(a.slot_of("a:1").unwrap()),
+            b.index()
+                .slot_blocks_oldest_first(b.slot_of("a:1").unwrap())
+        );
+    }
+
+    #[test]
+    fn in_flight_reports_replace_this_vms_share() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        let mut t = table(&["a:1"], 100);
+        r.apply_load_table(&cfg, t.clone());
+        r.inflight_start("a:1");
+        r.inflight_start("a:1");
+        assert_eq!(r.inflight("a:1", 0), 2.0);
+        assert_eq!(r.inflight_report(false), Some(vec![("a:1".to_string(), 2)]));
+        assert_eq!(r.inflight_report(false), None, "unchanged");
+        // The leader's sum now includes our 2 plus another VM's 3.
+        t.pods[0].inflight = 5;
+        r.apply_load_table(&cfg, t);
+        r.inflight_end("a:1");
+        assert_eq!(r.inflight("a:1", 5), 4.0);
+    }
+
+    struct Words;
+    impl Tokenizer for Words {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.split_whitespace().map(|w| w.len() as u32).collect()
+        }
+    }
+
+    #[test]
+    fn tiktoken_mode_uses_the_tokenizer() {
+        let mut cfg = Config::default();
+        cfg.block.mode = BlockMode::Tiktoken;
+        let v = chat(&"word ".repeat(64), "q");
+        let b = Router::blocks(&cfg, &v, Some(&Words));
+        assert_eq!(b.prompt_tokens, 65);
+        assert_eq!(b.hashes.len(), 4);
+        // Without a tokenizer it falls back to characters rather than failing.
+        let c = Router::blocks(&cfg, &v, None);
+        assert_eq!(c.hashes.len(), v.prompt.len() / 64);
+    }
+}

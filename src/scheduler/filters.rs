@@ -1,0 +1,49 @@
+//! Filters: a pod is a candidate when it plays the requested role, its metrics are fresh (a pod
+//! we have not heard from recently is never trusted to be idle), and it serves the model (when it
+//! reports its models at all).
+
+use super::{PodView, RouteRequest};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// No pod of this role is configured or discovered.
+    NoPods,
+    /// Pods exist but none has fresh metrics.
+    NoneHealthy,
+    /// Healthy pods exist but none reports serving the requested model.
+    UnknownModel,
+}
+
+impl Rejection {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Rejection::NoPods => "no pods are known for this pool",
+            Rejection::NoneHealthy => {
+                "no pod is healthy (all unreachable or their metrics are stale)"
+            }
+            Rejection::UnknownModel => "no healthy pod serves the requested model",
+        }
+    }
+}
+
+pub fn filter<'p, 'a>(
+    pods: &'p [PodView<'a>],
+    request: &RouteRequest<'_>,
+) -> Result<Vec<&'p PodView<'a>>, Rejection> {
+    let of_role: Vec<&PodView> = pods.iter().filter(|p| p.role == request.role).collect();
+    if of_role.is_empty() {
+        return Err(Rejection::NoPods);
+    }
+    let healthy: Vec<&PodView> = of_role.into_iter().filter(|p| p.fresh).collect();
+    if healthy.is_empty() {
+        return Err(Rejection::NoneHealthy);
+    }
+    let serving: Vec<&PodView> = healthy
+        .into_iter()
+        .filter(|p| p.models.is_empty() || p.models.iter().any(|m| m == request.model))
+        .collect();
+    if serving.is_empty() {
+        return Err(Rejection::UnknownModel);
+    }
+    Ok(serving)
+}

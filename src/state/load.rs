@@ -1,0 +1,99 @@
+//! The load table the leader publishes: every known pod, its pool role, its latest metrics and when
+//! they were read, and the sum of every VM's in-flight requests to it.
+
+use crate::config::Role;
+use crate::prom::PodMetrics;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodLoad {
+    pub addr: String,
+    pub role: Role,
+    /// Time of the last successful metrics read; 0 = never.
+    pub metrics_at_ms: u64,
+    /// The last poll failed (refused, timed out, non-200 or unparsable).
+    pub failing: bool,
+    pub metrics: PodMetrics,
+    /// Requests in flight to this pod summed over all VMs' latest reports.
+    pub inflight: u32,
+}
+
+impl PodLoad {
+    pub fn is_fresh(&self, now_ms: u64, stale_after_ms: u64) -> bool {
+        !self.failing
+            && self.metrics_at_ms > 0
+            && now_ms.saturating_sub(self.metrics_at_ms) <= stale_after_ms
+    }
+
+    /// Prefix-index capacity in our blocks, from the engine's KV geometry when it reports one.
+    pub fn capacity_blocks(
+        &self,
+        our_block_tokens: u32,
+        default_blocks: u32,
+        max_blocks: u32,
+    ) -> usize {
+        let reported = match (self.metrics.block_size, self.metrics.num_gpu_blocks) {
+            (Some(bs), Some(n)) if our_block_tokens > 0 => {
+                Some((u64::from(bs) * n / u64::from(our_block_tokens)).max(1))
+            }
+            _ => None,
+        };
+        reported
+            .unwrap_or(u64::from(default_blocks))
+            .min(u64::from(max_blocks)) as usize
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadTable {
+    pub version: u64,
+    pub published_ms: u64,
+    pub pods: Vec<PodLoad>,
+}
+
+impl LoadTable {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<LoadTable> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_and_capacity() {
+        let mut p = PodLoad {
+            addr: "a:1".into(),
+            role: Role::Aggregated,
+            metrics_at_ms: 1000,
+            failing: false,
+            metrics: PodMetrics::default(),
+            inflight: 0,
+        };
+        assert!(p.is_fresh(2000, 1000));
+        assert!(!p.is_fresh(2001, 1000));
+        p.failing = true;
+        assert!(!p.is_fresh(1000, 1000));
+        assert_eq!(p.capacity_blocks(16, 500, 10_000), 500);
+        p.metrics.block_size = Some(16);
+        p.metrics.num_gpu_blocks = Some(4096);
+        assert_eq!(p.capacity_blocks(16, 500, 10_000), 4096);
+        assert_eq!(
+            p.capacity_blocks(16, 500, 1000),
+            1000,
+            "bounded by configuration"
+        );
+        let t = LoadTable {
+            version: 3,
+            published_ms: 5,
+            pods: vec![p],
+        };
+        assert_eq!(LoadTable::decode(&t.encode()), Some(t));
+        assert_eq!(LoadTable::decode(b"junk"), None);
+    }
+}

@@ -1,0 +1,204 @@
+//! Binary messages: what workers send the leader through the shared queue, and the delta pages and
+//! snapshots the leader publishes. Little-endian, length-prefixed; decoding never trusts a length
+//! (a truncated or foreign message decodes to `None`, never to a panic or a huge allocation).
+//!
+//! ```text
+//! message  = tag:u8 vm:u64 body
+//!   tag 1  observation: addr:str n:u32 hash:u64 × n        ("pod addr now holds these blocks")
+//!   tag 2  in-flight:   n:u16 (addr:str count:u32) × n    (this VM's unfinished requests per pod)
+//! page     = seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n
+//! str      = len:u16 bytes
+//! ```
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub addr: String,
+    pub hashes: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Observation { vm: u64, observation: Observation },
+    Inflight { vm: u64, counts: Vec<(String, u32)> },
+}
+
+/// A delta page or a snapshot: a sequence number and observations in application order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Page {
+    pub seq: u64,
+    pub observations: Vec<Observation>,
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = (self.bytes.get(..n)?, self.bytes.get(n..)?);
+        self.bytes = tail;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1)?.first().copied()
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn str(&mut self) -> Option<String> {
+        let n = self.u16()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+    fn observation(&mut self) -> Option<Observation> {
+        let addr = self.str()?;
+        let n = self.u32()? as usize;
+        if n > self.bytes.len() / 8 {
+            return None;
+        }
+        let hashes = (0..n).map(|_| self.u64()).collect::<Option<Vec<u64>>>()?;
+        Some(Observation { addr, hashes })
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    let n = bytes.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    out.extend_from_slice(bytes.get(..n).unwrap_or_default());
+}
+
+fn put_observation(out: &mut Vec<u8>, o: &Observation) {
+    put_str(out, &o.addr);
+    out.extend_from_slice(&(o.hashes.len() as u32).to_le_bytes());
+    for h in &o.hashes {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+}
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Message::Observation { vm, observation } => {
+                out.push(1);
+                out.extend_from_slice(&vm.to_le_bytes());
+                put_observation(&mut out, observation);
+            }
+            Message::Inflight { vm, counts } => {
+                out.push(2);
+                out.extend_from_slice(&vm.to_le_bytes());
+                let n = counts.len().min(u16::MAX as usize);
+                out.extend_from_slice(&(n as u16).to_le_bytes());
+                for (addr, count) in counts.iter().take(n) {
+                    put_str(&mut out, addr);
+                    out.extend_from_slice(&count.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Message> {
+        let mut r = Reader { bytes };
+        let tag = r.u8()?;
+        let vm = r.u64()?;
+        match tag {
+            1 => Some(Message::Observation {
+                vm,
+                observation: r.observation()?,
+            }),
+            2 => {
+                let n = r.u16()? as usize;
+                let counts = (0..n)
+                    .map(|_| Some((r.str()?, r.u32()?)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Message::Inflight { vm, counts })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Page {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&(self.observations.len() as u32).to_le_bytes());
+        for o in &self.observations {
+            put_observation(&mut out, o);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Page> {
+        let mut r = Reader { bytes };
+        let seq = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > r.bytes.len() {
+            return None;
+        }
+        let observations = (0..n)
+            .map(|_| r.observation())
+            .collect::<Option<Vec<_>>>()?;
+        Some(Page { seq, observations })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(addr: &str, hashes: &[u64]) -> Observation {
+        Observation {
+            addr: addr.into(),
+            hashes: hashes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        for m in [
+            Message::Observation {
+                vm: 9,
+                observation: obs("10.0.0.1:8000", &[1, u64::MAX]),
+            },
+            Message::Inflight {
+                vm: 1,
+                counts: vec![("a:1".into(), 3), ("b:2".into(), 0)],
+            },
+        ] {
+            assert_eq!(Message::decode(&m.encode()), Some(m));
+        }
+        let p = Page {
+            seq: 12,
+            observations: vec![obs("a:1", &[5]), obs("b:2", &[])],
+        };
+        assert_eq!(Page::decode(&p.encode()), Some(p));
+    }
+
+    #[test]
+    fn truncated_or_foreign_bytes_decode_to_none() {
+        let m = Message::Observation {
+            vm: 9,
+            observation: obs("a:1", &[1, 2, 3]),
+        }
+        .encode();
+        for cut in 0..m.len() {
+            assert_eq!(Message::decode(&m[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(Message::decode(&[7, 0, 0, 0, 0, 0, 0, 0, 0]), None);
+        // A length field claiming 4 billion hashes must not allocate them.
+        let mut huge = vec![1u8];
+        huge.extend_from_slice(&0u64.to_le_bytes());
+        huge.extend_from_slice(&[1, 0, b'a']);
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Message::decode(&huge), None);
+        assert_eq!(Page::decode(&[1, 2, 3]), None);
+    }
+}

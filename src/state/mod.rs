@@ -1,0 +1,34 @@
+//! What the VMs of one Envoy share, and its byte encodings.
+//!
+//! Envoy runs one Wasm VM per worker thread; they share nothing but Envoy's shared-data key/value
+//! store and shared queues. The layout (every key fixed, so shared data stays bounded whatever the
+//! traffic):
+//!
+//! | key / queue                   | writer  | content                                               |
+//! |-------------------------------|---------|-------------------------------------------------------|
+//! | `kvroute.lease`               | any VM  | [`lease::Lease`]: who polls, until when (CAS)          |
+//! | `kvroute.load`                | leader  | [`load::LoadTable`] JSON: members, metrics, in-flight  |
+//! | `kvroute.queue`               | leader  | id of the shared queue workers send [`messages`] to   |
+//! | `kvroute.idx.head`            | leader  | sequence number of the newest delta page              |
+//! | `kvroute.idx.page.<0..RING>`  | leader  | a delta page: observations "pod P holds blocks h…"    |
+//! | `kvroute.idx.snapshot`        | leader  | every pod's blocks, for VMs that fell behind the ring |
+
+pub mod lease;
+pub mod load;
+pub mod messages;
+
+pub const LEASE_KEY: &str = "kvroute.lease";
+pub const LOAD_KEY: &str = "kvroute.load";
+pub const QUEUE_ID_KEY: &str = "kvroute.queue";
+pub const QUEUE_NAME: &str = "kvroute.observations";
+pub const PAGE_HEAD_KEY: &str = "kvroute.idx.head";
+pub const SNAPSHOT_KEY: &str = "kvroute.idx.snapshot";
+/// Delta pages kept; a VM more than this many pages behind reloads the snapshot.
+pub const PAGE_RING: u64 = 64;
+/// The leader rewrites the snapshot at least every this many pages, so a VM that reloads it can
+/// always continue from pages still in the ring.
+pub const SNAPSHOT_EVERY_PAGES: u64 = PAGE_RING / 2;
+
+pub fn page_key(seq: u64) -> String {
+    format!("kvroute.idx.page.{}", seq % PAGE_RING)
+}
