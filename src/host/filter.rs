@@ -82,7 +82,7 @@ impl Filter {
                 if vm.config.debug_header {
                     let s = &primary.scores;
                     self.debug = Some(format!(
-                        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}",
+                        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}",
                         primary.addr,
                         if reason == RouteReason::PrefixHit { "prefix" } else { "load" },
                         primary.matched_blocks,
@@ -94,6 +94,7 @@ impl Filter {
                         s.inflight,
                         s.capped,
                         header.get(1..).map(|f| f.join(",")).unwrap_or_default(),
+                        vm.id(),
                     ));
                 }
                 vm.router.inflight_start(&primary.addr);
@@ -148,8 +149,8 @@ impl HttpContext for Filter {
         if spoofed > 0 {
             vm.stats.inc(Counter::SpoofedHeadersRemoved);
         }
-        if vm.config.pools.is_empty() || end_of_stream {
-            return Action::Continue;
+        if vm.config.pools.is_empty() {
+            return Action::Continue; // nothing to route to: kvroute only guards the headers
         }
         let method = Self::request_header(":method").unwrap_or_default();
         let endpoint = Self::request_header(":path").and_then(|p| Endpoint::from_path(&p));
@@ -157,7 +158,7 @@ impl HttpContext for Filter {
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
         match endpoint {
-            Some(ep) if method == "POST" && !too_large => {
+            Some(ep) if method == "POST" && !too_large && !end_of_stream => {
                 self.endpoint = Some(ep);
                 // Wait for the body; needs `allow_on_headers_stop_iteration: true` on Envoy ≥ 1.35.
                 Action::Pause

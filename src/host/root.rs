@@ -73,6 +73,11 @@ impl Vm {
         }
     }
 
+    /// This VM's identity (lease holder id; shown in the debug header).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Applies the delta pages the leader published since this VM last looked: one shared-data
     /// read when nothing is new.
     pub fn sync_pages(&mut self) {

