@@ -131,6 +131,13 @@ pub struct Config {
     pub block: BlockConfig,
     pub weights: Weights,
     pub affinity_cap: AffinityCap,
+    /// For a prefix no pod is known to hold, every pod within this many requests of the least
+    /// loaded one is an equal candidate and rendezvous hashing picks among them, so replicas whose
+    /// load views differ by a poll's worth of noise still agree.
+    pub rendezvous_load_slack: f64,
+    /// Load (requests) that counts as "full" for the queue and in-flight scorers when every pod is
+    /// below it; above it, the most loaded pod sets the scale.
+    pub load_scale_floor: f64,
     /// Prefix-index capacity per pod, in blocks, when the pod does not report `num_gpu_blocks`.
     pub default_pod_capacity_blocks: u32,
     /// Upper bound on per-pod index capacity, whatever the pod reports: bounds memory and shared data.
@@ -161,6 +168,8 @@ impl Default for Config {
             block: BlockConfig::default(),
             weights: Weights::default(),
             affinity_cap: AffinityCap::default(),
+            rendezvous_load_slack: 2.0,
+            load_scale_floor: 8.0,
             default_pod_capacity_blocks: 16384,
             max_pod_capacity_blocks: 65536,
             max_endpoints_in_header: 3,
@@ -317,6 +326,12 @@ impl Config {
         }
         if !self.affinity_cap.rel_gap.is_finite() || self.affinity_cap.rel_gap < 1.0 {
             return Err(err("affinity_cap.rel_gap", "must be a finite number ≥ 1"));
+        }
+        if !self.rendezvous_load_slack.is_finite() || self.rendezvous_load_slack < 0.0 {
+            return Err(err("rendezvous_load_slack", "must be a finite number ≥ 0"));
+        }
+        if !self.load_scale_floor.is_finite() || self.load_scale_floor < 1.0 {
+            return Err(err("load_scale_floor", "must be a finite number ≥ 1"));
         }
         if self.default_pod_capacity_blocks == 0 {
             return Err(err("default_pod_capacity_blocks", "must be positive"));

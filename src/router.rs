@@ -225,6 +225,16 @@ impl Router {
         )
     }
 
+    /// The pod holding the longest leading run of `hashes` and that length (for the debug header).
+    pub fn longest_holder(&self, hashes: &[u64]) -> Option<(&str, usize)> {
+        let lengths = self.index.match_lengths(hashes, MAX_SLOTS);
+        self.slot_of
+            .iter()
+            .map(|(addr, &slot)| (addr.as_str(), lengths.get(slot).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .max_by_key(|(addr, n)| (*n, std::cmp::Reverse(*addr)))
+    }
+
     pub fn inflight_start(&mut self, addr: &str) {
         *self.local_inflight.entry_ref(addr).or_insert(0) += 1;
     }
@@ -316,7 +326,7 @@ mod tests {
             .find(|p| p.addr == pod)
             .unwrap()
             .metrics
-            .running = 2.0;
+            .running = 4.0;
         r.apply_load_table(&cfg, busier);
         let mut followed = 0;
         for i in 0..20 {
@@ -334,7 +344,7 @@ mod tests {
             .find(|p| p.addr == pod)
             .unwrap()
             .metrics
-            .running = 2.0;
+            .running = 4.0;
         fresh.apply_load_table(&cfg, busier);
         assert_ne!(
             primary(&fresh.route(&cfg, "m", Role::Aggregated, &first, 100)),
@@ -446,5 +456,75 @@ mod tests {
         // Without a tokenizer it falls back to characters rather than failing.
         let c = Router::blocks(&cfg, &v, None);
         assert_eq!(c.hashes.len(), v.prompt.len() / 64);
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+    use crate::prom::PodMetrics;
+    use crate::request::{parse, Endpoint};
+    use crate::state::load::PodLoad;
+    use crate::state::messages::Message;
+
+    #[test]
+    fn an_observation_travels_from_one_vm_to_another() {
+        let cfg = Config::default();
+        let table = LoadTable {
+            version: 1,
+            published_ms: 100,
+            pods: ["a:1", "b:1", "c:1", "d:1"]
+                .iter()
+                .map(|a| PodLoad {
+                    addr: a.to_string(),
+                    role: Role::Aggregated,
+                    metrics_at_ms: 100,
+                    failing: false,
+                    metrics: PodMetrics {
+                        block_size: Some(16),
+                        num_gpu_blocks: Some(4096),
+                        ..PodMetrics::default()
+                    },
+                    inflight: 0,
+                })
+                .collect(),
+        };
+        let (mut w1, mut leader, mut w2) = (Router::new(), Router::new(), Router::new());
+        for r in [&mut w1, &mut leader, &mut w2] {
+            r.apply_load_table(&cfg, table.clone());
+        }
+        let body = serde_json::json!({"model":"m","messages":[{"role":"system","content":"word ".repeat(5000)},{"role":"user","content":"q"}]});
+        let view = parse(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap();
+        let blocks = Router::blocks(&cfg, &view, None);
+        let o = Observation {
+            addr: "c:1".into(),
+            hashes: blocks.hashes.clone(),
+        };
+        w1.observe(&o);
+        let msg = Message::Observation {
+            vm: 1,
+            observation: o,
+        }
+        .encode();
+        let Some(Message::Observation { observation, .. }) = Message::decode(&msg) else {
+            panic!()
+        };
+        leader.observe(&observation);
+        let page = Page {
+            seq: 1,
+            observations: vec![observation],
+        }
+        .encode();
+        w2.apply_page(&Page::decode(&page).unwrap());
+        let slot = w2.slot_of("c:1").unwrap();
+        assert_eq!(
+            w2.index().match_lengths(&blocks.hashes, 64)[slot],
+            blocks.hashes.len()
+        );
+        let Decision::Route { ranked, .. } = w2.route(&cfg, "m", Role::Aggregated, &blocks, 100)
+        else {
+            panic!()
+        };
+        assert_eq!(ranked[0].addr, "c:1");
     }
 }

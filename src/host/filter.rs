@@ -50,6 +50,12 @@ impl Filter {
             }
         };
         vm.sync_pages();
+        if vm.router.load_table().version == 0 {
+            // No pool state yet (the first poll has not been published): let the cluster balance
+            // rather than fail requests while kvroute starts.
+            vm.stats.inc(Counter::Passthrough);
+            return Action::Continue;
+        }
         let now = super::now_ms();
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
         match vm
@@ -82,7 +88,7 @@ impl Filter {
                 if vm.config.debug_header {
                     let s = &primary.scores;
                     self.debug = Some(format!(
-                        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}",
+                        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
                         primary.addr,
                         if reason == RouteReason::PrefixHit { "prefix" } else { "load" },
                         primary.matched_blocks,
@@ -95,6 +101,13 @@ impl Filter {
                         s.capped,
                         header.get(1..).map(|f| f.join(",")).unwrap_or_default(),
                         vm.id(),
+                        vm.router.applied_page,
+                        vm.router.load_table().pods.len(),
+                        vm.router.index_entries(),
+                        vm.router
+                            .longest_holder(&blocks.hashes)
+                            .map(|(a, n)| format!("{a}/{n}"))
+                            .unwrap_or_default(),
                     ));
                 }
                 vm.router.inflight_start(&primary.addr);

@@ -180,7 +180,15 @@ impl Vm {
             snapshot_seq: 0,
         });
         self.stats.inc(Counter::LeaderChanges);
-        log::info!("kvroute: VM {:x} is the leader (page head {head})", self.id);
+        let kind = if self.config.singleton {
+            "bootstrap singleton"
+        } else {
+            "elected by lease"
+        };
+        log::info!(
+            "kvroute: VM {:x} is the leader ({kind}, page head {head})",
+            self.id
+        );
     }
 
     fn lead(&mut self, now: u64) {

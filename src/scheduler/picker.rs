@@ -1,9 +1,10 @@
 //! The picker ranks candidates by total score. Pods within `TIE_BAND` of the best count as equal and
 //! are ordered by rendezvous (highest-random-weight) hashing of the request's first block hash with
-//! the pod address: independent gateway replicas, which share the pods' load but not each other's
-//! prefix knowledge, then send the same new prefix to the same pod, and a pod joining or leaving
-//! moves only the prefixes it wins or held. The result is the primary pod plus fallbacks for Envoy's
-//! retry policy to walk.
+//! the pod address. For a prefix that no candidate holds, the equal set is wider: every pod whose
+//! load is within `rendezvous_load_slack` requests of the least-loaded one. Independent gateway
+//! replicas, which share the pods' load (up to a poll's worth of noise) but not each other's prefix
+//! knowledge, then send the same new prefix to the same pod; a pod joining or leaving moves only the
+//! prefixes it wins. The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
 use super::scorers::Scores;
 use super::{PodView, Rejection, RouteRequest};
@@ -54,10 +55,20 @@ pub fn pick(
         .map(|(i, (pod, s))| (s.total, rendezvous_rank(request.affinity_key, pod.addr), i))
         .collect();
     let best = order.iter().map(|o| o.0).fold(f64::NEG_INFINITY, f64::max);
+    let new_prefix = scores.iter().all(|s| s.prefix <= 0.0);
+    let min_load = pods.iter().map(|p| p.load()).fold(f64::INFINITY, f64::min);
+    let tied = |&(total, _, i): &(f64, u64, usize)| {
+        if new_prefix {
+            pods.get(i)
+                .is_some_and(|p| p.load() - min_load <= config.rendezvous_load_slack)
+        } else {
+            best - total <= TIE_BAND
+        }
+    };
     // Ties first, by rendezvous; then the rest by score, rendezvous breaking exact equality.
     order.sort_by(|a, b| {
-        let a_tied = best - a.0 <= TIE_BAND;
-        let b_tied = best - b.0 <= TIE_BAND;
+        let a_tied = tied(a);
+        let b_tied = tied(b);
         b_tied
             .cmp(&a_tied)
             .then_with(|| {

@@ -4,11 +4,13 @@
 //!   the least-loaded candidate's by more than `affinity_cap.abs_gap` requests *and* by more than
 //!   `affinity_cap.rel_gap` times (SGLang router's balance thresholds): a hot prefix then spills to
 //!   the pods that will serve it sooner instead of queueing behind one pod.
-//! * **queue** — min-max normalised load (waiting + running, or the gateway's in-flight count if
-//!   larger): the least-loaded candidate scores 1, the most loaded 0 (llm-d's queue scorer).
+//! * **queue** — 1 − load / max(most loaded candidate's load, `load_scale_floor`), where load is
+//!   waiting + running (or the gateway's in-flight count if larger). Unlike llm-d's min-max
+//!   normalisation, one extra request on an otherwise idle pool costs 1/`load_scale_floor`, not the
+//!   whole score: a pod that holds the prompt should not lose it to a poll's worth of load noise.
 //! * **kv_cache** — 1 − KV-cache utilisation.
-//! * **inflight** — min-max normalised count of this gateway's unfinished requests to the pod; it
-//!   reacts within a request, long before the next metrics poll.
+//! * **inflight** — the same shape over this gateway's unfinished requests to the pod; it reacts
+//!   within a request, long before the next metrics poll.
 //!
 //! The weighted sum is divided by the sum of weights, so the total is in [0, 1] too.
 
@@ -26,11 +28,12 @@ pub struct Scores {
     pub capped: bool,
 }
 
-fn min_max_inverse(value: f64, min: f64, max: f64) -> f64 {
-    if max - min <= f64::EPSILON {
+fn inverse_share(value: f64, max: f64, floor: f64) -> f64 {
+    let scale = max.max(floor);
+    if scale <= f64::EPSILON {
         1.0
     } else {
-        ((max - value) / (max - min)).clamp(0.0, 1.0)
+        (1.0 - value / scale).clamp(0.0, 1.0)
     }
 }
 
@@ -38,10 +41,6 @@ pub fn score(config: &Config, pods: &[&PodView<'_>], request_blocks: usize) -> V
     let loads: Vec<f64> = pods.iter().map(|p| p.load()).collect();
     let min_load = loads.iter().copied().fold(f64::INFINITY, f64::min);
     let max_load = loads.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let min_inflight = pods
-        .iter()
-        .map(|p| p.inflight)
-        .fold(f64::INFINITY, f64::min);
     let max_inflight = pods
         .iter()
         .map(|p| p.inflight)
@@ -58,9 +57,9 @@ pub fn score(config: &Config, pods: &[&PodView<'_>], request_blocks: usize) -> V
             } else {
                 (pod.matched_blocks as f64 / request_blocks as f64).min(1.0)
             };
-            let queue = min_max_inverse(load, min_load, max_load);
+            let queue = inverse_share(load, max_load, config.load_scale_floor);
             let kv_cache = (1.0 - pod.kv_usage).clamp(0.0, 1.0);
-            let inflight = min_max_inverse(pod.inflight, min_inflight, max_inflight);
+            let inflight = inverse_share(pod.inflight, max_inflight, config.load_scale_floor);
             let total = (w.prefix * prefix
                 + w.queue * queue
                 + w.kv_cache * kv_cache

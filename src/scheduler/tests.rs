@@ -170,3 +170,20 @@ fn scores_stay_in_unit_range() {
         }
     }
 }
+
+#[test]
+fn a_new_prefix_ignores_load_noise_within_the_slack() {
+    let cfg = Config::default();
+    let hashes = [0xfeed_u64];
+    let idle: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    let choice = primary(&decide(&cfg, &idle, &request(&hashes))).to_string();
+    // Another replica sees the chosen pod one request busier (a stale poll): same choice.
+    let mut noisy = idle.clone();
+    let i = ADDRS.iter().position(|a| *a == choice).unwrap();
+    noisy[i].running = 1.0;
+    noisy[(i + 1) % 4].kv_usage = 0.3;
+    assert_eq!(primary(&decide(&cfg, &noisy, &request(&hashes))), choice);
+    // Beyond the slack, load wins.
+    noisy[i].running = 3.0;
+    assert_ne!(primary(&decide(&cfg, &noisy, &request(&hashes))), choice);
+}

@@ -26,7 +26,9 @@ pub fn envoy_bin() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let lib = repo_root().join(".tools/venv/lib");
-    for entry in std::fs::read_dir(&lib).with_context(|| format!("{} missing: run `make tools`", lib.display()))? {
+    for entry in std::fs::read_dir(&lib)
+        .with_context(|| format!("{} missing: run `make tools`", lib.display()))?
+    {
         let candidate = entry?.path().join("site-packages/envoy/_bin/envoy");
         if candidate.exists() {
             return Ok(candidate);
@@ -55,7 +57,10 @@ pub fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     // Integration tests live in target/<profile>/deps; binaries one level up.
-    for d in [dir.clone(), dir.parent().map(Path::to_path_buf).unwrap_or_default()] {
+    for d in [
+        dir.clone(),
+        dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+    ] {
         let p = d.join(name);
         if p.exists() {
             return p;
@@ -120,7 +125,10 @@ impl Sim {
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("kvsim has no stdout"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("kvsim has no stdout"))?;
         let proc = Proc {
             child,
             name: "kvsim".into(),
@@ -135,7 +143,8 @@ impl Sim {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .map_err(|_| anyhow!("kvsim printed no address line within 30 s"))?;
-        let v: Value = serde_json::from_str(line.trim()).with_context(|| format!("kvsim said {line:?}"))?;
+        let v: Value =
+            serde_json::from_str(line.trim()).with_context(|| format!("kvsim said {line:?}"))?;
         let pods = v
             .get("pods")
             .and_then(Value::as_array)
@@ -214,7 +223,10 @@ fn socket_address(addr: &str) -> Value {
 }
 
 fn load_assignment(name: &str, addrs: &[String]) -> Value {
-    let eps: Vec<Value> = addrs.iter().map(|a| json!({"endpoint": {"address": socket_address(a)}})).collect();
+    let eps: Vec<Value> = addrs
+        .iter()
+        .map(|a| json!({"endpoint": {"address": socket_address(a)}}))
+        .collect();
     json!({"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]})
 }
 
@@ -227,7 +239,12 @@ fn no_circuit_breaking() -> Value {
 }
 
 /// The kvroute Wasm plugin block (`config` of the HTTP filter or of the bootstrap singleton).
-fn plugin_block(wasm: &Path, plugin_config: &str, failure_policy: &str, http_filter: bool) -> Value {
+fn plugin_block(
+    wasm: &Path,
+    plugin_config: &str,
+    failure_policy: &str,
+    http_filter: bool,
+) -> Value {
     let mut v = json!({
         "name": "kvroute",
         "root_id": "kvroute",
@@ -254,8 +271,10 @@ pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": plugin_block(wasm, c, opts.failure_policy, true)}}));
     }
-    filters.push(json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
+    filters.push(
+        json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
+    );
     json!({
         "name": "inference",
         "address": socket_address(&format!("127.0.0.1:{port}")),
@@ -291,8 +310,8 @@ pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
                 "envoy.load_balancing_policies.override_host",
                 "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
             );
-            policy["policies"][0]["typed_extension_config"]["typed_config"]["override_host_sources"] =
-                json!([{"header": "x-gateway-destination-endpoint"}]);
+            policy["policies"][0]["typed_extension_config"]["typed_config"]
+                ["override_host_sources"] = json!([{"header": "x-gateway-destination-endpoint"}]);
             policy["policies"][0]["typed_extension_config"]["typed_config"]["fallback_policy"] = typed_policy(
                 "envoy.load_balancing_policies.round_robin",
                 "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
@@ -328,7 +347,9 @@ pub fn envoy_config(opts: &EnvoyOptions, wasm: &Path, admin_port: u16) -> Value 
 
 /// Picks a free loopback port now (for the addresses that must be known before Envoy starts).
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Envoy whose listener comes from a watched LDS file, as xDS delivers it under Istio: updates are
@@ -357,7 +378,12 @@ impl LdsEnvoy {
             "static_resources": {"clusters": clusters(&opts, 0)}
         });
         let envoy = Envoy::start_with_config(&bootstrap.to_string(), opts.concurrency).await?;
-        Ok(LdsEnvoy { envoy, opts, port, lds_path })
+        Ok(LdsEnvoy {
+            envoy,
+            opts,
+            port,
+            lds_path,
+        })
     }
 
     /// Publishes the listener again with another plugin configuration.
@@ -387,7 +413,11 @@ impl Envoy {
             PathBuf::new()
         };
         let admin_port = if opts.admin_cluster { free_port()? } else { 0 };
-        Self::start_with_config(&envoy_config(opts, &wasm, admin_port).to_string(), opts.concurrency).await
+        Self::start_with_config(
+            &envoy_config(opts, &wasm, admin_port).to_string(),
+            opts.concurrency,
+        )
+        .await
     }
 
     /// Starts Envoy on a given configuration text.
@@ -405,12 +435,19 @@ impl Envoy {
             .arg(concurrency.to_string())
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .arg("--log-path")
-            .arg(&log_path)
-            .args(["-l", "info", "--disable-hot-restart", "--drain-time-s", "1", "--drain-strategy", "immediate"])
+            .args([
+                "-l",
+                "info",
+                "--disable-hot-restart",
+                "--drain-time-s",
+                "1",
+                "--drain-strategy",
+                "immediate",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // stderr rather than --log-path: the file sink flushes only every few seconds.
+            .stderr(Stdio::from(std::fs::File::create(&log_path)?))
             .spawn()
             .context("starting envoy")?;
         let mut proc = Proc {
@@ -425,17 +462,26 @@ impl Envoy {
                 }
             }
             if !proc.is_running() {
-                bail!("envoy exited during start-up; log:\n{}", tail(&log_path, 40));
+                bail!(
+                    "envoy exited during start-up; log:\n{}",
+                    tail(&log_path, 40)
+                );
             }
             if Instant::now() > deadline {
-                bail!("envoy did not start within 60 s; log:\n{}", tail(&log_path, 40));
+                bail!(
+                    "envoy did not start within 60 s; log:\n{}",
+                    tail(&log_path, 40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let client = reqwest::Client::new();
         let listener = loop {
             if !proc.is_running() {
-                bail!("envoy exited during start-up; log:\n{}", tail(&log_path, 40));
+                bail!(
+                    "envoy exited during start-up; log:\n{}",
+                    tail(&log_path, 40)
+                );
             }
             let ready = client
                 .get(format!("http://{admin}/ready"))
@@ -468,13 +514,20 @@ impl Envoy {
 
     /// Counters and gauges from `/stats`, by full name.
     pub async fn stats(&self) -> Result<HashMap<String, u64>> {
-        let text = reqwest::get(format!("http://{}/stats", self.admin)).await?.text().await?;
+        let text = reqwest::get(format!("http://{}/stats", self.admin))
+            .await?
+            .text()
+            .await?;
         Ok(parse_stats(&text))
     }
 
     /// One stat, 0 when absent.
     pub async fn stat(&self, name: &str) -> u64 {
-        self.stats().await.ok().and_then(|s| s.get(name).copied()).unwrap_or(0)
+        self.stats()
+            .await
+            .ok()
+            .and_then(|s| s.get(name).copied())
+            .unwrap_or(0)
     }
 
     pub fn log(&self) -> String {
@@ -491,9 +544,20 @@ async fn listener_address(client: &reqwest::Client, admin: &str) -> Option<Strin
         .json()
         .await
         .ok()?;
-    let sa = v.get("listener_statuses")?.get(0)?.get("local_address")?.get("socket_address")?;
+    let sa = v
+        .get("listener_statuses")?
+        .get(0)?
+        .get("local_address")?
+        .get("socket_address")?;
     let port = sa.get("port_value")?.as_u64()?;
-    (port > 0).then(|| format!("{}:{port}", sa.get("address").and_then(Value::as_str).unwrap_or("127.0.0.1")))
+    (port > 0).then(|| {
+        format!(
+            "{}:{port}",
+            sa.get("address")
+                .and_then(Value::as_str)
+                .unwrap_or("127.0.0.1")
+        )
+    })
 }
 
 /// `name: value` lines of Envoy's `/stats` text; histograms and non-numbers are skipped.

@@ -11,38 +11,80 @@ use wasm_tests::harness::{plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_and_plain_answers_come_back_intact() {
     let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();
-    let envoy = Envoy::start(&EnvoyOptions::new(&sim.pods, Lb::OverrideHost, Some(plugin_config(&sim.pods, json!({})))))
-        .await
-        .unwrap();
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, json!({}))),
+    ))
+    .await
+    .unwrap();
     wait_healthy(&envoy, 2).await;
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
 
-    let streamed = post(&client, &url, &chat(&system_prompt("a", 300), "hi", 12, true), &[]).await;
+    let streamed = post(
+        &client,
+        &url,
+        &chat(&system_prompt("a", 300), "hi", 12, true),
+        &[],
+    )
+    .await;
     assert_eq!(streamed.status, 200, "{}", streamed.body);
     let events = sse_events(&streamed.body);
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", streamed.body);
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        streamed.body
+    );
     let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("chunk {e:?}: {err}")))
         .collect();
     let content_chunks = chunks
         .iter()
-        .filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|s| !s.is_empty()))
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
         .count();
     assert_eq!(content_chunks, 12, "one chunk per generated token");
-    let usage = chunks.iter().rev().find(|c| c["usage"].is_object()).expect("usage chunk");
+    let usage = chunks
+        .iter()
+        .rev()
+        .find(|c| c["usage"].is_object())
+        .expect("usage chunk");
     assert_eq!(usage["usage"]["completion_tokens"], 12);
 
-    let plain = post(&client, &url, &chat(&system_prompt("a", 300), "hi", 5, false), &[]).await;
+    let plain = post(
+        &client,
+        &url,
+        &chat(&system_prompt("a", 300), "hi", 5, false),
+        &[],
+    )
+    .await;
     assert_eq!(plain.status, 200);
     let v = plain.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["usage"]["completion_tokens"], 5);
-    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
 
     // Non-inference paths pass through to the cluster's own balancing.
-    let models: serde_json::Value = client.get(envoy.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    let models: serde_json::Value = client
+        .get(envoy.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);
     assert!(envoy.stat("wasmcustom.kvroute.requests_routed").await >= 2);
 }
@@ -50,9 +92,13 @@ async fn streams_and_plain_answers_come_back_intact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
     let sim = Sim::start(3, &["--time-scale", TIME_SCALE]).unwrap();
-    let envoy = Envoy::start(&EnvoyOptions::new(&sim.pods, Lb::OverrideHost, Some(plugin_config(&sim.pods, json!({})))))
-        .await
-        .unwrap();
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, json!({}))),
+    ))
+    .await
+    .unwrap();
     wait_healthy(&envoy, 3).await;
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
@@ -65,24 +111,41 @@ async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
             &client,
             &url,
             &chat(&system, "q", 2, false),
-            &[("x-gateway-destination-endpoint", spoofed), ("x-prefiller-host-port", "127.0.0.1:1")],
+            &[
+                ("x-gateway-destination-endpoint", spoofed),
+                ("x-prefiller-host-port", "127.0.0.1:1"),
+            ],
         )
         .await;
         assert_eq!(r.status, 200, "{}", r.body);
         let chosen = r.debug_field("pod").expect("debug header");
-        assert_eq!(r.pod.as_deref(), Some(chosen.as_str()), "the pod kvroute chose served it");
+        assert_eq!(
+            r.pod.as_deref(),
+            Some(chosen.as_str()),
+            "the pod kvroute chose served it"
+        );
         pods_used.insert(chosen);
     }
-    assert!(pods_used.len() >= 2, "distinct prompts went to several pods: {pods_used:?}");
+    assert!(
+        pods_used.len() >= 2,
+        "distinct prompts went to several pods: {pods_used:?}"
+    );
     for pod in &sim.pods {
         let stats = sim_stats(pod).await;
-        assert_eq!(stats["seen_headers"]["x-prefiller-host-port"], 0, "{pod}: {stats}");
+        assert_eq!(
+            stats["seen_headers"]["x-prefiller-host-port"], 0,
+            "{pod}: {stats}"
+        );
     }
     // A request kvroute does not route still loses the spoofed header.
     let before: u64 = futures::future::join_all(sim.pods.iter().map(|p| sim_stats(p)))
         .await
         .iter()
-        .map(|s| s["seen_headers"]["x-gateway-destination-endpoint"].as_u64().unwrap())
+        .map(|s| {
+            s["seen_headers"]["x-gateway-destination-endpoint"]
+                .as_u64()
+                .unwrap()
+        })
         .sum();
     let r = client
         .post(envoy.url("/v1/completions"))
@@ -91,14 +154,30 @@ async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 400, "the model server answers a malformed body itself");
+    assert_eq!(
+        r.status(),
+        400,
+        "the model server answers a malformed body itself"
+    );
     let after: u64 = futures::future::join_all(sim.pods.iter().map(|p| sim_stats(p)))
         .await
         .iter()
-        .map(|s| s["seen_headers"]["x-gateway-destination-endpoint"].as_u64().unwrap())
+        .map(|s| {
+            s["seen_headers"]["x-gateway-destination-endpoint"]
+                .as_u64()
+                .unwrap()
+        })
         .sum();
-    assert_eq!(before, after, "the unrouted request reached its pod without the spoofed header");
-    assert!(envoy.stat("wasmcustom.kvroute.spoofed_headers_removed").await >= 31);
+    assert_eq!(
+        before, after,
+        "the unrouted request reached its pod without the spoofed header"
+    );
+    assert!(
+        envoy
+            .stat("wasmcustom.kvroute.spoofed_headers_removed")
+            .await
+            >= 31
+    );
     assert!(envoy.stat("wasmcustom.kvroute.passthrough").await >= 1);
 }
 
@@ -122,28 +201,54 @@ async fn original_dst_wiring_routes_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_configuration_is_refused_with_a_clear_message() {
     // Static bootstrap: Envoy refuses to start, exits with an error (no crash) naming the field.
-    let mut opts = EnvoyOptions::new(&["127.0.0.1:9".to_string()], Lb::OverrideHost, Some(r#"{"pools":[{"name":"a","endpoints":["not-an-endpoint"]}]}"#.into()));
+    let mut opts = EnvoyOptions::new(
+        &["127.0.0.1:9".to_string()],
+        Lb::OverrideHost,
+        Some(r#"{"pools":[{"name":"a","endpoints":["not-an-endpoint"]}]}"#.into()),
+    );
     opts.failure_policy = "FAIL_RELOAD";
     let err = match Envoy::start(&opts).await {
         Ok(_) => panic!("envoy accepted an invalid plugin configuration"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("field `pools[0].endpoints[0]`: `not-an-endpoint` is not `ip:port`"), "{err}");
+    assert!(
+        err.contains("field `pools[0].endpoints[0]`: `not-an-endpoint` is not `ip:port`"),
+        "{err}"
+    );
 
     // Dynamic (xDS, as under Istio): the bad update is rejected and the old listener keeps serving.
     let sim = Sim::start(1, &["--time-scale", TIME_SCALE]).unwrap();
-    let lds = wasm_tests::harness::LdsEnvoy::start(&sim.pods, &plugin_config(&sim.pods, json!({}))).await.unwrap();
+    let lds = wasm_tests::harness::LdsEnvoy::start(&sim.pods, &plugin_config(&sim.pods, json!({})))
+        .await
+        .unwrap();
     wait_healthy(&lds.envoy, 1).await;
     let client = fresh_client();
-    let ok = post(&client, &lds.envoy.url("/v1/completions"), &json!({"model": MODEL, "prompt": "hello", "max_tokens": 1}), &[]).await;
+    let ok = post(
+        &client,
+        &lds.envoy.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": "hello", "max_tokens": 1}),
+        &[],
+    )
+    .await;
     assert_eq!(ok.status, 200);
-    lds.update(r#"{"pools":[{"name":"a","endpoints":["nope"]}]}"#).unwrap();
+    lds.update(r#"{"pools":[{"name":"a","endpoints":["nope"]}]}"#)
+        .unwrap();
     wasm_tests::harness::wait_for(Duration::from_secs(20), "LDS update rejected", || async {
         lds.envoy.stat("listener_manager.lds.update_rejected").await >= 1
     })
     .await
     .unwrap();
-    assert!(lds.envoy.log().contains("field `pools[0].endpoints[0]`"), "{}", lds.envoy.log());
-    let still = post(&client, &lds.envoy.url("/v1/completions"), &json!({"model": MODEL, "prompt": "hello", "max_tokens": 1}), &[]).await;
+    assert!(
+        lds.envoy.log().contains("field `pools[0].endpoints[0]`"),
+        "{}",
+        lds.envoy.log()
+    );
+    let still = post(
+        &client,
+        &lds.envoy.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": "hello", "max_tokens": 1}),
+        &[],
+    )
+    .await;
     assert_eq!(still.status, 200, "the old configuration keeps serving");
 }

@@ -20,7 +20,10 @@ pub fn fresh_client() -> reqwest::Client {
 
 /// A long system prompt made of `words` distinct words for tenant `tag`.
 pub fn system_prompt(tag: &str, words: usize) -> String {
-    (0..words).map(|i| format!("{tag}{}", i % 97)).collect::<Vec<_>>().join(" ")
+    (0..words)
+        .map(|i| format!("{tag}{}", i % 97))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn chat(system: &str, user: &str, max_tokens: u32, stream: bool) -> Value {
@@ -61,19 +64,40 @@ impl Reply {
 }
 
 /// POSTs a JSON body and reads the whole answer; `ttft` is the time to the first body bytes.
-pub async fn post(client: &reqwest::Client, url: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Reply {
     post_raw(client, url, body.to_string().into_bytes(), headers).await
 }
 
-pub async fn post_raw(client: &reqwest::Client, url: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
+pub async fn post_raw(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> Reply {
     let start = Instant::now();
-    let mut req = client.post(url).header("content-type", "application/json").body(body);
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let mut resp = req.send().await.unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let mut resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
     let status = resp.status().as_u16();
-    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     let (pod, debug) = (header("x-kvsim-pod"), header("x-kvroute-debug"));
     let mut bytes = Vec::new();
     let mut ttft = Duration::ZERO;
@@ -83,7 +107,13 @@ pub async fn post_raw(client: &reqwest::Client, url: &str, body: Vec<u8>, header
         }
         bytes.extend_from_slice(&chunk);
     }
-    Reply { status, pod, debug, body: String::from_utf8_lossy(&bytes).into_owned(), ttft }
+    Reply {
+        status,
+        pod,
+        debug,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+        ttft,
+    }
 }
 
 /// The `data:` payloads of an SSE body.
@@ -95,7 +125,12 @@ pub fn sse_events(body: &str) -> Vec<String> {
 }
 
 pub async fn sim_stats(pod: &str) -> Value {
-    reqwest::get(format!("http://{pod}/sim/stats")).await.unwrap().json().await.unwrap()
+    reqwest::get(format!("http://{pod}/sim/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub async fn sim_fault(pod: &str, fault: Value) {

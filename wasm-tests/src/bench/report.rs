@@ -1,0 +1,362 @@
+//! Turning a run's request records and pod counters into figures, a comparison table and JSON.
+//!
+//! Latency percentiles are taken over successful requests only (a refused request has no TTFT), and
+//! inter-token latencies are pooled over all of them, as vLLM's own benchmark does. With a time scale
+//! F ≠ 1 every time is divided by F and every rate multiplied by F, so a run on a 20× faster simulator
+//! reads like the real-speed experiment; the table says so.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::driver::RequestRecord;
+use super::metrics::{cluster_hit_ratio, PodDelta};
+use super::workload::{Load, WorkloadSpec};
+
+/// The `p`-th percentile (0–100) of `values`, linearly interpolated between closest ranks (NumPy's
+/// default), ignoring NaNs. `None` for no values.
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    v.sort_by(f64::total_cmp);
+    percentile_sorted(&v, p)
+}
+
+fn percentile_sorted(sorted: &[f64], p: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = (p.clamp(0.0, 100.0) / 100.0) * last as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    let (a, b) = (*sorted.get(lo)?, *sorted.get(hi)?);
+    Some(a + (b - a) * (rank - lo as f64))
+}
+
+/// Distribution summary of one latency, in simulated milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub count: usize,
+    pub mean: Option<f64>,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+impl Summary {
+    pub fn of(values: &[f64]) -> Self {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        v.sort_by(f64::total_cmp);
+        let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        Self {
+            count: v.len(),
+            mean,
+            p50: percentile_sorted(&v, 50.0),
+            p90: percentile_sorted(&v, 90.0),
+            p99: percentile_sorted(&v, 99.0),
+        }
+    }
+}
+
+/// The result of one run. Times are simulated milliseconds or seconds and rates per simulated
+/// second (wall-clock values when `time_scale` is 1).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// `multi-tenant`, `multi-turn` or `agent`.
+    pub workload: String,
+    /// `rate 2/s` or `concurrency 8`.
+    pub load: String,
+    pub seed: u64,
+    pub time_scale: f64,
+    /// True when `time_scale` ≠ 1, i.e. the figures are not wall-clock figures.
+    pub simulated_time: bool,
+    /// Wall-clock seconds the run took.
+    pub wall_s: f64,
+    /// The same in simulated seconds.
+    pub duration_s: f64,
+    /// Requests sent (abandoned ones excluded).
+    pub requests: usize,
+    pub ok: usize,
+    pub failed: usize,
+    /// Turns that never got sent because their session's previous turn was still running at the
+    /// drain deadline.
+    pub abandoned: usize,
+    /// ok / requests.
+    pub success_rate: Option<f64>,
+    /// Successful requests per second.
+    pub requests_per_s: f64,
+    /// Output tokens of successful requests per second.
+    pub output_tokens_per_s: f64,
+    /// Prompt tokens of successful requests per second.
+    pub prompt_tokens_per_s: f64,
+    pub ttft_ms: Summary,
+    pub itl_ms: Summary,
+    pub e2e_ms: Summary,
+    /// Σ Δhits / Σ Δqueries over the pods' prefix-cache counters.
+    pub cache_hit_ratio: Option<f64>,
+    /// Mean over successful responses of `cached_tokens / prompt_tokens` from their usage.
+    pub mean_cached_fraction: Option<f64>,
+    /// Requests (sent, with an `x-kvsim-pod` header) per serving pod.
+    pub pod_requests: BTreeMap<String, usize>,
+    /// Counter deltas per scraped pod.
+    pub pods: Vec<PodDelta>,
+    /// Failures by class.
+    pub errors: BTreeMap<String, usize>,
+    pub spec: WorkloadSpec,
+    /// Per-request records in simulated seconds, when `spec.keep_records`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<RequestRecord>,
+}
+
+impl RunReport {
+    /// Builds the report from the driver's wall-clock records and the pods' counter deltas.
+    pub fn build(
+        spec: &WorkloadSpec,
+        time_scale: f64,
+        wall_s: f64,
+        records: &[RequestRecord],
+        pods: Vec<PodDelta>,
+    ) -> Self {
+        let ms = |s: f64| s * 1000.0 / time_scale;
+        let sent: Vec<&RequestRecord> = records.iter().filter(|r| r.sent).collect();
+        let ok: Vec<&RequestRecord> = sent.iter().copied().filter(|r| r.ok).collect();
+        let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_s).map(ms).collect();
+        let itl: Vec<f64> = ok
+            .iter()
+            .flat_map(|r| r.itl_s.iter().copied())
+            .map(ms)
+            .collect();
+        let e2e: Vec<f64> = ok.iter().filter_map(|r| r.e2e_s).map(ms).collect();
+        let duration_s = wall_s / time_scale;
+        let per_s = |n: f64| {
+            if duration_s > 0.0 {
+                n / duration_s
+            } else {
+                0.0
+            }
+        };
+        let output: u64 = ok.iter().map(|r| r.output_tokens).sum();
+        let prompt: u64 = ok.iter().filter_map(|r| r.prompt_tokens).sum();
+        let fractions: Vec<f64> = ok
+            .iter()
+            .filter_map(|r| match (r.cached_tokens, r.prompt_tokens) {
+                (Some(c), Some(p)) if p > 0 => Some(c as f64 / p as f64),
+                _ => None,
+            })
+            .collect();
+        let mut pod_requests = BTreeMap::new();
+        for pod in sent.iter().filter_map(|r| r.pod.as_ref()) {
+            *pod_requests.entry(pod.clone()).or_insert(0) += 1;
+        }
+        let mut errors = BTreeMap::new();
+        for class in records
+            .iter()
+            .filter(|r| !r.ok)
+            .filter_map(|r| r.error.as_ref())
+        {
+            *errors.entry(class.clone()).or_insert(0) += 1;
+        }
+        let load = match spec.load {
+            Load::Open { rate } => format!("rate {}/s", trim_float(rate)),
+            Load::Closed { concurrency } => format!("concurrency {concurrency}"),
+        };
+        Self {
+            workload: spec.workload.name().to_owned(),
+            load,
+            seed: spec.seed,
+            time_scale,
+            simulated_time: time_scale != 1.0,
+            wall_s,
+            duration_s,
+            requests: sent.len(),
+            ok: ok.len(),
+            failed: sent.len() - ok.len(),
+            abandoned: records.len() - sent.len(),
+            success_rate: (!sent.is_empty()).then(|| ok.len() as f64 / sent.len() as f64),
+            requests_per_s: per_s(ok.len() as f64),
+            output_tokens_per_s: per_s(output as f64),
+            prompt_tokens_per_s: per_s(prompt as f64),
+            ttft_ms: Summary::of(&ttft),
+            itl_ms: Summary::of(&itl),
+            e2e_ms: Summary::of(&e2e),
+            cache_hit_ratio: cluster_hit_ratio(&pods),
+            mean_cached_fraction: (!fractions.is_empty())
+                .then(|| fractions.iter().sum::<f64>() / fractions.len() as f64),
+            pod_requests,
+            pods,
+            errors,
+            spec: spec.clone(),
+            records: if spec.keep_records {
+                records.iter().map(|r| r.scaled(time_scale)).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+fn trim_float(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+fn num(v: Option<f64>, decimals: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.decimals$}"),
+        _ => "-".to_owned(),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{:.1}", x * 100.0),
+        _ => "-".to_owned(),
+    }
+}
+
+/// A side-by-side comparison of labelled runs: one row per run, then the spread over pods and the
+/// failure classes of each run.
+pub fn render_table(rows: &[(String, RunReport)]) -> String {
+    const HEAD: [&str; 18] = [
+        "run",
+        "workload",
+        "load",
+        "reqs",
+        "ok%",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "p90",
+        "p99",
+        "ITL p50",
+        "p99",
+        "E2E p50",
+        "p99",
+        "hit%",
+        "cached%",
+        "pods",
+        "max pod%",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![HEAD.iter().map(|s| (*s).to_owned()).collect()];
+    for (label, r) in rows {
+        let total: usize = r.pod_requests.values().sum();
+        let max_share = r
+            .pod_requests
+            .values()
+            .max()
+            .map(|&m| m as f64 / total.max(1) as f64);
+        cells.push(vec![
+            label.clone(),
+            r.workload.clone(),
+            r.load.clone(),
+            r.requests.to_string(),
+            pct(r.success_rate),
+            num(Some(r.requests_per_s), 2),
+            num(Some(r.output_tokens_per_s), 1),
+            num(r.ttft_ms.p50, 0),
+            num(r.ttft_ms.p90, 0),
+            num(r.ttft_ms.p99, 0),
+            num(r.itl_ms.p50, 1),
+            num(r.itl_ms.p99, 1),
+            num(r.e2e_ms.p50, 0),
+            num(r.e2e_ms.p99, 0),
+            pct(r.cache_hit_ratio),
+            pct(r.mean_cached_fraction),
+            r.pod_requests.len().to_string(),
+            pct(max_share),
+        ]);
+    }
+    let widths: Vec<usize> = (0..HEAD.len())
+        .map(|c| {
+            cells
+                .iter()
+                .map(|row| row.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let scales: Vec<f64> = rows.iter().map(|(_, r)| r.time_scale).collect();
+    if scales.iter().any(|&s| s != 1.0) {
+        let list: Vec<String> = scales.iter().map(|&s| trim_float(s)).collect();
+        let _ = writeln!(
+            out,
+            "Figures are in SIMULATED time (wall times ÷ time scale, rates × time scale; time scale {}).",
+            list.join(", ")
+        );
+    } else {
+        let _ = writeln!(out, "Figures are in wall-clock time.");
+    }
+    let _ = writeln!(
+        out,
+        "Latencies in ms (percentiles over successful requests); rates per second; hit% from pod counters, cached% from responses' usage."
+    );
+    for (i, row) in cells.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (s, &w))| {
+                if c < 3 {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if i == 0 {
+            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+            let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+    }
+    for (label, r) in rows {
+        let total: usize = r.pod_requests.values().sum();
+        let spread: Vec<String> = r
+            .pod_requests
+            .iter()
+            .map(|(pod, n)| {
+                format!(
+                    "{pod} {n} ({:.0}%)",
+                    *n as f64 * 100.0 / total.max(1) as f64
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{label}: pods: {}",
+            if spread.is_empty() {
+                "-".to_owned()
+            } else {
+                spread.join(", ")
+            }
+        );
+        for p in r.pods.iter().filter(|p| p.error.is_some()) {
+            let _ = writeln!(
+                out,
+                "{label}: metrics of {} unavailable: {}",
+                p.pod,
+                p.error.as_deref().unwrap_or_default()
+            );
+        }
+        if !r.errors.is_empty() || r.abandoned > 0 {
+            let errs: Vec<String> = r.errors.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+            let _ = writeln!(out, "{label}: failures: {}", errs.join(", "));
+        }
+    }
+    out
+}
+
+/// The runs as a JSON array of reports, each with its `label`.
+pub fn render_json(rows: &[(String, RunReport)]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|(label, r)| {
+                let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+                if let Value::Object(map) = &mut v {
+                    map.insert("label".to_owned(), Value::String(label.clone()));
+                }
+                v
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,791 @@
+//! Seeded workloads for kvbench: what is sent, to which session, and when.
+//!
+//! A benchmark comparing load-balancing policies is only fair if every policy sees the same traffic,
+//! so everything here is a pure function of the seed: the vocabulary, the arrival times, which
+//! tenant/conversation/agent session each request belongs to, and every word of every prompt. The one
+//! input that is not seeded is the server's own reply, which multi-turn and agent sessions must resend
+//! (that is what makes their prefixes grow); a failed reply is replaced by a seeded stand-in of the
+//! requested length, so a failure changes the text but never the shape of the workload.
+//!
+//! Text is made of pseudo-words from a seeded vocabulary, separated by single spaces. The simulator
+//! counts roughly one token per word, so word counts below double as token counts.
+//!
+//! The generator ([`WorkloadGen`]) hands out [`Slot`]s (an arrival offset, a session and a turn) in a
+//! seeded order, and builds a slot's request body only when it is about to be sent
+//! ([`WorkloadGen::build_request`]), because a turn's body depends on the previous turn's reply
+//! ([`WorkloadGen::record_reply`]).
+
+use std::collections::HashMap;
+
+use anyhow::{bail, ensure};
+use rand::distributions::{Distribution, WeightedIndex};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_distr::Exp;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// How requests are offered to the target.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Load {
+    /// Open loop: Poisson arrivals at `rate` requests per simulated second, whatever the target does.
+    Open { rate: f64 },
+    /// Closed loop: `concurrency` clients, each sending its next request when the previous one ends.
+    Closed { concurrency: usize },
+}
+
+/// Which OpenAI endpoint the requests use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// `POST /v1/chat/completions` with `messages`.
+    Chat,
+    /// `POST /v1/completions` with the messages flattened into one `prompt` string.
+    Completions,
+}
+
+impl Api {
+    /// The request path on the target.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// Many tenants, each with its own long system prompt, asking short independent questions: the
+/// case where routing a tenant to the pod that holds its system prompt saves most of the prefill.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MultiTenantParams {
+    /// Number of tenants (distinct system prompts).
+    pub tenants: usize,
+    /// Words in each tenant's system prompt.
+    pub system_words: usize,
+    /// Words in each user question, inclusive range.
+    pub question_words: (usize, usize),
+    /// `max_tokens` of each request, inclusive range.
+    pub max_tokens: (u32, u32),
+    /// Zipf exponent of tenant popularity: 0 is uniform; 1 makes tenant 0 about T/ln T times as busy
+    /// as the average.
+    pub zipf_s: f64,
+}
+
+impl Default for MultiTenantParams {
+    fn default() -> Self {
+        Self {
+            tenants: 8,
+            system_words: 3000,
+            question_words: (40, 120),
+            max_tokens: (64, 256),
+            zipf_s: 0.0,
+        }
+    }
+}
+
+/// Chat conversations where every turn resends the whole conversation so far: the prefix grows by
+/// a question and a reply per turn, and only the pod that served the previous turn holds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MultiTurnParams {
+    /// Conversations in progress at once; a finished one is replaced by a fresh one.
+    pub conversations: usize,
+    /// Turns per conversation.
+    pub turns: u32,
+    /// Words in each conversation's system prompt (distinct per conversation).
+    pub system_words: usize,
+    /// Words in each user message, inclusive range.
+    pub user_words: (usize, usize),
+    /// `max_tokens` of each turn, inclusive range.
+    pub max_tokens: (u32, u32),
+    /// Start the first sessions part-way through, with seeded stand-ins as their earlier replies, spread
+    /// evenly over the turns: the run is in its steady-state mix of short and long prompts from the
+    /// first request, and sessions end (and fresh ones start cold) one at a time instead of in waves.
+    pub stagger: bool,
+}
+
+impl Default for MultiTurnParams {
+    fn default() -> Self {
+        Self {
+            conversations: 16,
+            turns: 6,
+            system_words: 1000,
+            user_words: (40, 120),
+            max_tokens: (64, 256),
+            stagger: true,
+        }
+    }
+}
+
+/// Long-context agent sessions: a preamble shared by every session (tools, instructions), a large
+/// per-session context, and per step the previous output plus a tool result appended. With the
+/// defaults the prompt grows from ~6,000 to ~12,000 words over 8 steps (mean ~9,000) against ~200
+/// output tokens, the ≈45:1 input:output ratio of coding agents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentParams {
+    /// Sessions in progress at once; a finished one is replaced by a fresh one.
+    pub sessions: usize,
+    /// Steps (requests) per session.
+    pub steps: u32,
+    /// Words in the preamble shared by all sessions.
+    pub preamble_words: usize,
+    /// Words in each session's initial context (task, files).
+    pub context_words: usize,
+    /// Words in each tool result appended after a step, inclusive range.
+    pub tool_result_words: (usize, usize),
+    /// `max_tokens` of each step, inclusive range.
+    pub max_tokens: (u32, u32),
+    /// Start the first sessions part-way through, with seeded stand-ins as their earlier replies, spread
+    /// evenly over the steps: the run is in its steady-state mix of short and long prompts from the
+    /// first request, and sessions end (and fresh ones start cold) one at a time instead of in waves.
+    pub stagger: bool,
+}
+
+impl Default for AgentParams {
+    fn default() -> Self {
+        Self {
+            sessions: 8,
+            steps: 8,
+            preamble_words: 1500,
+            context_words: 4500,
+            tool_result_words: (500, 800),
+            max_tokens: (150, 250),
+            stagger: true,
+        }
+    }
+}
+
+/// The workload family and its parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    MultiTenant(MultiTenantParams),
+    MultiTurn(MultiTurnParams),
+    Agent(AgentParams),
+}
+
+impl WorkloadKind {
+    /// The CLI name: `multi-tenant`, `multi-turn` or `agent`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WorkloadKind::MultiTenant(_) => "multi-tenant",
+            WorkloadKind::MultiTurn(_) => "multi-turn",
+            WorkloadKind::Agent(_) => "agent",
+        }
+    }
+
+    /// The named workload with default parameters.
+    pub fn from_name(name: &str) -> anyhow::Result<Self> {
+        Ok(match name {
+            "multi-tenant" => WorkloadKind::MultiTenant(MultiTenantParams::default()),
+            "multi-turn" => WorkloadKind::MultiTurn(MultiTurnParams::default()),
+            "agent" => WorkloadKind::Agent(AgentParams::default()),
+            other => bail!("unknown workload {other:?} (multi-tenant, multi-turn, agent)"),
+        })
+    }
+}
+
+/// Everything that defines one benchmark run except the target. Durations and rates are in
+/// *simulated* seconds: the driver multiplies durations by the run's time scale (and divides rates
+/// by it) to get wall-clock values, so one spec describes the same experiment at any time scale.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    pub workload: WorkloadKind,
+    /// Seed of everything generated.
+    pub seed: u64,
+    pub load: Load,
+    /// Seconds during which requests are started (open loop: arrivals; closed loop: new requests).
+    pub duration_s: f64,
+    /// Stop after this many requests even if the duration has not elapsed.
+    pub max_requests: Option<usize>,
+    /// `model` field of every request.
+    pub model: String,
+    pub api: Api,
+    /// Send `ignore_eos: true` so the server generates exactly `max_tokens` (vLLM's benchmarks do the
+    /// same, to keep output lengths part of the workload rather than of the model).
+    pub ignore_eos: bool,
+    /// If set, every request carries this header with its session key (for session-affinity routing).
+    pub session_header: Option<String>,
+    /// A request still unfinished after this long fails with `timeout`.
+    pub request_timeout_s: f64,
+    /// After the last start, wait this long for in-flight requests, then fail them with `drain timeout`.
+    pub drain_timeout_s: f64,
+    /// Keep per-request records in the report (for plots).
+    pub keep_records: bool,
+}
+
+impl WorkloadSpec {
+    /// A spec with the defaults: seed 1, 60 s, model `sim-model`, chat API, `ignore_eos`, 600 s
+    /// request and drain timeouts, no record keeping.
+    pub fn new(workload: WorkloadKind, load: Load) -> Self {
+        Self {
+            workload,
+            seed: 1,
+            load,
+            duration_s: 60.0,
+            max_requests: None,
+            model: "sim-model".to_owned(),
+            api: Api::Chat,
+            ignore_eos: true,
+            session_header: None,
+            request_timeout_s: 600.0,
+            drain_timeout_s: 600.0,
+            keep_records: false,
+        }
+    }
+
+    /// Rejects specs that would loop forever, divide by zero or draw from an empty range.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        match self.load {
+            Load::Open { rate } => ensure!(rate.is_finite() && rate > 0.0, "rate must be > 0"),
+            Load::Closed { concurrency } => ensure!(concurrency >= 1, "concurrency must be >= 1"),
+        }
+        ensure!(
+            self.duration_s.is_finite() && self.duration_s >= 0.0,
+            "duration must be >= 0"
+        );
+        ensure!(
+            self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0,
+            "request timeout must be > 0"
+        );
+        ensure!(
+            self.drain_timeout_s.is_finite() && self.drain_timeout_s >= 0.0,
+            "drain timeout must be >= 0"
+        );
+        match &self.workload {
+            WorkloadKind::MultiTenant(p) => {
+                ensure!(p.tenants >= 1, "tenants must be >= 1");
+                ensure!(p.zipf_s.is_finite() && p.zipf_s >= 0.0, "zipf must be >= 0");
+                check_range("question words", p.question_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
+            WorkloadKind::MultiTurn(p) => {
+                ensure!(p.conversations >= 1, "conversations must be >= 1");
+                ensure!(p.turns >= 1, "turns must be >= 1");
+                check_range("user words", p.user_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
+            WorkloadKind::Agent(p) => {
+                ensure!(p.sessions >= 1, "agent sessions must be >= 1");
+                ensure!(p.steps >= 1, "agent steps must be >= 1");
+                check_range("tool result words", p.tool_result_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_range<T: PartialOrd + std::fmt::Debug>(what: &str, r: (T, T)) -> anyhow::Result<()> {
+    ensure!(r.0 <= r.1, "{what}: min {:?} > max {:?}", r.0, r.1);
+    Ok(())
+}
+
+/// An independent random stream for one purpose and one (session, turn), so that what a request
+/// contains never depends on the order in which other requests were built.
+fn rng_for(seed: u64, tag: &str, a: u64, b: u64) -> StdRng {
+    let mut key = Vec::with_capacity(tag.len() + 16);
+    key.extend_from_slice(tag.as_bytes());
+    key.extend_from_slice(&a.to_le_bytes());
+    key.extend_from_slice(&b.to_le_bytes());
+    StdRng::seed_from_u64(xxhash_rust::xxh3::xxh3_64_with_seed(&key, seed))
+}
+
+/// A seeded vocabulary of pronounceable lowercase pseudo-words of 2–6 letters, without
+/// punctuation: kvsim counts a word as one token but cuts longer words into 6-byte pieces and makes
+/// every punctuation mark a token, so these words keep "words = tokens" true.
+#[derive(Clone, Debug)]
+pub struct Vocab {
+    words: Vec<String>,
+}
+
+impl Vocab {
+    /// Words per vocabulary: large enough that two random texts share no long run of words.
+    pub const SIZE: usize = 4096;
+    /// Longest word, in bytes (kvsim's longest single-token piece).
+    pub const MAX_WORD_BYTES: usize = 6;
+
+    pub fn new(seed: u64) -> Self {
+        const ONSETS: &[&str] = &[
+            "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
+            "z", "br", "ch", "cl", "dr", "fl", "gr", "pl", "sh", "st", "th", "tr",
+        ];
+        const VOWELS: &[&str] = &["a", "e", "i", "o", "u", "ai", "ea", "ou"];
+        let mut rng = rng_for(seed, "vocab", 0, 0);
+        let mut words = Vec::with_capacity(Self::SIZE);
+        while words.len() < Self::SIZE {
+            let syllables = rng.gen_range(1..=3);
+            let mut w = String::new();
+            for _ in 0..syllables {
+                w.push_str(ONSETS.choose(&mut rng).copied().unwrap_or("b"));
+                w.push_str(VOWELS.choose(&mut rng).copied().unwrap_or("a"));
+            }
+            if rng.gen_bool(0.3) {
+                w.push('n');
+            }
+            if w.len() <= Self::MAX_WORD_BYTES {
+                words.push(w);
+            }
+        }
+        Self { words }
+    }
+
+    /// `n` words drawn from `rng`, space-separated.
+    pub fn text(&self, rng: &mut StdRng, n: usize) -> String {
+        let mut out = String::with_capacity(n * 7);
+        for i in 0..n {
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(self.words.choose(rng).map(String::as_str).unwrap_or("la"));
+        }
+        out
+    }
+}
+
+/// Whitespace-separated words in `s`: the workload's stand-in for a token count.
+pub fn word_count(s: &str) -> usize {
+    s.split_whitespace().count()
+}
+
+/// One request-to-be: when it arrives, which session it belongs to and which turn of it it is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Slot {
+    /// Position in the generated sequence, from 0.
+    pub index: u64,
+    /// Open loop: arrival offset from the start in simulated seconds. Closed loop: 0.
+    pub arrival_s: f64,
+    /// `tenant-N`, `conv-N` or `agent-N`.
+    pub session: String,
+    pub session_id: u64,
+    /// Turn (step) within the session, from 0; for tenants, the tenant's request count so far.
+    pub turn: u32,
+}
+
+/// A chat message.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+impl Message {
+    fn new(role: &'static str, content: String) -> Self {
+        Self { role, content }
+    }
+}
+
+/// A request ready to send.
+#[derive(Clone, Debug)]
+pub struct PlannedRequest {
+    /// The conversation as sent (before flattening for the completions API).
+    pub messages: Vec<Message>,
+    pub max_tokens: u32,
+    /// The JSON body, always streaming with `include_usage`.
+    pub body: Value,
+    /// Words in all message contents (≈ prompt tokens, without template overhead).
+    pub prompt_words: usize,
+}
+
+/// Recorded replies of one multi-turn conversation or agent session.
+#[derive(Debug, Default)]
+struct SessionState {
+    /// The conversation's system prompt or the agent session's context, generated once: rebuilding
+    /// ~10,000 words per request would make a debug-build driver CPU-bound.
+    base: Option<String>,
+    /// Per turn: the user message (multi-turn) or the tool result appended before it (agent), and
+    /// the turn's `max_tokens`.
+    inputs: HashMap<u32, (String, u32)>,
+    /// Per turn: what the server returned, or the stand-in.
+    replies: HashMap<u32, String>,
+}
+
+impl SessionState {
+    fn base(&mut self, make: impl FnOnce() -> String) -> String {
+        self.base.get_or_insert_with(make).clone()
+    }
+
+    fn input(&mut self, t: u32, make: impl FnOnce() -> (String, u32)) -> (String, u32) {
+        self.inputs.entry(t).or_insert_with(make).clone()
+    }
+
+    /// The recorded reply of turn `t`, or its seeded stand-in of `max_tokens` words.
+    fn reply(&mut self, t: u32, max_tokens: u32, stand_in: impl FnOnce(u32) -> String) -> String {
+        self.replies
+            .entry(t)
+            .or_insert_with(|| stand_in(max_tokens))
+            .clone()
+    }
+}
+
+/// The rotation of session slots used by multi-turn and agent workloads.
+#[derive(Debug)]
+struct Rotation {
+    /// Session id currently occupying each slot, and the next turn it will be handed.
+    slots: Vec<(u64, u32)>,
+    /// Slot order, shuffled once: consecutive turns of one session are a full rotation apart, which
+    /// is the most time a session can get to finish its previous turn.
+    order: Vec<usize>,
+    next_id: u64,
+    turns_per_session: u32,
+}
+
+impl Rotation {
+    /// With `stagger`, the session in slot j starts at turn ⌊j·turns/n⌋ (see `MultiTurnParams::stagger`).
+    fn new(seed: u64, n: usize, turns_per_session: u32, stagger: bool) -> Self {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut rng_for(seed, "rotation", 0, 0));
+        let first_turn = |j: u64| {
+            if stagger {
+                (j * u64::from(turns_per_session) / n.max(1) as u64) as u32
+            } else {
+                0
+            }
+        };
+        Self {
+            slots: (0..n as u64).map(|j| (j, first_turn(j))).collect(),
+            order,
+            next_id: n as u64,
+            turns_per_session,
+        }
+    }
+
+    /// The session and turn for the `index`-th slot; a session that has had all its turns is replaced.
+    fn next(&mut self, index: u64) -> (u64, u32) {
+        let pos = self
+            .order
+            .get((index % self.order.len().max(1) as u64) as usize)
+            .copied()
+            .unwrap_or(0);
+        let next_id = &mut self.next_id;
+        let turns_per_session = self.turns_per_session;
+        match self.slots.get_mut(pos) {
+            Some(slot) => {
+                if slot.1 >= turns_per_session {
+                    *slot = (*next_id, 0);
+                    *next_id += 1;
+                }
+                let out = *slot;
+                slot.1 += 1;
+                out
+            }
+            None => (0, 0),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Family {
+    MultiTenant {
+        p: MultiTenantParams,
+        prompts: Vec<String>,
+        pick: Option<WeightedIndex<f64>>,
+        pick_rng: Box<StdRng>,
+        counts: Vec<u32>,
+    },
+    MultiTurn {
+        p: MultiTurnParams,
+        rotation: Rotation,
+        sessions: HashMap<u64, SessionState>,
+    },
+    Agent {
+        p: AgentParams,
+        preamble: String,
+        rotation: Rotation,
+        sessions: HashMap<u64, SessionState>,
+    },
+}
+
+/// The stateful generator of one run's requests. See the module documentation.
+#[derive(Debug)]
+pub struct WorkloadGen {
+    seed: u64,
+    model: String,
+    api: Api,
+    ignore_eos: bool,
+    duration_s: f64,
+    max_requests: Option<usize>,
+    vocab: Vocab,
+    arrivals: Option<(Exp<f64>, StdRng)>,
+    clock_s: f64,
+    next_index: u64,
+    exhausted: bool,
+    family: Family,
+}
+
+impl WorkloadGen {
+    pub fn new(spec: &WorkloadSpec) -> anyhow::Result<Self> {
+        spec.validate()?;
+        let seed = spec.seed;
+        let vocab = Vocab::new(seed);
+        let arrivals = match spec.load {
+            Load::Open { rate } => Some((Exp::new(rate)?, rng_for(seed, "arrivals", 0, 0))),
+            Load::Closed { .. } => None,
+        };
+        let family = match &spec.workload {
+            WorkloadKind::MultiTenant(p) => {
+                let prompts = (0..p.tenants as u64)
+                    .map(|t| vocab.text(&mut rng_for(seed, "tenant-system", t, 0), p.system_words))
+                    .collect();
+                let weights: Vec<f64> = (0..p.tenants)
+                    .map(|k| 1.0 / ((k + 1) as f64).powf(p.zipf_s))
+                    .collect();
+                Family::MultiTenant {
+                    p: p.clone(),
+                    prompts,
+                    pick: WeightedIndex::new(weights).ok(),
+                    pick_rng: Box::new(rng_for(seed, "tenant-pick", 0, 0)),
+                    counts: vec![0; p.tenants],
+                }
+            }
+            WorkloadKind::MultiTurn(p) => Family::MultiTurn {
+                p: p.clone(),
+                rotation: Rotation::new(seed, p.conversations, p.turns, p.stagger),
+                sessions: HashMap::new(),
+            },
+            WorkloadKind::Agent(p) => Family::Agent {
+                p: p.clone(),
+                preamble: vocab.text(&mut rng_for(seed, "agent-preamble", 0, 0), p.preamble_words),
+                rotation: Rotation::new(seed, p.sessions, p.steps, p.stagger),
+                sessions: HashMap::new(),
+            },
+        };
+        Ok(Self {
+            seed,
+            model: spec.model.clone(),
+            api: spec.api,
+            ignore_eos: spec.ignore_eos,
+            duration_s: spec.duration_s,
+            max_requests: spec.max_requests,
+            vocab,
+            arrivals,
+            clock_s: 0.0,
+            next_index: 0,
+            exhausted: false,
+            family,
+        })
+    }
+
+    /// Whether a session's turns must run one after another (each resends the previous reply).
+    pub fn is_sequential(&self) -> bool {
+        !matches!(self.family, Family::MultiTenant { .. })
+    }
+
+    /// The next slot, or `None` once the open-loop duration or `max_requests` is reached. The
+    /// closed-loop duration is the driver's business (it depends on how fast the target answers).
+    pub fn next_slot(&mut self) -> Option<Slot> {
+        if self.exhausted {
+            return None;
+        }
+        if let Some(max) = self.max_requests {
+            if self.next_index >= max as u64 {
+                self.exhausted = true;
+                return None;
+            }
+        }
+        let arrival_s = match &mut self.arrivals {
+            Some((exp, rng)) => {
+                self.clock_s += exp.sample(rng);
+                if self.clock_s > self.duration_s {
+                    self.exhausted = true;
+                    return None;
+                }
+                self.clock_s
+            }
+            None => 0.0,
+        };
+        let index = self.next_index;
+        self.next_index += 1;
+        let (session, session_id, turn) = match &mut self.family {
+            Family::MultiTenant {
+                pick,
+                pick_rng,
+                counts,
+                ..
+            } => {
+                let t = pick.as_ref().map(|w| w.sample(pick_rng)).unwrap_or(0);
+                let turn = counts.get(t).copied().unwrap_or(0);
+                if let Some(c) = counts.get_mut(t) {
+                    *c += 1;
+                }
+                (format!("tenant-{t}"), t as u64, turn)
+            }
+            Family::MultiTurn { rotation, .. } => {
+                let (id, turn) = rotation.next(index);
+                (format!("conv-{id}"), id, turn)
+            }
+            Family::Agent { rotation, .. } => {
+                let (id, turn) = rotation.next(index);
+                (format!("agent-{id}"), id, turn)
+            }
+        };
+        Some(Slot {
+            index,
+            arrival_s,
+            session,
+            session_id,
+            turn,
+        })
+    }
+
+    /// The request for `slot`. For sequential workloads call it only after the session's previous
+    /// turn was recorded with [`record_reply`](Self::record_reply); an unrecorded turn is filled with
+    /// its stand-in.
+    pub fn build_request(&mut self, slot: &Slot) -> PlannedRequest {
+        let seed = self.seed;
+        let vocab = &self.vocab;
+        let (messages, max_tokens) = match &mut self.family {
+            Family::MultiTenant { p, prompts, .. } => {
+                let mut rng = rng_for(seed, "tenant-question", slot.index, 0);
+                let n = rng.gen_range(p.question_words.0..=p.question_words.1);
+                let question = vocab.text(&mut rng, n);
+                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
+                let system = prompts
+                    .get(slot.session_id as usize)
+                    .cloned()
+                    .unwrap_or_default();
+                (
+                    vec![
+                        Message::new("system", system),
+                        Message::new("user", question),
+                    ],
+                    max_tokens,
+                )
+            }
+            Family::MultiTurn { p, sessions, .. } => {
+                let id = slot.session_id;
+                let state = sessions.entry(id).or_default();
+                let stand_in = |t: u32| {
+                    move |n: u32| {
+                        vocab.text(&mut rng_for(seed, "stand-in", id, u64::from(t)), n as usize)
+                    }
+                };
+                let system = state
+                    .base(|| vocab.text(&mut rng_for(seed, "conv-system", id, 0), p.system_words));
+                let mut messages = vec![Message::new("system", system)];
+                for t in 0..slot.turn {
+                    let (user, max_tokens) = state.input(t, || conv_turn(seed, vocab, p, id, t));
+                    messages.push(Message::new("user", user));
+                    let reply = state.reply(t, max_tokens, stand_in(t));
+                    messages.push(Message::new("assistant", reply));
+                }
+                let (user, max_tokens) =
+                    state.input(slot.turn, || conv_turn(seed, vocab, p, id, slot.turn));
+                messages.push(Message::new("user", user));
+                (messages, max_tokens)
+            }
+            Family::Agent {
+                p,
+                preamble,
+                sessions,
+                ..
+            } => {
+                let id = slot.session_id;
+                let state = sessions.entry(id).or_default();
+                let stand_in = |t: u32| {
+                    move |n: u32| {
+                        vocab.text(&mut rng_for(seed, "stand-in", id, u64::from(t)), n as usize)
+                    }
+                };
+                let context = state.base(|| {
+                    vocab.text(&mut rng_for(seed, "agent-context", id, 0), p.context_words)
+                });
+                let mut messages = vec![
+                    Message::new("system", preamble.clone()),
+                    Message::new("user", context),
+                ];
+                for t in 1..=slot.turn {
+                    let (_, prev_max) =
+                        state.input(t - 1, || agent_step(seed, vocab, p, id, t - 1));
+                    let reply = state.reply(t - 1, prev_max, stand_in(t - 1));
+                    messages.push(Message::new("assistant", reply));
+                    let (tool, _) = state.input(t, || agent_step(seed, vocab, p, id, t));
+                    messages.push(Message::new("user", tool));
+                }
+                let (_, max_tokens) =
+                    state.input(slot.turn, || agent_step(seed, vocab, p, id, slot.turn));
+                (messages, max_tokens)
+            }
+        };
+        let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
+        let body = self.body(&messages, max_tokens);
+        PlannedRequest {
+            messages,
+            max_tokens,
+            body,
+            prompt_words,
+        }
+    }
+
+    /// Records what the server returned for `slot` (`None` if the request failed, in which case the
+    /// seeded stand-in is resent instead). Forgets a session after its last turn.
+    pub fn record_reply(&mut self, slot: &Slot, reply: Option<&str>) {
+        let (sessions, last) = match &mut self.family {
+            Family::MultiTenant { .. } => return,
+            Family::MultiTurn { p, sessions, .. } => (sessions, p.turns),
+            Family::Agent { p, sessions, .. } => (sessions, p.steps),
+        };
+        if slot.turn + 1 >= last {
+            sessions.remove(&slot.session_id);
+            return;
+        }
+        if let Some(text) = reply {
+            sessions
+                .entry(slot.session_id)
+                .or_default()
+                .replies
+                .insert(slot.turn, text.to_owned());
+        }
+    }
+
+    fn body(&self, messages: &[Message], max_tokens: u32) -> Value {
+        let mut body = serde_json::Map::new();
+        body.insert("model".into(), json!(self.model));
+        match self.api {
+            Api::Chat => body.insert("messages".into(), json!(messages)),
+            Api::Completions => body.insert("prompt".into(), json!(flatten(messages))),
+        };
+        body.insert("max_tokens".into(), json!(max_tokens));
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+        if self.ignore_eos {
+            body.insert("ignore_eos".into(), json!(true));
+        }
+        Value::Object(body)
+    }
+}
+
+/// The completions-API rendering of a conversation: append-only, so a conversation's prompts still
+/// share their prefix from turn to turn.
+fn flatten(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str(m.role);
+        out.push_str(": ");
+        out.push_str(&m.content);
+        out.push_str("\n\n");
+    }
+    out.push_str("assistant:");
+    out
+}
+
+/// User message and `max_tokens` of turn `t` of conversation `id`.
+fn conv_turn(seed: u64, vocab: &Vocab, p: &MultiTurnParams, id: u64, t: u32) -> (String, u32) {
+    let mut rng = rng_for(seed, "conv-turn", id, u64::from(t));
+    let n = rng.gen_range(p.user_words.0..=p.user_words.1);
+    let user = vocab.text(&mut rng, n);
+    (user, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
+}
+
+/// Tool result appended before step `t` (empty for step 0) and `max_tokens` of step `t`.
+fn agent_step(seed: u64, vocab: &Vocab, p: &AgentParams, id: u64, t: u32) -> (String, u32) {
+    let mut rng = rng_for(seed, "agent-step", id, u64::from(t));
+    let n = rng.gen_range(p.tool_result_words.0..=p.tool_result_words.1);
+    let tool = if t == 0 {
+        String::new()
+    } else {
+        vocab.text(&mut rng, n)
+    };
+    (tool, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
+}

@@ -1,0 +1,510 @@
+//! One pod's inference engine: vLLM-style continuous batching over a simulated GPU.
+//!
+//! Requests queue FIFO; at most `max_num_seqs` run at once, and a request is only admitted when the
+//! KV pool has room for its prompt (unless nothing else runs), as vLLM's scheduler does. Every step
+//! runs the whole running batch once: sequences still prefilling contribute their uncached prompt
+//! tokens (all of them, or a shared `chunked_prefill_tokens` budget), decoding sequences one token each,
+//! and the step lasts `prefill overhead + per-token prefill cost + decode base + per-sequence decode
+//! cost`. A long prefill therefore delays every running stream's next token, which is the
+//! prefill/decode interference P/D disaggregation removes.
+//!
+//! Cache hits are decided here, at admission, from the pod's own prefix cache; nothing a router sends
+//! can claim a hit. A decode pod that received `kv_transfer_params` pulls the missing prompt KV instead
+//! of computing it: the pull costs `kv_transfer_us_per_token` and, like NIXL's asynchronous reads, it
+//! delays only that request, not the batch.
+//!
+//! Time: step durations are simulated and slept scaled by `time_scale`. Deadlines chain from the
+//! previous step's deadline rather than from "now", so timer granularity (~1 ms) does not accumulate
+//! into slower decoding at small time scales, and metrics record the modelled durations exactly.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use super::cache::PrefixCache;
+use super::config::SimConfig;
+use super::metrics::{Counters, Latencies, Snapshot};
+
+/// If the engine fell this far behind its own schedule (an overloaded host), it stops catching up and
+/// restarts the clock from now instead of bursting through missed steps.
+const MAX_LAG: Duration = Duration::from_millis(50);
+
+/// What the HTTP layer asks the engine to run.
+#[derive(Debug, Clone)]
+pub struct SeqSpec {
+    pub prompt_tokens: usize,
+    /// Chained hashes of the prompt's full blocks.
+    pub block_hashes: Vec<u64>,
+    pub max_tokens: usize,
+    /// Prompt tokens whose KV a prefill pod computed for this request (0 = none); the engine pulls
+    /// whatever its own cache lacks.
+    pub remote_tokens: usize,
+    /// The request is a prefill for a remote decoder: report the KV block ids it occupies.
+    pub report_block_ids: bool,
+}
+
+#[derive(Debug)]
+pub enum SeqEvent {
+    /// Token `index` (0-based) was generated.
+    Token {
+        index: usize,
+    },
+    Finished(Outcome),
+}
+
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens not computed here: local prefix-cache hits plus KV pulled from a prefill pod
+    /// (vLLM reports both as `cached_tokens`).
+    pub cached_tokens: usize,
+    pub block_ids: Vec<u64>,
+}
+
+struct Seq {
+    spec: SeqSpec,
+    tx: mpsc::UnboundedSender<SeqEvent>,
+    arrival: Instant,
+    cached: usize,
+    transferred: usize,
+    /// Prompt tokens whose KV exists on this pod.
+    computed: usize,
+    prefill_remaining: usize,
+    generated: usize,
+    /// How many leading prompt blocks this sequence holds pinned in the cache.
+    pinned: usize,
+    /// When the pulled KV has arrived (transferring sequences only).
+    ready_at: Instant,
+    last_token: Option<Instant>,
+    sched_prefill: usize,
+    sched_decode: bool,
+    /// Joined the batch since the last step started: the next step cannot start before `eligible`
+    /// (its arrival, or the end of its KV transfer).
+    fresh: bool,
+    eligible: Instant,
+    aborted: bool,
+}
+
+impl Seq {
+    /// Blocks held outside the shared cache: the partial last block, uncomputed/untransferred
+    /// prompt blocks and generated tokens.
+    fn private_blocks(&self, cfg: &SimConfig) -> usize {
+        cfg.blocks_for(self.spec.prompt_tokens + self.generated)
+            .saturating_sub(self.pinned)
+    }
+
+    /// Pins (and so caches) every full prompt block whose KV now exists.
+    fn cover(&mut self, cache: &mut PrefixCache, block_size: usize) {
+        let full = (self.computed / block_size).min(self.spec.block_hashes.len());
+        for h in self
+            .spec
+            .block_hashes
+            .get(self.pinned..full)
+            .unwrap_or_default()
+        {
+            cache.pin(*h);
+        }
+        self.pinned = self.pinned.max(full);
+    }
+
+    /// Unpins in reverse, as vLLM frees blocks: the tail of a prefix becomes the least recently used
+    /// and is evicted first, so a partly evicted prefix still hits on its head.
+    fn release(&self, cache: &mut PrefixCache) {
+        for h in self.spec.block_hashes.iter().take(self.pinned).rev() {
+            cache.unpin(*h);
+        }
+    }
+}
+
+enum Plan {
+    Idle(Option<Instant>),
+    Step {
+        sim: Duration,
+        /// Latest time a sequence new to this step became able to run.
+        fresh_since: Option<Instant>,
+    },
+}
+
+struct State {
+    waiting: VecDeque<Seq>,
+    transferring: Vec<Seq>,
+    running: Vec<Seq>,
+    cache: PrefixCache,
+    counters: Counters,
+    latencies: Latencies,
+    next_block_id: u64,
+    closed: bool,
+}
+
+pub struct Engine {
+    cfg: SimConfig,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+impl Engine {
+    pub fn new(cfg: SimConfig) -> Arc<Self> {
+        let latencies = Latencies::new(cfg.engine);
+        Arc::new(Self {
+            cfg,
+            state: Mutex::new(State {
+                waiting: VecDeque::new(),
+                transferring: Vec::new(),
+                running: Vec::new(),
+                cache: PrefixCache::default(),
+                counters: Counters::default(),
+                latencies,
+                next_block_id: 0,
+                closed: false,
+            }),
+            wake: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere must not take the pod down with a poisoned lock.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a request. The receiver yields its tokens and then its outcome; it ends without an
+    /// outcome if the engine shuts down. Dropping the receiver aborts the request.
+    pub fn submit(&self, spec: SeqSpec) -> mpsc::UnboundedReceiver<SeqEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let now = Instant::now();
+        let mut st = self.lock();
+        if !st.closed {
+            st.waiting.push_back(Seq {
+                spec,
+                tx,
+                arrival: now,
+                cached: 0,
+                transferred: 0,
+                computed: 0,
+                prefill_remaining: 0,
+                generated: 0,
+                pinned: 0,
+                ready_at: now,
+                last_token: None,
+                sched_prefill: 0,
+                sched_decode: false,
+                fresh: false,
+                eligible: now,
+                aborted: false,
+            });
+        }
+        drop(st);
+        self.wake.notify_one();
+        rx
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let st = self.lock();
+        Snapshot {
+            running: st.running.len(),
+            // vLLM counts requests waiting for remote KV as waiting.
+            waiting: st.waiting.len() + st.transferring.len(),
+            used_blocks: st.used_blocks(&self.cfg),
+            counters: st.counters.clone(),
+            latencies: st.latencies.clone(),
+        }
+    }
+
+    pub fn reset_cache(&self) {
+        self.lock().cache.clear_unpinned();
+    }
+
+    /// Number of blocks currently in the prefix cache (in use or evictable).
+    pub fn cached_blocks(&self) -> usize {
+        self.lock().cache.block_count()
+    }
+
+    /// Drops every queued and running request (their receivers end) and refuses new ones.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        st.waiting.clear();
+        st.transferring.clear();
+        st.running.clear();
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// The step loop; runs until the task is aborted.
+    pub async fn run(self: Arc<Self>) {
+        let mut prev_deadline: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let floor = now.checked_sub(MAX_LAG).unwrap_or(now);
+            // A busy engine's clock is its last step boundary; an idle one has none.
+            let boundary = prev_deadline.filter(|p| *p >= floor);
+            let plan = self.lock().plan(&self.cfg, now, boundary);
+            match plan {
+                Plan::Idle(wake_at) => {
+                    prev_deadline = None;
+                    match wake_at {
+                        Some(at) => {
+                            tokio::select! {
+                                _ = self.wake.notified() => {}
+                                _ = tokio::time::sleep_until(at) => {}
+                            }
+                        }
+                        None => self.wake.notified().await,
+                    }
+                }
+                Plan::Step { sim, fresh_since } => {
+                    // The step starts when the previous one ended (busy engine) or when its newest
+                    // sequence could first run (idle engine), not when this task happened to wake:
+                    // timer and scheduler latency must not leak into simulated latencies.
+                    let now = Instant::now();
+                    let floor = now.checked_sub(MAX_LAG).unwrap_or(now);
+                    let base = match (prev_deadline, fresh_since) {
+                        (Some(prev), fresh) if prev >= floor => fresh.map_or(prev, |f| f.max(prev)),
+                        (_, Some(fresh)) => fresh.max(floor),
+                        (_, None) => now,
+                    };
+                    let deadline = base + self.cfg.to_wall(sim);
+                    tokio::time::sleep_until(deadline).await;
+                    prev_deadline = Some(deadline);
+                    self.lock().finish_step(&self.cfg, deadline);
+                }
+            }
+        }
+    }
+}
+
+impl State {
+    fn used_blocks(&self, cfg: &SimConfig) -> usize {
+        let private: usize = self
+            .running
+            .iter()
+            .chain(&self.transferring)
+            .map(|s| s.private_blocks(cfg))
+            .sum();
+        self.cache.pinned_len() + private
+    }
+
+    /// Evicts cached-but-unused blocks until the pool fits in `num_gpu_blocks`.
+    fn evict(&mut self, cfg: &SimConfig) {
+        let private: usize = self
+            .running
+            .iter()
+            .chain(&self.transferring)
+            .map(|s| s.private_blocks(cfg))
+            .sum();
+        self.cache
+            .evict_to(cfg.num_gpu_blocks.saturating_sub(private));
+    }
+
+    fn drop_seq(&mut self, s: Seq) {
+        s.release(&mut self.cache);
+        self.counters.aborted += 1;
+    }
+
+    /// `boundary` is the step boundary at which a busy engine admits; an idle engine admits a request
+    /// at its arrival (the loop may wake a little later than that; the simulated GPU does not).
+    fn admit(&mut self, cfg: &SimConfig, now: Instant, boundary: Option<Instant>) {
+        // Requests whose pulled KV has arrived join the batch ahead of the queue.
+        for mut s in std::mem::take(&mut self.transferring) {
+            if s.tx.is_closed() {
+                self.drop_seq(s);
+            } else if s.ready_at <= now && self.running.len() < cfg.max_num_seqs {
+                s.cover(&mut self.cache, cfg.block_size);
+                s.fresh = true;
+                s.eligible = s.ready_at;
+                self.running.push(s);
+            } else {
+                self.transferring.push(s);
+            }
+        }
+
+        while self.running.len() < cfg.max_num_seqs {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            if front.tx.is_closed() {
+                if let Some(s) = self.waiting.pop_front() {
+                    self.drop_seq(s);
+                }
+                continue;
+            }
+            let prompt = front.spec.prompt_tokens;
+            // vLLM always recomputes the last prompt token, so only blocks ending before it can hit.
+            let hashable =
+                (prompt.saturating_sub(1) / cfg.block_size).min(front.spec.block_hashes.len());
+            let candidates = front.spec.block_hashes.get(..hashable).unwrap_or_default();
+            let hit = self.cache.longest_prefix(candidates);
+            let shared = candidates
+                .iter()
+                .take(hit)
+                .filter(|h| self.cache.is_pinned(**h))
+                .count();
+            let need = cfg.blocks_for(prompt + 1).saturating_sub(shared);
+            let free = cfg.num_gpu_blocks.saturating_sub(self.used_blocks(cfg));
+            let idle = self.running.is_empty() && self.transferring.is_empty();
+            if need > free && !idle {
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            for h in s.spec.block_hashes.iter().take(hit) {
+                self.cache.pin(*h);
+            }
+            s.pinned = hit;
+            s.cached = hit * cfg.block_size;
+            s.transferred = s
+                .spec
+                .remote_tokens
+                .min(prompt.saturating_sub(1))
+                .saturating_sub(s.cached);
+            s.computed = s.cached + s.transferred;
+            s.prefill_remaining = prompt.saturating_sub(s.computed);
+            // Computing one last token costs no more than a decode step: it rides along with the
+            // decode batch (as in vLLM, where it shares the forward pass of the first sampled token).
+            if s.prefill_remaining <= 1 {
+                s.prefill_remaining = 0;
+            }
+            self.counters.prefix_queries += prompt as u64;
+            self.counters.prefix_hits += s.cached as u64;
+            self.counters.transferred_tokens += s.transferred as u64;
+            if s.transferred > 0 {
+                let start = boundary.map_or(s.arrival, |b| b.max(s.arrival));
+                s.ready_at = start + cfg.to_wall(cfg.transfer_time(s.transferred));
+                self.transferring.push(s);
+            } else {
+                s.fresh = true;
+                s.eligible = s.arrival;
+                self.running.push(s);
+            }
+            self.evict(cfg);
+        }
+    }
+
+    fn plan(&mut self, cfg: &SimConfig, now: Instant, boundary: Option<Instant>) -> Plan {
+        if self.closed {
+            return Plan::Idle(None);
+        }
+        self.admit(cfg, now, boundary);
+        if self.running.is_empty() {
+            return Plan::Idle(self.transferring.iter().map(|s| s.ready_at).min());
+        }
+        let mut budget = match cfg.chunked_prefill_tokens {
+            0 => usize::MAX,
+            n => n,
+        };
+        let (mut prefill_tokens, mut decoding) = (0, 0);
+        let mut fresh_since: Option<Instant> = None;
+        for s in &mut self.running {
+            s.sched_prefill = 0;
+            s.sched_decode = false;
+            if s.prefill_remaining > 0 {
+                let n = s.prefill_remaining.min(budget);
+                budget -= n;
+                s.sched_prefill = n;
+                prefill_tokens += n;
+            } else {
+                s.sched_decode = true;
+                decoding += 1;
+            }
+            if std::mem::take(&mut s.fresh) {
+                fresh_since = Some(fresh_since.map_or(s.eligible, |f| f.max(s.eligible)));
+            }
+        }
+        Plan::Step {
+            sim: cfg.step_time(prefill_tokens, decoding),
+            fresh_since,
+        }
+    }
+
+    fn finish_step(&mut self, cfg: &SimConfig, at: Instant) {
+        let State {
+            running,
+            cache,
+            counters,
+            latencies,
+            ..
+        } = self;
+        for s in running.iter_mut() {
+            if s.sched_prefill > 0 {
+                s.prefill_remaining -= s.sched_prefill;
+                s.computed += s.sched_prefill;
+                s.cover(cache, cfg.block_size);
+                if s.prefill_remaining == 0 {
+                    emit_token(s, at, cfg, cache, counters, latencies);
+                }
+            } else if s.sched_decode {
+                emit_token(s, at, cfg, cache, counters, latencies);
+            }
+            s.sched_prefill = 0;
+            s.sched_decode = false;
+        }
+
+        for s in std::mem::take(&mut self.running) {
+            if s.aborted {
+                self.drop_seq(s);
+            } else if s.generated >= s.spec.max_tokens {
+                s.release(&mut self.cache);
+                self.counters.success += 1;
+                self.latencies
+                    .e2e
+                    .observe(cfg.to_sim_secs(at.saturating_duration_since(s.arrival)));
+                let block_ids = if s.spec.report_block_ids {
+                    let n = cfg.blocks_for(s.spec.prompt_tokens) as u64;
+                    let first = self.next_block_id;
+                    self.next_block_id = (first + n) % cfg.num_gpu_blocks as u64;
+                    (0..n)
+                        .map(|i| (first + i) % cfg.num_gpu_blocks as u64)
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                // The receiver may be gone by now; the request is complete either way.
+                let _ = s.tx.send(SeqEvent::Finished(Outcome {
+                    prompt_tokens: s.spec.prompt_tokens,
+                    completion_tokens: s.generated,
+                    cached_tokens: s.cached + s.transferred,
+                    block_ids,
+                }));
+            } else {
+                self.running.push(s);
+            }
+        }
+        self.evict(cfg);
+    }
+}
+
+fn emit_token(
+    s: &mut Seq,
+    at: Instant,
+    cfg: &SimConfig,
+    cache: &mut PrefixCache,
+    counters: &mut Counters,
+    latencies: &mut Latencies,
+) {
+    let index = s.generated;
+    if index == 0 {
+        // The first sampled token means the whole prompt's KV exists (including a last token that
+        // rode along with the decode batch).
+        s.computed = s.spec.prompt_tokens;
+        s.cover(cache, cfg.block_size);
+        counters.prompt_tokens += s.spec.prompt_tokens as u64;
+        latencies
+            .ttft
+            .observe(cfg.to_sim_secs(at.saturating_duration_since(s.arrival)));
+    } else if let Some(prev) = s.last_token {
+        latencies
+            .itl
+            .observe(cfg.to_sim_secs(at.saturating_duration_since(prev)));
+    }
+    s.generated += 1;
+    s.last_token = Some(at);
+    counters.generation_tokens += 1;
+    if s.tx.send(SeqEvent::Token { index }).is_err() {
+        // The client went away: vLLM aborts the request and frees its blocks.
+        s.aborted = true;
+    }
+}

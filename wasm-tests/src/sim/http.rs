@@ -1,0 +1,583 @@
+//! The pod's HTTP surface, shaped like vLLM's OpenAI server wherever a router or client can see it:
+//! response and chunk shapes, `usage.prompt_tokens_details.cached_tokens`, error bodies
+//! (`{"object":"error","message":..,"type":..,"param":null,"code":..}`), `/v1/models`, `/health`,
+//! `/metrics`, plus the `/sim/` control endpoints tests use.
+//!
+//! Streaming sends the first content chunk when the engine finishes the prefill (that is the time to
+//! first token) and then one chunk per decode step, so a client measures TTFT and inter-token
+//! latency exactly as it would against a GPU.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::config::Role;
+use super::engine::{Outcome, SeqEvent, SeqSpec};
+use super::metrics;
+use super::pod::{prefiller_target, Faults, Pod};
+use super::request::{parse, BadRequest, Endpoint, InferenceRequest};
+use super::tokens::block_hashes;
+
+/// Agent prompts can be long; vLLM does not cap bodies either.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Filler vocabulary for generated text: deterministic, one word per token.
+const WORDS: &[&str] = &[
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "kv", "blocks",
+    "stay", "warm", "in", "cache",
+];
+
+fn token_text(index: usize) -> String {
+    let word = WORDS.get(index % WORDS.len()).copied().unwrap_or("tok");
+    if index == 0 {
+        word.to_string()
+    } else {
+        format!(" {word}")
+    }
+}
+
+pub(crate) fn router(pod: Arc<Pod>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/sim/stats", get(sim_stats))
+        .route("/sim/fault", post(sim_fault))
+        .route("/sim/reset", post(sim_reset))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(pod.clone(), pod_layer))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(pod)
+}
+
+/// Stalls (fault) and stamps every response with the pod's address.
+async fn pod_layer(State(pod): State<Arc<Pod>>, req: Request, next: Next) -> Response {
+    if !req.uri().path().starts_with("/sim/") {
+        let stall = pod.faults().stall_ms;
+        if stall > 0 {
+            tokio::time::sleep(Duration::from_millis(stall)).await;
+        }
+    }
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&pod.id) {
+        resp.headers_mut().insert("x-kvsim-pod", v);
+    }
+    resp
+}
+
+/// vLLM's error body.
+pub(crate) fn error(status: StatusCode, kind: &str, message: &str) -> Response {
+    let body = json!({
+        "object": "error",
+        "message": message,
+        "type": kind,
+        "param": null,
+        "code": status.as_u16(),
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+async fn completions(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    inference(pod, Endpoint::Completions, headers, body).await
+}
+
+async fn chat_completions(
+    State(pod): State<Arc<Pod>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    inference(pod, Endpoint::Chat, headers, body).await
+}
+
+async fn inference(pod: Arc<Pod>, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+    pod.count_arrival(&headers);
+    let resp = serve(&pod, endpoint, &headers, &body).await;
+    if !resp.status().is_success() {
+        pod.count_failure();
+    }
+    resp
+}
+
+/// What the response writer needs to know about the request.
+struct Meta {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    max_tokens: usize,
+    include_usage: bool,
+    report_kv: bool,
+}
+
+async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Response {
+    let cfg = &pod.cfg;
+    if pod.roll_failure() {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "Simulated engine failure (kvsim fault injection)",
+        );
+    }
+    let req = match parse(endpoint, body) {
+        Ok(r) => r,
+        Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, "BadRequestError", &msg),
+    };
+    let model = match &req.model {
+        None => cfg.models.first().cloned().unwrap_or_default(),
+        Some(m) if cfg.models.contains(m) => m.clone(),
+        Some(m) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotFoundError",
+                &format!("The model `{m}` does not exist."),
+            )
+        }
+    };
+    let prompt_tokens = req.tokens.len();
+    let requested = prompt_tokens.saturating_add(req.max_tokens);
+    if requested > cfg.max_model_len {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                 ({} in the messages, {} in the completion). Please reduce the length of the \
+                 messages or completion.",
+                cfg.max_model_len, requested, prompt_tokens, req.max_tokens
+            ),
+        );
+    }
+
+    // The model (and salt) seed the hash chain, as in vLLM: no sharing across models or tenants.
+    let hash_seed = match &req.cache_salt {
+        Some(salt) => format!("{model}\u{0}{salt}"),
+        None => model.clone(),
+    };
+    let (remote_tokens, report_kv, max_tokens) = plan_disaggregation(pod, headers, &req).await;
+    let spec = SeqSpec {
+        prompt_tokens,
+        block_hashes: block_hashes(&hash_seed, &req.tokens, cfg.block_size),
+        max_tokens,
+        remote_tokens,
+        report_block_ids: report_kv,
+    };
+    let rx = pod.engine.submit(spec);
+    let prefix = match endpoint {
+        Endpoint::Completions => "cmpl",
+        Endpoint::Chat => "chatcmpl",
+    };
+    let meta = Meta {
+        endpoint,
+        id: pod.random_id(prefix),
+        created: unix_now(),
+        model,
+        max_tokens,
+        include_usage: req.include_usage,
+        report_kv,
+    };
+    if req.stream {
+        stream_response(pod.clone(), meta, rx)
+    } else {
+        full_response(pod, meta, rx).await
+    }
+}
+
+/// Decides how this request's prompt KV comes to be: computed here, pulled from a prefill pod
+/// (sidecar header or `do_remote_prefill` on a decode pod), or computed here for a remote decoder
+/// (`do_remote_decode` on a prefill pod). Returns (remote tokens, report KV handle, max tokens).
+async fn plan_disaggregation(
+    pod: &Arc<Pod>,
+    headers: &HeaderMap,
+    req: &InferenceRequest,
+) -> (usize, bool, usize) {
+    let bs = pod.cfg.block_size;
+    if let Some(kv) = &req.kv_transfer {
+        pod.counters().last_kv_transfer_params = kv.raw.clone();
+    }
+    if let Some(target) = prefiller_target(headers) {
+        let path = match req.endpoint {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        };
+        let result = match target {
+            Ok(target) => pod.sidecar_prefill(&target, path, req).await,
+            Err(reason) => Err(anyhow::anyhow!("bad x-prefiller-host-port: {reason}")),
+        };
+        let mut c = pod.counters();
+        return match result {
+            Ok(kv) => {
+                let blocks = kv.remote_block_ids.as_ref().map_or(0, Vec::len);
+                c.sidecar_prefills += 1;
+                c.disaggregated_decodes += 1;
+                c.last_kv_transfer_params = kv.raw;
+                (blocks * bs, false, req.max_tokens)
+            }
+            Err(e) => {
+                // The sidecar contract: a failed prefill falls back to a local full prefill.
+                eprintln!(
+                    "kvsim {}: sidecar prefill failed, prefilling locally: {e:#}",
+                    pod.id
+                );
+                c.sidecar_prefill_failures += 1;
+                (0, false, req.max_tokens)
+            }
+        };
+    }
+    match (&req.kv_transfer, pod.cfg.role) {
+        (Some(kv), Role::Decode) if kv.do_remote_prefill => match &kv.remote_block_ids {
+            Some(ids) if !ids.is_empty() => {
+                pod.counters().disaggregated_decodes += 1;
+                (ids.len() * bs, false, req.max_tokens)
+            }
+            _ => (0, false, req.max_tokens),
+        },
+        (Some(kv), Role::Prefill) if kv.do_remote_decode => {
+            pod.counters().prefills_for_remote_decode += 1;
+            // A prefill for a remote decoder produces exactly one token.
+            (0, true, 1)
+        }
+        _ => (0, false, req.max_tokens),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn usage(o: &Outcome) -> Value {
+    json!({
+        "prompt_tokens": o.prompt_tokens,
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "completion_tokens": o.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+    })
+}
+
+fn kv_handle(pod: &Pod, meta: &Meta, o: &Outcome) -> Value {
+    if !meta.report_kv {
+        return Value::Null;
+    }
+    json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_engine_id": pod.id,
+        "remote_block_ids": o.block_ids,
+        "remote_host": pod.addr.ip().to_string(),
+        "remote_port": pod.addr.port(),
+        "tp_size": 1,
+    })
+}
+
+async fn full_response(
+    pod: &Arc<Pod>,
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+) -> Response {
+    let mut text = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            SeqEvent::Token { index } => text.push_str(&token_text(index)),
+            SeqEvent::Finished(o) => {
+                let choice = match meta.endpoint {
+                    Endpoint::Completions => json!({
+                        "index": 0,
+                        "text": text,
+                        "logprobs": null,
+                        "finish_reason": "length",
+                        "stop_reason": null,
+                        "prompt_logprobs": null,
+                    }),
+                    Endpoint::Chat => json!({
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": null,
+                            "tool_calls": [],
+                            "reasoning_content": null,
+                        },
+                        "logprobs": null,
+                        "finish_reason": "length",
+                        "stop_reason": null,
+                    }),
+                };
+                let object = match meta.endpoint {
+                    Endpoint::Completions => "text_completion",
+                    Endpoint::Chat => "chat.completion",
+                };
+                let body = json!({
+                    "id": meta.id,
+                    "object": object,
+                    "created": meta.created,
+                    "model": meta.model,
+                    "choices": [choice],
+                    "usage": usage(&o),
+                    "prompt_logprobs": null,
+                    "kv_transfer_params": kv_handle(pod, &meta, &o),
+                });
+                return Json(body).into_response();
+            }
+        }
+    }
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "InternalServerError",
+        "The engine stopped before the request finished",
+    )
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn stream_response(
+    pod: Arc<Pod>,
+    meta: Meta,
+    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+) -> Response {
+    let chunk_object = match meta.endpoint {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion.chunk",
+    };
+    let chunk = move |choices: Value| {
+        json!({
+            "id": meta.id,
+            "object": chunk_object,
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
+        })
+    };
+    let (endpoint, max_tokens, include_usage) =
+        (meta.endpoint, meta.max_tokens, meta.include_usage);
+    let events = async_stream::stream! {
+        loop {
+            match rx.recv().await {
+                Some(SeqEvent::Token { index }) => {
+                    let finish = if index + 1 >= max_tokens { json!("length") } else { Value::Null };
+                    let text = token_text(index);
+                    let choice = match endpoint {
+                        Endpoint::Completions => json!({
+                            "index": 0, "text": text, "logprobs": null,
+                            "finish_reason": finish, "stop_reason": null,
+                        }),
+                        Endpoint::Chat => {
+                            if index == 0 {
+                                // vLLM opens a chat stream with the role, then the content.
+                                yield Ok::<Bytes, Infallible>(sse(&chunk(json!([{
+                                    "index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": null, "finish_reason": null,
+                                }]))));
+                            }
+                            json!({
+                                "index": 0, "delta": {"content": text}, "logprobs": null,
+                                "finish_reason": finish, "stop_reason": null,
+                            })
+                        }
+                    };
+                    yield Ok(sse(&chunk(json!([choice]))));
+                }
+                Some(SeqEvent::Finished(o)) => {
+                    if include_usage {
+                        let mut last = chunk(json!([]));
+                        if let Some(obj) = last.as_object_mut() {
+                            obj.insert("usage".into(), usage(&o));
+                        }
+                        yield Ok(sse(&last));
+                    }
+                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+                    break;
+                }
+                None => {
+                    pod.count_failure();
+                    let err = json!({"object": "error", "message": "The engine stopped before the request finished",
+                        "type": "InternalServerError", "param": null, "code": 500});
+                    yield Ok(sse(&json!({"error": err})));
+                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+                    break;
+                }
+            }
+        }
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "could not build the stream",
+            )
+        })
+}
+
+async fn models(State(pod): State<Arc<Pod>>) -> Json<Value> {
+    let owner = pod.cfg.engine.as_str();
+    let data: Vec<Value> = pod
+        .cfg
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m,
+                "object": "model",
+                "created": pod.created,
+                "owned_by": owner,
+                "root": m,
+                "parent": null,
+                "max_model_len": pod.cfg.max_model_len,
+                "permission": [],
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+const GARBAGE_METRICS: &str = "# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{model_name=\"sim-model\"} not-a-number\n\
+vllm:kv_cache_usage_perc{ 0.5\n\
+vllm:num_requests_running{model_name=\"sim-model\",} -1e400x\n\
+<html><body><h1>502 Bad Gateway</h1></body></html>\n\
+}}}}{{{{ \u{fffd}\u{fffd} garbage\n";
+
+async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
+    let text = if pod.faults().garbage_metrics {
+        GARBAGE_METRICS.to_string()
+    } else {
+        metrics::render(&pod.cfg, &pod.engine.snapshot())
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn sim_stats(State(pod): State<Arc<Pod>>) -> Json<Value> {
+    Json(serde_json::to_value(pod.stats()).unwrap_or(Value::Null))
+}
+
+/// Body of `POST /sim/fault`: the complete fault set (omitted fields are healthy), optionally for a
+/// sibling pod, optionally with `refuse` clearing itself after `refuse_ms`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultRequest {
+    #[serde(default)]
+    fail_ratio: f64,
+    #[serde(default)]
+    stall_ms: u64,
+    #[serde(default)]
+    refuse: bool,
+    #[serde(default)]
+    garbage_metrics: bool,
+    #[serde(default)]
+    refuse_ms: Option<u64>,
+    #[serde(default)]
+    pod: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetRequest {
+    #[serde(default)]
+    pod: Option<String>,
+}
+
+/// Control replies close their connection, so a client's pooled connection never outlives a
+/// `refuse` it just switched on.
+fn control_reply(value: Value) -> Response {
+    ([(header::CONNECTION, "close")], Json(value)).into_response()
+}
+
+async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    let req: FaultRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &format!("invalid fault request: {e}"),
+            )
+        }
+    };
+    if !(0.0..=1.0).contains(&req.fail_ratio) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "fail_ratio must be between 0 and 1",
+        );
+    }
+    let Some(target) = pod.resolve(req.pod.as_deref()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            "no such pod in this simulator process",
+        );
+    };
+    let faults = Faults {
+        fail_ratio: req.fail_ratio,
+        stall_ms: req.stall_ms,
+        refuse: req.refuse,
+        garbage_metrics: req.garbage_metrics,
+    };
+    target
+        .apply_faults(faults.clone(), req.refuse_ms.map(Duration::from_millis))
+        .await;
+    control_reply(json!({"pod": target.id, "faults": faults}))
+}
+
+async fn sim_reset(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ResetRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    &format!("invalid reset request: {e}"),
+                )
+            }
+        }
+    };
+    let Some(target) = pod.resolve(req.pod.as_deref()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            "no such pod in this simulator process",
+        );
+    };
+    target.apply_faults(Faults::default(), None).await;
+    target.engine.reset_cache();
+    control_reply(json!({"pod": target.id, "reset": true}))
+}

@@ -1,0 +1,334 @@
+//! One simulated model-server pod: its engine, its counters, its injected faults and the llm-d
+//! routing-sidecar behaviour (`x-prefiller-host-port`).
+//!
+//! Tests need to see what the router did to each pod (which headers arrived, whether a prefill pod
+//! was really used), so the pod keeps plain counters that `/sim/stats` reports. Faults let tests make
+//! a pod fail, stall, vanish or publish garbage metrics without killing processes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use axum::http::HeaderMap;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::config::SimConfig;
+use super::engine::Engine;
+use super::net::RefuseSwitch;
+use super::request::{InferenceRequest, KvTransferParams};
+
+/// Header a gateway uses to pick the destination pod (counted, never acted on).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// llm-d sidecar contract: prefill on this `host:port` first, then decode here.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+
+/// Injected faults; the default is a healthy pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Faults {
+    /// Share of inference requests answered with a 500 (0..=1).
+    pub fail_ratio: f64,
+    /// Wall-clock delay before answering any non-`/sim/` request (a slow host, not a slow GPU, so it
+    /// is not scaled by the time scale).
+    pub stall_ms: u64,
+    /// Close the listener and cut connections that send new requests, until cleared.
+    pub refuse: bool,
+    /// Serve nonsense on `/metrics`.
+    pub garbage_metrics: bool,
+}
+
+/// What `/sim/stats` returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimStats {
+    pub pod: String,
+    pub role: String,
+    pub engine: String,
+    pub models: Vec<String>,
+    /// Inference requests received (`/v1/completions`, `/v1/chat/completions`).
+    pub requests_total: u64,
+    /// Inference requests answered with an error status or cut short.
+    pub requests_failed: u64,
+    /// Prompt tokens of requests admitted to the engine.
+    pub prompt_tokens_total: u64,
+    /// Of those, tokens found in this pod's own prefix cache.
+    pub cached_tokens_total: u64,
+    /// Prompt tokens whose KV was pulled from a prefill pod instead of computed.
+    pub transferred_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    /// Requests decoded here with KV prefilled elsewhere (body `kv_transfer_params` or sidecar).
+    pub disaggregated_decodes: u64,
+    /// Requests this pod prefilled for a remote decoder (`do_remote_decode`).
+    pub prefills_for_remote_decode: u64,
+    /// Requests for which this pod called the prefiller named by `x-prefiller-host-port` and used
+    /// its KV.
+    pub sidecar_prefills: u64,
+    /// Sidecar prefill calls that failed (the request then ran a full local prefill).
+    pub sidecar_prefill_failures: u64,
+    /// How many inference requests arrived carrying each routing header.
+    pub seen_headers: BTreeMap<String, u64>,
+    /// The last `kv_transfer_params` this pod received (in a body or from a sidecar prefill).
+    pub last_kv_transfer_params: Value,
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_cache_usage: f64,
+    pub cached_blocks: usize,
+    pub faults: Faults,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct HttpCounters {
+    pub requests_total: u64,
+    pub requests_failed: u64,
+    pub disaggregated_decodes: u64,
+    pub prefills_for_remote_decode: u64,
+    pub sidecar_prefills: u64,
+    pub sidecar_prefill_failures: u64,
+    pub seen_destination: u64,
+    pub seen_prefiller: u64,
+    pub last_kv_transfer_params: Value,
+}
+
+/// Pods started together, so a fault request to one pod can target a sibling (the only way to clear
+/// `refuse` over HTTP, since the refusing pod itself cannot be reached).
+pub(crate) type Registry = Arc<Mutex<HashMap<String, Weak<Pod>>>>;
+
+pub(crate) struct Pod {
+    pub cfg: SimConfig,
+    pub addr: SocketAddr,
+    /// `ip:port`, used as the `x-kvsim-pod` header and the NIXL engine id.
+    pub id: String,
+    pub engine: Arc<Engine>,
+    faults: Mutex<Faults>,
+    /// Bumped on every fault change, so a timed `refuse` only clears its own fault.
+    fault_generation: AtomicU64,
+    pub refuse: RefuseSwitch,
+    counters: Mutex<HttpCounters>,
+    rng: Mutex<StdRng>,
+    client: reqwest::Client,
+    siblings: Registry,
+    pub created: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Pod {
+    pub fn new(
+        cfg: SimConfig,
+        addr: SocketAddr,
+        index: usize,
+        engine: Arc<Engine>,
+        refuse: RefuseSwitch,
+        siblings: Registry,
+    ) -> Result<Arc<Self>> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .context("building the sidecar HTTP client")?;
+        let seed = cfg.seed.wrapping_add(index as u64);
+        let pod = Arc::new(Self {
+            cfg,
+            addr,
+            id: addr.to_string(),
+            engine,
+            faults: Mutex::new(Faults::default()),
+            fault_generation: AtomicU64::new(0),
+            refuse,
+            counters: Mutex::new(HttpCounters::default()),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            client,
+            siblings,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        });
+        lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));
+        Ok(pod)
+    }
+
+    pub(crate) fn counters(&self) -> MutexGuard<'_, HttpCounters> {
+        lock(&self.counters)
+    }
+
+    pub fn faults(&self) -> Faults {
+        lock(&self.faults).clone()
+    }
+
+    /// Replaces the pod's faults. With `refuse_for`, `refuse` clears itself after that wall time.
+    pub fn set_faults(self: &Arc<Self>, faults: Faults, refuse_for: Option<Duration>) {
+        let refuse = faults.refuse;
+        *lock(&self.faults) = faults;
+        let generation = self.fault_generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.refuse.set(refuse);
+        if let (true, Some(after)) = (refuse, refuse_for) {
+            let pod = Arc::downgrade(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let Some(pod) = pod.upgrade() else { return };
+                if pod.fault_generation.load(Ordering::SeqCst) == generation {
+                    let mut f = pod.faults();
+                    f.refuse = false;
+                    pod.set_faults(f, None);
+                }
+            });
+        }
+    }
+
+    /// Like `set_faults`, then waits (up to a second) until the listener has closed or reopened its
+    /// port, so the caller's next connection attempt already sees the new state.
+    pub async fn apply_faults(self: &Arc<Self>, faults: Faults, refuse_for: Option<Duration>) {
+        let refuse = faults.refuse;
+        self.set_faults(faults, refuse_for);
+        self.refuse.settled(refuse, Duration::from_secs(1)).await;
+    }
+
+    /// This pod, or a sibling started by the same `spawn_pods` call, by `ip:port`.
+    pub fn resolve(self: &Arc<Self>, id: Option<&str>) -> Option<Arc<Pod>> {
+        match id {
+            None => Some(self.clone()),
+            Some(id) if id == self.id => Some(self.clone()),
+            Some(id) => lock(&self.siblings).get(id).and_then(Weak::upgrade),
+        }
+    }
+
+    pub fn roll_failure(&self) -> bool {
+        let ratio = lock(&self.faults).fail_ratio;
+        ratio > 0.0 && lock(&self.rng).gen_bool(ratio.clamp(0.0, 1.0))
+    }
+
+    pub fn random_id(&self, prefix: &str) -> String {
+        let n: u128 = lock(&self.rng).gen();
+        format!("{prefix}-{n:032x}")
+    }
+
+    pub fn count_arrival(&self, headers: &HeaderMap) {
+        let mut c = self.counters();
+        c.requests_total += 1;
+        if headers.contains_key(DESTINATION_HEADER) {
+            c.seen_destination += 1;
+        }
+        if headers.contains_key(PREFILLER_HEADER) {
+            c.seen_prefiller += 1;
+        }
+    }
+
+    pub fn count_failure(&self) {
+        self.counters().requests_failed += 1;
+    }
+
+    pub fn stats(&self) -> SimStats {
+        let snap = self.engine.snapshot();
+        let c = self.counters();
+        let seen_headers = BTreeMap::from([
+            (DESTINATION_HEADER.to_string(), c.seen_destination),
+            (PREFILLER_HEADER.to_string(), c.seen_prefiller),
+        ]);
+        SimStats {
+            pod: self.id.clone(),
+            role: self.cfg.role.as_str().to_string(),
+            engine: self.cfg.engine.as_str().to_string(),
+            models: self.cfg.models.clone(),
+            requests_total: c.requests_total,
+            requests_failed: c.requests_failed,
+            prompt_tokens_total: snap.counters.prefix_queries,
+            cached_tokens_total: snap.counters.prefix_hits,
+            transferred_tokens_total: snap.counters.transferred_tokens,
+            generation_tokens_total: snap.counters.generation_tokens,
+            disaggregated_decodes: c.disaggregated_decodes,
+            prefills_for_remote_decode: c.prefills_for_remote_decode,
+            sidecar_prefills: c.sidecar_prefills,
+            sidecar_prefill_failures: c.sidecar_prefill_failures,
+            seen_headers,
+            last_kv_transfer_params: c.last_kv_transfer_params.clone(),
+            running: snap.running,
+            waiting: snap.waiting,
+            kv_cache_usage: snap.kv_usage(&self.cfg),
+            cached_blocks: self.engine.cached_blocks(),
+            faults: self.faults(),
+        }
+    }
+
+    /// The sidecar's first leg: the same request, cut to one token, non-streaming and marked
+    /// `do_remote_decode`, sent to the prefill pod at `target`; returns the KV handle it answers with.
+    pub async fn sidecar_prefill(
+        &self,
+        target: &str,
+        path: &str,
+        req: &InferenceRequest,
+    ) -> Result<KvTransferParams> {
+        let mut body = req.body.clone();
+        body.insert("max_tokens".into(), json!(1));
+        if body.contains_key("max_completion_tokens") {
+            body.insert("max_completion_tokens".into(), json!(1));
+        }
+        body.insert("stream".into(), json!(false));
+        // vLLM rejects stream_options on a non-streaming request.
+        body.remove("stream_options");
+        body.insert(
+            "kv_transfer_params".into(),
+            json!({
+                "do_remote_decode": true,
+                "do_remote_prefill": false,
+                "remote_engine_id": null,
+                "remote_block_ids": null,
+                "remote_host": null,
+                "remote_port": null,
+            }),
+        );
+        // Generous: the prefill may queue behind other work on a busy prefill pod.
+        let timeout = Duration::from_secs_f64((600.0 * self.cfg.time_scale).max(10.0));
+        let resp = self
+            .client
+            .post(format!("http://{target}{path}"))
+            .json(&body)
+            .timeout(timeout)
+            .send()
+            .await
+            .with_context(|| format!("calling prefill pod {target}"))?;
+        let status = resp.status();
+        if !status.is_success() {
+            bail!("prefill pod {target} answered {status}");
+        }
+        let answer: Value = resp
+            .json()
+            .await
+            .with_context(|| format!("reading prefill pod {target}'s answer"))?;
+        let kv = answer
+            .get("kv_transfer_params")
+            .and_then(KvTransferParams::from_value)
+            .with_context(|| format!("prefill pod {target} returned no kv_transfer_params"))?;
+        if !kv.do_remote_prefill || kv.remote_block_ids.as_ref().is_none_or(Vec::is_empty) {
+            bail!(
+                "prefill pod {target} returned unusable kv_transfer_params {}",
+                kv.raw
+            );
+        }
+        Ok(kv)
+    }
+}
+
+/// The prefiller named by `x-prefiller-host-port`: `None` if absent, `Err` if unusable.
+pub fn prefiller_target(headers: &HeaderMap) -> Option<Result<String, String>> {
+    let raw = headers.get(PREFILLER_HEADER)?;
+    let Ok(text) = raw.to_str() else {
+        return Some(Err("header is not ASCII".into()));
+    };
+    // Only one prefiller is used; a list (as some gateways send) means "first choice first".
+    let first = text.split(',').next().unwrap_or_default().trim();
+    let valid = first
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    Some(if valid {
+        Ok(first.to_string())
+    } else {
+        Err(format!("not a host:port: {text:?}"))
+    })
+}

@@ -1,0 +1,344 @@
+//! Parsing OpenAI-style request bodies into what the engine needs, with vLLM's validation errors.
+//!
+//! Every malformed input must come back as a clear 400, never a panic, because the router under test
+//! forwards whatever clients send. Accepted shapes:
+//! * `/v1/completions`: `prompt` as a string, a list of strings (one request over their
+//!   concatenation, a single choice), a list of token ids, or a list of token-id lists (concatenated).
+//! * `/v1/chat/completions`: `messages` with `content` as a string, null, or an array of content parts
+//!   (`{"type":"text","text":..}`; other parts contribute their JSON); `tool_calls` and `tools`
+//!   count as prompt content.
+
+use serde_json::{Map, Value};
+
+use super::tokens::{render_chat, tokenize, ChatMessage};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+#[derive(Debug, Clone)]
+pub struct InferenceRequest {
+    pub endpoint: Endpoint,
+    /// `None` = the first served model (vLLM's `model` field is optional).
+    pub model: Option<String>,
+    /// Prompt token ids as the server counts them.
+    pub tokens: Vec<u64>,
+    pub max_tokens: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub kv_transfer: Option<KvTransferParams>,
+    /// vLLM's `cache_salt`: requests with different salts never share cached blocks.
+    pub cache_salt: Option<String>,
+    /// The body as received, for forwarding to a prefill pod.
+    pub body: Map<String, Value>,
+}
+
+/// The NixlConnector fields the simulator acts on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvTransferParams {
+    pub do_remote_decode: bool,
+    pub do_remote_prefill: bool,
+    pub remote_block_ids: Option<Vec<u64>>,
+    pub raw: Value,
+}
+
+impl KvTransferParams {
+    pub fn from_value(v: &Value) -> Option<Self> {
+        let obj = v.as_object()?;
+        let flag = |k: &str| obj.get(k).and_then(Value::as_bool).unwrap_or(false);
+        let remote_block_ids = obj
+            .get("remote_block_ids")
+            .and_then(Value::as_array)
+            .map(|ids| ids.iter().filter_map(Value::as_u64).collect());
+        Some(Self {
+            do_remote_decode: flag("do_remote_decode"),
+            do_remote_prefill: flag("do_remote_prefill"),
+            remote_block_ids,
+            raw: v.clone(),
+        })
+    }
+}
+
+/// A 400 with vLLM's message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadRequest(pub String);
+
+fn bad<T>(msg: impl Into<String>) -> Result<T, BadRequest> {
+    Err(BadRequest(msg.into()))
+}
+
+pub const DEFAULT_MAX_TOKENS: usize = 16;
+
+pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadRequest> {
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("JSON decode error: {e}")),
+    };
+    let Value::Object(obj) = value else {
+        return bad("Request body must be a JSON object");
+    };
+
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return bad("'model' must be a string"),
+    };
+
+    let tokens = match endpoint {
+        Endpoint::Completions => completion_tokens(&obj)?,
+        Endpoint::Chat => tokenize(&chat_text(&obj)?),
+    };
+    if tokens.is_empty() {
+        return bad("The prompt cannot be empty");
+    }
+
+    let max_tokens = match endpoint {
+        Endpoint::Chat => {
+            optional_count(&obj, "max_completion_tokens")?.or(optional_count(&obj, "max_tokens")?)
+        }
+        Endpoint::Completions => optional_count(&obj, "max_tokens")?,
+    }
+    .unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 {
+        return bad("max_tokens must be at least 1, got 0.");
+    }
+
+    let stream = optional_bool(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(opts)) => {
+            if !stream {
+                return bad("Stream options can only be defined when `stream=True`.");
+            }
+            optional_bool(opts, "include_usage")?.unwrap_or(false)
+        }
+        Some(_) => return bad("'stream_options' must be an object"),
+    };
+    // `ignore_eos` is accepted and has no effect: the simulator never emits EOS.
+    optional_bool(&obj, "ignore_eos")?;
+
+    let kv_transfer = match obj.get("kv_transfer_params") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => KvTransferParams::from_value(v),
+        Some(_) => return bad("'kv_transfer_params' must be an object"),
+    };
+
+    let cache_salt = match obj.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(_) => return bad("'cache_salt' must be a non-empty string"),
+    };
+
+    Ok(InferenceRequest {
+        endpoint,
+        cache_salt,
+        model,
+        tokens,
+        max_tokens,
+        stream,
+        include_usage,
+        kv_transfer,
+        body: obj,
+    })
+}
+
+fn optional_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, BadRequest> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            None => bad(format!("'{key}' must be a non-negative integer, got {v}")),
+        },
+    }
+}
+
+fn optional_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, BadRequest> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => bad(format!("'{key}' must be a boolean, got {v}")),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Option<Vec<u64>> {
+    items.iter().map(Value::as_u64).collect()
+}
+
+fn completion_tokens(obj: &Map<String, Value>) -> Result<Vec<u64>, BadRequest> {
+    match obj.get("prompt") {
+        None | Some(Value::Null) => bad("Field 'prompt' is required"),
+        Some(Value::String(s)) => Ok(tokenize(s)),
+        Some(Value::Array(items)) => {
+            if items.is_empty() {
+                return bad("The prompt cannot be empty");
+            }
+            if items.iter().all(Value::is_string) {
+                let text: String = items.iter().filter_map(Value::as_str).collect();
+                return Ok(tokenize(&text));
+            }
+            if let Some(ids) = token_ids(items) {
+                return Ok(ids);
+            }
+            let mut all = Vec::new();
+            for item in items {
+                match item.as_array().and_then(|a| token_ids(a)) {
+                    Some(ids) => all.extend(ids),
+                    None => {
+                        return bad(
+                            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                        )
+                    }
+                }
+            }
+            Ok(all)
+        }
+        Some(_) => bad("'prompt' must be a string or a list"),
+    }
+}
+
+fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
+    let messages = match obj.get("messages") {
+        None | Some(Value::Null) => return bad("Field 'messages' is required"),
+        Some(Value::Array(m)) => m,
+        Some(_) => return bad("'messages' must be a list"),
+    };
+    if messages.is_empty() {
+        return bad("'messages' must contain at least one message");
+    }
+    let mut rendered = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let Some(m) = m.as_object() else {
+            return bad(format!("messages[{i}] must be an object"));
+        };
+        let Some(role) = m.get("role").and_then(Value::as_str) else {
+            return bad(format!(
+                "messages[{i}].role is required and must be a string"
+            ));
+        };
+        let mut content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text") => match part.get("text").and_then(Value::as_str) {
+                            Some(t) => text.push_str(t),
+                            None => return bad(format!("messages[{i}]: a text part needs 'text'")),
+                        },
+                        Some(_) => text.push_str(&part.to_string()),
+                        None => return bad(format!("messages[{i}]: content parts need 'type'")),
+                    }
+                }
+                text
+            }
+            Some(_) => {
+                return bad(format!(
+                    "messages[{i}].content must be a string or a list of content parts"
+                ))
+            }
+        };
+        if let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null()) {
+            content.push_str(&calls.to_string());
+        }
+        rendered.push(ChatMessage {
+            role: role.to_string(),
+            content,
+        });
+    }
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Array(_)) => Some(v.to_string()),
+        Some(_) => return bad("'tools' must be a list"),
+    };
+    Ok(render_chat(&rendered, tools.as_deref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(ep: Endpoint, s: &str) -> Result<InferenceRequest, BadRequest> {
+        parse(ep, s.as_bytes())
+    }
+
+    #[test]
+    fn completions_shapes() {
+        let r = parse_str(Endpoint::Completions, r#"{"prompt":"a b c"}"#).unwrap();
+        assert_eq!(r.tokens.len(), 3);
+        assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
+        let r = parse_str(Endpoint::Completions, r#"{"prompt":["a b", " c"]}"#).unwrap();
+        assert_eq!(r.tokens.len(), 3);
+        let r = parse_str(
+            Endpoint::Completions,
+            r#"{"prompt":[1,2,3],"max_tokens":4}"#,
+        )
+        .unwrap();
+        assert_eq!(r.tokens, vec![1, 2, 3]);
+        assert_eq!(r.max_tokens, 4);
+        let r = parse_str(Endpoint::Completions, r#"{"prompt":[[1],[2,3]]}"#).unwrap();
+        assert_eq!(r.tokens, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn errors_are_bad_requests() {
+        for body in [
+            "{",
+            "[]",
+            r#"{"prompt":""}"#,
+            r#"{"prompt":5}"#,
+            r#"{"prompt":"x","max_tokens":-1}"#,
+            r#"{"prompt":"x","max_tokens":0}"#,
+            r#"{"prompt":"x","stream":"yes"}"#,
+            r#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
+            r#"{"prompt":[{"a":1}]}"#,
+            r#"{"model":3,"prompt":"x"}"#,
+        ] {
+            assert!(parse_str(Endpoint::Completions, body).is_err(), "{body}");
+        }
+        for body in [
+            r#"{"messages":[]}"#,
+            r#"{"messages":[{"content":"x"}]}"#,
+            r#"{"messages":[{"role":"user","content":7}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"text":"x"}]}]}"#,
+            r#"{"prompt":"x"}"#,
+        ] {
+            assert!(parse_str(Endpoint::Chat, body).is_err(), "{body}");
+        }
+    }
+
+    #[test]
+    fn chat_roles_tools_and_parts_change_the_prompt() {
+        let user = parse_str(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":"hi there"}]}"#,
+        )
+        .unwrap();
+        let system = parse_str(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"system","content":"hi there"}]}"#,
+        )
+        .unwrap();
+        assert_ne!(user.tokens, system.tokens);
+        let parts = parse_str(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi there"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(user.tokens, parts.tokens);
+        let tools = parse_str(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":"hi there"}],"tools":[{"type":"function"}]}"#,
+        )
+        .unwrap();
+        assert!(tools.tokens.len() > user.tokens.len());
+        let r = parse_str(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":3,"max_completion_tokens":5}"#,
+        )
+        .unwrap();
+        assert_eq!(r.max_tokens, 5);
+    }
+}
