@@ -10,8 +10,6 @@ CARGO         ?= cargo
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-export ENVOY_BIN = $(shell ls $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n1)
-
 .PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd clean
 
 all: build

