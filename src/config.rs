@@ -153,6 +153,8 @@ pub struct Config {
     pub leader_lease_ms: u64,
     /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
     pub singleton: bool,
+    /// Prefill/decode disaggregation, used when a pool has the `decode` role.
+    pub pd: crate::pd::PdConfig,
 }
 
 impl Default for Config {
@@ -178,6 +180,7 @@ impl Default for Config {
             max_body_bytes: 8 * 1024 * 1024,
             leader_lease_ms: 1500,
             singleton: false,
+            pd: crate::pd::PdConfig::default(),
         }
     }
 }
@@ -266,6 +269,16 @@ impl Config {
             }
             static_members += pool.endpoints.len();
         }
+        let has = |role: Role| self.pools.iter().any(|p| p.role == role);
+        if has(Role::Prefill) && !has(Role::Decode) {
+            return Err(err(
+                "pools",
+                "a `prefill` pool needs a `decode` pool to hand its KV cache to",
+            ));
+        }
+        self.pd
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
         if static_members > MAX_PODS {
             return Err(err(
                 "pools",
@@ -394,7 +407,7 @@ mod tests {
     #[test]
     fn a_full_configuration_parses() {
         let c = Config::parse(
-            br#"{"pools":[{"name":"a","endpoints":["127.0.0.1:8000","10.0.0.2:9000"]},
+            br#"{"pools":[{"name":"a","role":"decode","endpoints":["127.0.0.1:8000","10.0.0.2:9000"]},
                           {"name":"p","role":"prefill","cluster":"outbound|8000||p.svc"}],
                  "admin_cluster":"kvroute_admin","debug_header":true,
                  "weights":{"prefix":4},"block":{"mode":"tiktoken","encoding":"o200k_base"}}"#,
@@ -482,5 +495,29 @@ mod tests {
         assert!(!is_host_port("127.0.0.1:99999"));
         assert!(!is_host_port(":80"));
         assert!(!is_host_port("a,b:80"));
+    }
+
+    #[test]
+    fn prefill_decode_settings_are_checked() {
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"p","role":"prefill","endpoints":["1.2.3.4:1"]}]}"#)
+                .field,
+            "pools"
+        );
+        assert_eq!(
+            rejected(r#"{"pd":{"mode":"telepathy"}}"#).field,
+            "(document)"
+        );
+        assert_eq!(
+            rejected(r#"{"pd":{"prefill_timeout_ms":0}}"#).field,
+            "pd.prefill_timeout_ms"
+        );
+        let c = Config::parse(
+            br#"{"pools":[{"name":"p","role":"prefill","endpoints":["1.2.3.4:1"]},
+                          {"name":"d","role":"decode","endpoints":["1.2.3.4:2"]}],
+                 "pd":{"mode":"inline","threshold_tokens":1000}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pd.mode, crate::pd::PdMode::Inline);
     }
 }

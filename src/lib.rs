@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod headers;
 pub mod index;
 pub mod leader;
+pub mod pd;
 pub mod prefix;
 pub mod prom;
 pub mod request;

@@ -5,9 +5,10 @@
 
 use crate::config::{BlockMode, Config, Role};
 use crate::index::{PrefixIndex, MAX_SLOTS};
+use crate::pd::{mean_load, uncached_tokens};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
-use crate::scheduler::{decide, Decision, PodView, RouteRequest};
+use crate::scheduler::{decide, Choice, Decision, PodView, RouteRequest};
 use crate::state::load::LoadTable;
 use crate::state::messages::{Observation, Page};
 use hashbrown::HashMap;
@@ -37,6 +38,31 @@ pub struct Router {
     reported_inflight: HashMap<String, u32>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
+}
+
+/// What `plan` decided about prefill/decode disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdOutcome {
+    Disaggregated,
+    /// Few enough uncached tokens that the decode pod prefills them itself.
+    ShortOrCached,
+    /// Worth disaggregating, but no healthy prefill pod serves the model.
+    NoPrefillPod,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PdPlan {
+    pub prefill: Option<Choice>,
+    pub outcome: PdOutcome,
+    pub uncached_tokens: u64,
+    pub threshold: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub decision: Decision,
+    /// `None` where the pool is not split into prefill and decode (or an aggregated pod was chosen).
+    pub pd: Option<PdPlan>,
 }
 
 /// Longest prompt, in blocks, that is hashed: bounds per-request work on huge prompts.
@@ -188,7 +214,7 @@ impl Router {
         &self,
         config: &Config,
         model: &str,
-        role: Role,
+        roles: &[Role],
         blocks: &Blocks,
         now_ms: u64,
     ) -> Decision {
@@ -218,11 +244,78 @@ impl Router {
             &pods,
             &RouteRequest {
                 model,
-                role,
+                roles,
                 block_hashes: &blocks.hashes,
                 affinity_key: blocks.affinity_key,
             },
         )
+    }
+
+    /// The full decision for a request: the decode (or aggregated) pod with fallbacks, and, where
+    /// pools are split into prefill and decode, whether and where to prefill (see `crate::pd`).
+    pub fn plan(&self, config: &Config, model: &str, blocks: &Blocks, now_ms: u64) -> Plan {
+        let split = config.pools.iter().any(|p| p.role == Role::Decode);
+        let roles: &[Role] = if split {
+            &[Role::Decode, Role::Aggregated]
+        } else {
+            &[Role::Aggregated]
+        };
+        let decision = self.route(config, model, roles, blocks, now_ms);
+        let decode = match &decision {
+            Decision::Route { ranked, .. } if split => ranked.first(),
+            _ => None,
+        };
+        let on_decode_pod = decode.filter(|c| {
+            self.load
+                .pods
+                .iter()
+                .any(|p| p.addr == c.addr && p.role == Role::Decode)
+        });
+        let Some(decode) = on_decode_pod else {
+            return Plan { decision, pd: None };
+        };
+        let loads: Vec<(Role, f64)> = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| p.is_fresh(now_ms, config.stale_after_ms))
+            .map(|p| {
+                let load =
+                    (p.metrics.waiting + p.metrics.running).max(self.inflight(&p.addr, p.inflight));
+                (p.role, load)
+            })
+            .collect();
+        let threshold = config.pd.threshold(
+            mean_load(&loads, Role::Prefill),
+            mean_load(&loads, Role::Decode),
+        );
+        let uncached = uncached_tokens(
+            blocks.prompt_tokens,
+            decode.matched_blocks,
+            config.block.tokens_per_block,
+        );
+        let prefill = if (uncached as f64) > threshold {
+            match self.route(config, model, &[Role::Prefill], blocks, now_ms) {
+                Decision::Route { ranked, .. } => ranked.into_iter().next(),
+                Decision::NoEndpoint(_) => None,
+            }
+        } else {
+            None
+        };
+        let outcome = match (&prefill, (uncached as f64) > threshold) {
+            (Some(_), _) => PdOutcome::Disaggregated,
+            (None, true) => PdOutcome::NoPrefillPod,
+            (None, false) => PdOutcome::ShortOrCached,
+        };
+        Plan {
+            decision,
+            pd: Some(PdPlan {
+                prefill,
+                outcome,
+                uncached_tokens: uncached,
+                threshold,
+            }),
+        }
     }
 
     /// The pod holding the longest leading run of `hashes` and that length (for the debug header).
@@ -312,7 +405,7 @@ mod tests {
         r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
         let system = "You are a helpful assistant. ".repeat(100);
         let first = Router::blocks(&cfg, &chat(&system, "question one"), None);
-        let d = r.route(&cfg, "m", Role::Aggregated, &first, 100);
+        let d = r.route(&cfg, "m", &[Role::Aggregated], &first, 100);
         let pod = primary(&d);
         r.observe(&Observation {
             addr: pod.clone(),
@@ -331,7 +424,7 @@ mod tests {
         let mut followed = 0;
         for i in 0..20 {
             let b = Router::blocks(&cfg, &chat(&system, &format!("another question {i}")), None);
-            if primary(&r.route(&cfg, "m", Role::Aggregated, &b, 100)) == pod {
+            if primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, 100)) == pod {
                 followed += 1;
             }
         }
@@ -347,7 +440,7 @@ mod tests {
             .running = 4.0;
         fresh.apply_load_table(&cfg, busier);
         assert_ne!(
-            primary(&fresh.route(&cfg, "m", Role::Aggregated, &first, 100)),
+            primary(&fresh.route(&cfg, "m", &[Role::Aggregated], &first, 100)),
             pod
         );
         assert_eq!(followed, 20);
@@ -371,7 +464,7 @@ mod tests {
             r.route(
                 &cfg,
                 "m",
-                Role::Aggregated,
+                &[Role::Aggregated],
                 &b,
                 100 + cfg.stale_after_ms + 1
             ),
@@ -521,10 +614,128 @@ mod page_tests {
             w2.index().match_lengths(&blocks.hashes, 64)[slot],
             blocks.hashes.len()
         );
-        let Decision::Route { ranked, .. } = w2.route(&cfg, "m", Role::Aggregated, &blocks, 100)
+        let Decision::Route { ranked, .. } = w2.route(&cfg, "m", &[Role::Aggregated], &blocks, 100)
         else {
             panic!()
         };
         assert_eq!(ranked[0].addr, "c:1");
+    }
+}
+
+#[cfg(test)]
+mod pd_tests {
+    use super::*;
+    use crate::prom::PodMetrics;
+    use crate::state::load::PodLoad;
+
+    fn pd_config() -> Config {
+        Config::parse(
+            br#"{"pools":[{"name":"p","role":"prefill","endpoints":["10.0.0.1:1","10.0.0.2:1"]},
+                          {"name":"d","role":"decode","endpoints":["10.0.1.1:1"]}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn router(cfg: &Config, prefill_running: f64) -> Router {
+        let mut pods = Vec::new();
+        for pool in &cfg.pools {
+            for ep in &pool.endpoints {
+                pods.push(PodLoad {
+                    addr: ep.clone(),
+                    role: pool.role,
+                    metrics_at_ms: 100,
+                    failing: false,
+                    metrics: PodMetrics {
+                        running: if pool.role == Role::Prefill {
+                            prefill_running
+                        } else {
+                            0.0
+                        },
+                        ..PodMetrics::default()
+                    },
+                    inflight: 0,
+                });
+            }
+        }
+        let mut r = Router::new();
+        r.apply_load_table(
+            cfg,
+            LoadTable {
+                version: 1,
+                published_ms: 100,
+                pods,
+            },
+        );
+        r
+    }
+
+    fn blocks(tokens: u64) -> Blocks {
+        Blocks {
+            hashes: (1..=tokens / 16).collect(),
+            affinity_key: 1,
+            prompt_tokens: tokens,
+        }
+    }
+
+    #[test]
+    fn long_uncached_prompts_get_a_prefill_pod_short_ones_do_not() {
+        let cfg = pd_config();
+        let r = router(&cfg, 0.0);
+        let long = r.plan(&cfg, "m", &blocks(8000), 100);
+        let Decision::Route { ranked, .. } = &long.decision else {
+            panic!()
+        };
+        assert_eq!(ranked[0].addr, "10.0.1.1:1", "decode pod first");
+        let pd = long.pd.unwrap();
+        assert_eq!(pd.outcome, PdOutcome::Disaggregated);
+        assert!(pd.prefill.unwrap().addr.starts_with("10.0.0."));
+        let short = r.plan(&cfg, "m", &blocks(100), 100).pd.unwrap();
+        assert_eq!(short.outcome, PdOutcome::ShortOrCached);
+        assert!(short.prefill.is_none());
+    }
+
+    #[test]
+    fn a_prompt_cached_on_the_decode_pod_stays_there() {
+        let cfg = pd_config();
+        let mut r = router(&cfg, 0.0);
+        let b = blocks(8000);
+        r.observe(&Observation {
+            addr: "10.0.1.1:1".into(),
+            hashes: b.hashes.clone(),
+        });
+        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        assert_eq!(pd.uncached_tokens, 0);
+        assert_eq!(pd.outcome, PdOutcome::ShortOrCached);
+    }
+
+    #[test]
+    fn a_busy_prefill_pool_raises_the_threshold_and_a_dead_one_means_decode_only() {
+        let cfg = pd_config();
+        let idle = router(&cfg, 0.0)
+            .plan(&cfg, "m", &blocks(1000), 100)
+            .pd
+            .unwrap();
+        assert_eq!(idle.outcome, PdOutcome::Disaggregated);
+        let busy = router(&cfg, 12.0)
+            .plan(&cfg, "m", &blocks(1000), 100)
+            .pd
+            .unwrap();
+        assert!(busy.threshold > idle.threshold);
+        assert_eq!(busy.outcome, PdOutcome::ShortOrCached);
+        let mut dead = router(&cfg, 0.0);
+        let mut table = dead.load_table().clone();
+        for p in table.pods.iter_mut().filter(|p| p.role == Role::Prefill) {
+            p.failing = true;
+        }
+        dead.apply_load_table(&cfg, table);
+        let pd = dead.plan(&cfg, "m", &blocks(8000), 100).pd.unwrap();
+        assert_eq!(pd.outcome, PdOutcome::NoPrefillPod);
+    }
+
+    #[test]
+    fn without_a_split_there_is_no_pd_plan() {
+        let cfg = Config::parse(br#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#).unwrap();
+        let r = router(&cfg, 0.0);
+        assert_eq!(r.plan(&cfg, "m", &blocks(8000), 100).pd, None);
     }
 }

@@ -1,26 +1,110 @@
 //! The HTTP filter: strips client-supplied routing headers, buffers inference request bodies, asks
-//! the router for a pod and writes `x-gateway-destination-endpoint`. Everything it does not
-//! understand continues untouched to the cluster's own load balancer.
+//! the router for a plan and carries it out: `x-gateway-destination-endpoint` for the pod (and its
+//! fallbacks), plus, for a disaggregated request, `x-prefiller-host-port` (sidecar mode) or a
+//! prefill call made by the filter itself (inline mode). Everything it does not understand
+//! continues untouched to the cluster's own load balancer.
 
 use super::root::Vm;
-use super::stats::Counter;
-use crate::config::{NoEndpointPolicy, Role};
-use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS};
+use super::stats::{Counter, Gauge};
+use crate::config::NoEndpointPolicy;
+use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
+use crate::pd::{self, PdMode};
 use crate::request::{self, Endpoint};
-use crate::router::Router;
-use crate::scheduler::{Decision, Rejection, RouteReason};
+use crate::router::{Blocks, PdOutcome, PdPlan, Plan, Router};
+use crate::scheduler::{Choice, Decision, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
+use serde_json::{Map, Value};
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
+
+/// An inline prefill under way: the client's body waits for the prefill pod's answer.
+struct PendingPrefill {
+    token: u32,
+    body: Map<String, Value>,
+    body_len: usize,
+}
 
 pub struct Filter {
     vm: Option<Rc<RefCell<Vm>>>,
     endpoint: Option<Endpoint>,
+    path: String,
     routed_to: Option<String>,
     debug: Option<String>,
+    prefill: Option<PendingPrefill>,
+}
+
+fn request_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+}
+
+fn set_request_header(name: &str, value: &str) -> bool {
+    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
+}
+
+/// Answers the client directly with an OpenAI-shaped JSON error.
+fn send_error(status: u32, kind: &str, message: &str, reason: &str) {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+    let _ = hostcalls::send_http_response(
+        status,
+        vec![
+            ("content-type", "application/json"),
+            ("x-kvroute-error", reason),
+        ],
+        Some(body.to_string().as_bytes()),
+    );
+}
+
+fn debug_line(
+    vm: &Vm,
+    blocks: &Blocks,
+    primary: &Choice,
+    fallbacks: &[&str],
+    reason: RouteReason,
+    pd: Option<&PdPlan>,
+) -> String {
+    let s = &primary.scores;
+    let mut line = format!(
+        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
+        primary.addr,
+        if reason == RouteReason::PrefixHit { "prefix" } else { "load" },
+        primary.matched_blocks,
+        blocks.hashes.len(),
+        s.total,
+        s.prefix,
+        s.queue,
+        s.kv_cache,
+        s.inflight,
+        s.capped,
+        fallbacks.join(","),
+        vm.id(),
+        vm.router.applied_page,
+        vm.router.load_table().pods.len(),
+        vm.router.index_entries(),
+        vm.router
+            .longest_holder(&blocks.hashes)
+            .map(|(a, n)| format!("{a}/{n}"))
+            .unwrap_or_default(),
+    );
+    if let Some(pd) = pd {
+        let outcome = match pd.outcome {
+            PdOutcome::Disaggregated => "disaggregated",
+            PdOutcome::ShortOrCached => "decode_only",
+            PdOutcome::NoPrefillPod => "decode_only_no_prefill_pod",
+        };
+        line.push_str(&format!(
+            "; pd={outcome}; prefill={}; uncached_tokens={}; threshold={:.0}",
+            pd.prefill.as_ref().map_or("", |c| c.addr.as_str()),
+            pd.uncached_tokens,
+            pd.threshold
+        ));
+    }
+    line
 }
 
 impl Filter {
@@ -28,15 +112,11 @@ impl Filter {
         Filter {
             vm,
             endpoint: None,
+            path: String::new(),
             routed_to: None,
             debug: None,
+            prefill: None,
         }
-    }
-
-    fn request_header(name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
     }
 
     fn route(&mut self, vm: &mut Vm, endpoint: Endpoint, body: &[u8]) -> Action {
@@ -58,66 +138,9 @@ impl Filter {
         }
         let now = super::now_ms();
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
-        match vm
-            .router
-            .route(&vm.config, &view.model, Role::Aggregated, &blocks, now)
-        {
-            Decision::Route { ranked, reason } => {
-                let header: Vec<&str> = ranked.iter().map(|c| c.addr.as_str()).collect();
-                if hostcalls::set_map_value(
-                    MapType::HttpRequestHeaders,
-                    DESTINATION,
-                    Some(&header.join(",")),
-                )
-                .is_err()
-                {
-                    log::warn!(
-                        "kvroute: could not set {DESTINATION}; leaving the request to the cluster"
-                    );
-                    vm.stats.inc(Counter::Passthrough);
-                    return Action::Continue;
-                }
-                let Some(primary) = ranked.first() else {
-                    return Action::Continue;
-                };
-                vm.stats.inc(Counter::Routed);
-                vm.stats.inc(match reason {
-                    RouteReason::PrefixHit => Counter::RoutedPrefixHit,
-                    RouteReason::Load => Counter::RoutedLoad,
-                });
-                if vm.config.debug_header {
-                    let s = &primary.scores;
-                    self.debug = Some(format!(
-                        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
-                        primary.addr,
-                        if reason == RouteReason::PrefixHit { "prefix" } else { "load" },
-                        primary.matched_blocks,
-                        blocks.hashes.len(),
-                        s.total,
-                        s.prefix,
-                        s.queue,
-                        s.kv_cache,
-                        s.inflight,
-                        s.capped,
-                        header.get(1..).map(|f| f.join(",")).unwrap_or_default(),
-                        vm.id(),
-                        vm.router.applied_page,
-                        vm.router.load_table().pods.len(),
-                        vm.router.index_entries(),
-                        vm.router
-                            .longest_holder(&blocks.hashes)
-                            .map(|(a, n)| format!("{a}/{n}"))
-                            .unwrap_or_default(),
-                    ));
-                }
-                vm.router.inflight_start(&primary.addr);
-                self.routed_to = Some(primary.addr.clone());
-                vm.observe(Observation {
-                    addr: primary.addr.clone(),
-                    hashes: blocks.hashes,
-                });
-                Action::Continue
-            }
+        let Plan { decision, pd } = vm.router.plan(&vm.config, &view.model, &blocks, now);
+        let (ranked, reason) = match decision {
+            Decision::Route { ranked, reason } => (ranked, reason),
             Decision::NoEndpoint(rejection) => {
                 vm.stats.inc(Counter::NoEndpoint);
                 if vm.config.on_no_endpoint == NoEndpointPolicy::Passthrough {
@@ -127,30 +150,181 @@ impl Filter {
                     Rejection::UnknownModel => (404, "NotFoundError"),
                     _ => (503, "ServiceUnavailableError"),
                 };
-                let body = serde_json::json!({"error": {
-                    "message": format!("kvroute: {} (model `{}`)", rejection.as_str(), view.model),
-                    "type": kind, "param": null, "code": status}});
-                let _ = hostcalls::send_http_response(
-                    status,
-                    vec![
-                        ("content-type", "application/json"),
-                        ("x-kvroute-error", rejection.as_str()),
-                    ],
-                    Some(body.to_string().as_bytes()),
-                );
+                let message = format!("kvroute: {} (model `{}`)", rejection.as_str(), view.model);
+                send_error(status, kind, &message, rejection.as_str());
+                return Action::Pause;
+            }
+        };
+        let Some(primary) = ranked.first() else {
+            return Action::Continue;
+        };
+        let header: Vec<&str> = ranked.iter().map(|c| c.addr.as_str()).collect();
+        if !set_request_header(DESTINATION, &header.join(",")) {
+            log::warn!("kvroute: could not set {DESTINATION}; leaving the request to the cluster");
+            vm.stats.inc(Counter::Passthrough);
+            return Action::Continue;
+        }
+        vm.stats.inc(Counter::Routed);
+        vm.stats.inc(match reason {
+            RouteReason::PrefixHit => Counter::RoutedPrefixHit,
+            RouteReason::Load => Counter::RoutedLoad,
+        });
+        if vm.config.debug_header {
+            self.debug = Some(debug_line(
+                vm,
+                &blocks,
+                primary,
+                header.get(1..).unwrap_or_default(),
+                reason,
+                pd.as_ref(),
+            ));
+        }
+        vm.router.inflight_start(&primary.addr);
+        self.routed_to = Some(primary.addr.clone());
+        let prefill_pod = pd
+            .as_ref()
+            .and_then(|p| p.prefill.as_ref())
+            .map(|c| c.addr.clone());
+        if let Some(pd) = &pd {
+            vm.stats.set(Gauge::PdThresholdTokens, pd.threshold as u64);
+            if pd.prefill.is_none() {
+                vm.stats.inc(Counter::PdDecodeOnly);
+            }
+        }
+        vm.observe(Observation {
+            addr: primary.addr.clone(),
+            hashes: blocks.hashes.clone(),
+        });
+        let Some(prefill_addr) = prefill_pod else {
+            return Action::Continue;
+        };
+        // The prefill pod computes the same blocks: its index learns them too.
+        vm.observe(Observation {
+            addr: prefill_addr.clone(),
+            hashes: blocks.hashes,
+        });
+        match vm.config.pd.mode {
+            PdMode::Sidecar => {
+                if set_request_header(PREFILLER, &prefill_addr) {
+                    vm.stats.inc(Counter::PdDisaggregated);
+                } else {
+                    vm.stats.inc(Counter::PdDecodeOnly);
+                }
+                Action::Continue
+            }
+            PdMode::Inline => self.start_inline_prefill(vm, &prefill_addr, body),
+        }
+    }
+
+    /// Sends the prefill request; the client's request waits until `on_http_call_response`.
+    fn start_inline_prefill(&mut self, vm: &mut Vm, prefill_addr: &str, body: &[u8]) -> Action {
+        let Ok(Value::Object(original)) = serde_json::from_slice::<Value>(body) else {
+            return Action::Continue;
+        };
+        let prefill_body = pd::prefill_body(&original);
+        let headers = vec![
+            (":method", "POST"),
+            (":path", self.path.as_str()),
+            (":authority", prefill_addr),
+            ("content-type", "application/json"),
+            (DESTINATION, prefill_addr),
+        ];
+        let timeout = Duration::from_millis(vm.config.pd.prefill_timeout_ms);
+        match hostcalls::dispatch_http_call(
+            &vm.config.poll_cluster,
+            headers,
+            Some(&prefill_body),
+            vec![],
+            timeout,
+        ) {
+            Ok(token) => {
+                self.prefill = Some(PendingPrefill {
+                    token,
+                    body: original,
+                    body_len: body.len(),
+                });
                 Action::Pause
+            }
+            Err(e) => {
+                log::warn!("kvroute: inline prefill to {prefill_addr} not sent ({e:?}); decoding without it");
+                vm.stats.inc(Counter::PdPrefillFailures);
+                vm.stats.inc(Counter::PdDecodeOnly);
+                Action::Continue
             }
         }
     }
 }
 
-impl Context for Filter {}
+impl Context for Filter {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(pending) = self.prefill.take_if(|p| p.token == token_id) else {
+            return;
+        };
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        let answer = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let vm_rc = self.vm.clone();
+        let vm = vm_rc.as_ref().and_then(|v| v.try_borrow().ok());
+        let count = |c: Counter| {
+            if let Some(vm) = &vm {
+                vm.stats.inc(c);
+            }
+        };
+        if (400..500).contains(&status) {
+            // The request itself is at fault: the client gets the prefill pod's own answer.
+            count(Counter::PdPrefillRejected);
+            let _ = hostcalls::send_http_response(
+                status,
+                vec![("content-type", "application/json")],
+                Some(&answer),
+            );
+            return;
+        }
+        match (status, pd::transfer_params(&answer)) {
+            (200, Some(params)) => {
+                let body = pd::decode_body(&pending.body, params);
+                let rewritten =
+                    hostcalls::set_buffer(BufferType::HttpRequestBody, 0, pending.body_len, &body)
+                        .is_ok();
+                if rewritten {
+                    if request_header("content-length").is_some() {
+                        set_request_header("content-length", &body.len().to_string());
+                    }
+                    count(Counter::PdDisaggregated);
+                } else {
+                    count(Counter::PdPrefillFailures);
+                    count(Counter::PdDecodeOnly);
+                }
+            }
+            _ => {
+                // Failed, timed out (status 503/504 from the host) or no KV to hand over: the decode
+                // pod prefills the prompt itself.
+                log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                count(Counter::PdPrefillFailures);
+                count(Counter::PdDecodeOnly);
+            }
+        }
+        let _ = hostcalls::resume_http_request();
+    }
+}
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let spoofed = OWNED_REQUEST_HEADERS
             .iter()
-            .filter(|h| Self::request_header(h).is_some())
+            .filter(|h| request_header(h).is_some())
             .filter(|h| hostcalls::set_map_value(MapType::HttpRequestHeaders, h, None).is_ok())
             .count();
         let Some(vm_rc) = self.vm.clone() else {
@@ -165,14 +339,16 @@ impl HttpContext for Filter {
         if vm.config.pools.is_empty() {
             return Action::Continue; // nothing to route to: kvroute only guards the headers
         }
-        let method = Self::request_header(":method").unwrap_or_default();
-        let endpoint = Self::request_header(":path").and_then(|p| Endpoint::from_path(&p));
-        let too_large = Self::request_header("content-length")
+        let method = request_header(":method").unwrap_or_default();
+        let path = request_header(":path").unwrap_or_default();
+        let endpoint = Endpoint::from_path(&path);
+        let too_large = request_header("content-length")
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
         match endpoint {
             Some(ep) if method == "POST" && !too_large && !end_of_stream => {
                 self.endpoint = Some(ep);
+                self.path = path;
                 // Wait for the body; needs `allow_on_headers_stop_iteration: true` on Envoy ≥ 1.35.
                 Action::Pause
             }

@@ -4,9 +4,10 @@
 use super::filter::Filter;
 use super::shared;
 use super::stats::{Counter, Gauge, Stats};
-use crate::config::BlockMode;
 use crate::config::Config;
+use crate::config::{BlockMode, Role};
 use crate::leader::{Leader, PollResult};
+use crate::pd::mean_load;
 use crate::router::{Router, Tokenizer};
 use crate::state::lease::{self, Lease};
 use crate::state::load::LoadTable;
@@ -249,6 +250,20 @@ impl Vm {
         );
         self.stats
             .set(Gauge::IndexEntries, self.router.index_entries() as u64);
+        let loads: Vec<(Role, f64)> = table
+            .pods
+            .iter()
+            .filter(|p| p.is_fresh(now, self.config.stale_after_ms))
+            .map(|p| (p.role, p.metrics.waiting + p.metrics.running))
+            .collect();
+        self.stats.set(
+            Gauge::PdPrefillPoolLoadX1000,
+            (mean_load(&loads, Role::Prefill) * 1000.0) as u64,
+        );
+        self.stats.set(
+            Gauge::PdDecodePoolLoadX1000,
+            (mean_load(&loads, Role::Decode) * 1000.0) as u64,
+        );
         self.leader = Some(st);
     }
 

@@ -24,6 +24,14 @@ pub enum Counter {
     PollFailures,
     /// This VM became the leader.
     LeaderChanges,
+    /// Requests sent through a prefill pod and a decode pod.
+    PdDisaggregated,
+    /// Requests on a split pool served by the decode pod alone (short, cached, or prefill failed).
+    PdDecodeOnly,
+    /// Inline prefill calls that failed or timed out (the request fell back to decode-only).
+    PdPrefillFailures,
+    /// Inline prefill calls the prefill pod refused with a 4xx (returned to the client as is).
+    PdPrefillRejected,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -34,9 +42,15 @@ pub enum Gauge {
     PodsKnown,
     /// Block hashes in the leader's prefix index.
     IndexEntries,
+    /// The current disaggregation threshold (uncached prompt tokens).
+    PdThresholdTokens,
+    /// Mean load (waiting + running) per prefill pod, × 1000.
+    PdPrefillPoolLoadX1000,
+    /// Mean load per decode pod, × 1000.
+    PdDecodePoolLoadX1000,
 }
 
-const COUNTERS: [(Counter, &str); 8] = [
+const COUNTERS: [(Counter, &str); 12] = [
     (Counter::Routed, "kvroute.requests_routed"),
     (Counter::RoutedPrefixHit, "kvroute.routed_prefix_hit"),
     (Counter::RoutedLoad, "kvroute.routed_load"),
@@ -48,12 +62,25 @@ const COUNTERS: [(Counter, &str); 8] = [
     ),
     (Counter::PollFailures, "kvroute.poll_failures"),
     (Counter::LeaderChanges, "kvroute.leader_changes"),
+    (Counter::PdDisaggregated, "kvroute.pd.disaggregated"),
+    (Counter::PdDecodeOnly, "kvroute.pd.decode_only"),
+    (Counter::PdPrefillFailures, "kvroute.pd.prefill_failures"),
+    (Counter::PdPrefillRejected, "kvroute.pd.prefill_rejected"),
 ];
 
-const GAUGES: [(Gauge, &str); 3] = [
+const GAUGES: [(Gauge, &str); 6] = [
     (Gauge::PodsHealthy, "kvroute.pods_healthy"),
     (Gauge::PodsKnown, "kvroute.pods_known"),
     (Gauge::IndexEntries, "kvroute.index_entries"),
+    (Gauge::PdThresholdTokens, "kvroute.pd.threshold_tokens"),
+    (
+        Gauge::PdPrefillPoolLoadX1000,
+        "kvroute.pd.prefill_pool_load_x1000",
+    ),
+    (
+        Gauge::PdDecodePoolLoadX1000,
+        "kvroute.pd.decode_pool_load_x1000",
+    ),
 ];
 
 #[derive(Debug, Default, Clone)]

@@ -30,7 +30,10 @@ pub fn filter<'p, 'a>(
     pods: &'p [PodView<'a>],
     request: &RouteRequest<'_>,
 ) -> Result<Vec<&'p PodView<'a>>, Rejection> {
-    let of_role: Vec<&PodView> = pods.iter().filter(|p| p.role == request.role).collect();
+    let of_role: Vec<&PodView> = pods
+        .iter()
+        .filter(|p| request.roles.contains(&p.role))
+        .collect();
     if of_role.is_empty() {
         return Err(Rejection::NoPods);
     }

@@ -42,7 +42,8 @@ impl PodView<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteRequest<'a> {
     pub model: &'a str,
-    pub role: Role,
+    /// Roles that may serve this step (decode and aggregated pods both decode).
+    pub roles: &'a [Role],
     pub block_hashes: &'a [u64],
     /// Key for rendezvous tie-breaking: the first block hash, or the chain seed for short prompts.
     pub affinity_key: u64,

@@ -18,7 +18,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
 fn request(hashes: &[u64]) -> RouteRequest<'_> {
     RouteRequest {
         model: "m",
-        role: Role::Aggregated,
+        roles: &[Role::Aggregated],
         block_hashes: hashes,
         affinity_key: hashes.first().copied().unwrap_or(7),
     }

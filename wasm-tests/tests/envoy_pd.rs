@@ -1,0 +1,209 @@
+//! Prefill/decode disaggregation through real Envoy, in both modes: long uncached prompts go
+//! through a prefill pod and a decode pod, short or cached ones to a decode pod alone, a dead
+//! prefill pod costs no client request, and a client cannot name its own prefiller.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+use wasm_tests::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb, Sim};
+
+struct PdStack {
+    prefill: Sim,
+    decode: Sim,
+    envoy: Envoy,
+}
+
+async fn pd_stack(mode: &str) -> PdStack {
+    let prefill = Sim::start(2, &["--time-scale", TIME_SCALE, "--role", "prefill"]).unwrap();
+    let decode = Sim::start(2, &["--time-scale", TIME_SCALE, "--role", "decode"]).unwrap();
+    let config = plugin_config(
+        &decode.pods,
+        json!({
+            "pools": [
+                {"name": "prefill", "role": "prefill", "endpoints": prefill.pods},
+                {"name": "decode", "role": "decode", "endpoints": decode.pods}
+            ],
+            "pd": {"mode": mode, "prefill_timeout_ms": 5000}
+        }),
+    );
+    // The pool cluster holds the decode pods: requests go there; prefill pods are reached by the
+    // decode pod's sidecar or by kvroute's own call.
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &decode.pods,
+        Lb::OverrideHost,
+        Some(config),
+    ))
+    .await
+    .unwrap();
+    wait_healthy(&envoy, 4).await;
+    PdStack {
+        prefill,
+        decode,
+        envoy,
+    }
+}
+
+async fn sum_stat(pods: &[String], field: &str) -> u64 {
+    let mut total = 0;
+    for p in pods {
+        total += sim_stats(p).await[field].as_u64().unwrap_or(0);
+    }
+    total
+}
+
+async fn long_and_short_prompts_take_their_paths(mode: &str) {
+    let s = pd_stack(mode).await;
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    let system = system_prompt(&format!("pd-{mode}-"), 3000);
+
+    let long = post(&client, &url, &chat(&system, "first", 8, true), &[]).await;
+    assert_eq!(long.status, 200, "{}", long.body);
+    assert_eq!(
+        sse_events(&long.body).last().map(String::as_str),
+        Some("[DONE]"),
+        "streams intact"
+    );
+    assert_eq!(
+        long.debug_field("pd").as_deref(),
+        Some("disaggregated"),
+        "{:?}",
+        long.debug
+    );
+    let prefill_pod = long.debug_field("prefill").unwrap();
+    assert!(s.prefill.pods.contains(&prefill_pod));
+    let decode_pod = long.pod.clone().unwrap();
+    assert!(s.decode.pods.contains(&decode_pod));
+    assert_eq!(
+        sim_stats(&prefill_pod).await["prefills_for_remote_decode"],
+        1
+    );
+    let decoded = sim_stats(&decode_pod).await;
+    assert_eq!(decoded["disaggregated_decodes"], 1, "{decoded}");
+    assert_eq!(
+        decoded["last_kv_transfer_params"]["remote_host"], "127.0.0.1",
+        "{decoded}"
+    );
+    if mode == "sidecar" {
+        assert_eq!(
+            decoded["sidecar_prefills"], 1,
+            "the decode pod's sidecar called the prefiller"
+        );
+    }
+
+    // The same prompt again: the decode pod now holds it, so it needs no prefill pod.
+    let cached = post(&client, &url, &chat(&system, "second", 8, false), &[]).await;
+    assert_eq!(cached.status, 200);
+    assert_eq!(cached.pod.as_deref(), Some(decode_pod.as_str()));
+    assert_eq!(
+        cached.debug_field("pd").as_deref(),
+        Some("decode_only"),
+        "{:?}",
+        cached.debug
+    );
+    assert!(
+        cached.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    // A short prompt goes to a decode pod alone, even when the client names a prefiller.
+    let before = sum_stat(&s.prefill.pods, "prefills_for_remote_decode").await;
+    let short = post(
+        &client,
+        &url,
+        &chat("Be brief.", "hi", 4, false),
+        &[("x-prefiller-host-port", prefill_pod.as_str())],
+    )
+    .await;
+    assert_eq!(short.status, 200, "{}", short.body);
+    assert_eq!(short.debug_field("pd").as_deref(), Some("decode_only"));
+    assert_eq!(
+        sum_stat(&s.prefill.pods, "prefills_for_remote_decode").await,
+        before
+    );
+    let spoof_seen: u64 = sum_stat(&s.decode.pods, "sidecar_prefills").await;
+    let expected_sidecar = if mode == "sidecar" { 1 } else { 0 };
+    assert_eq!(
+        spoof_seen, expected_sidecar,
+        "the client's x-prefiller-host-port never reached a pod"
+    );
+    let counter = s.envoy.stat("wasmcustom.kvroute.pd.disaggregated").await;
+    assert_eq!(counter, 1);
+    assert!(s.envoy.stat("wasmcustom.kvroute.pd.decode_only").await >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_mode_long_prompts_prefill_elsewhere_short_ones_do_not() {
+    long_and_short_prompts_take_their_paths("sidecar").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_long_prompts_prefill_elsewhere_short_ones_do_not() {
+    long_and_short_prompts_take_their_paths("inline").await;
+}
+
+async fn a_dead_prefill_pool_costs_no_request(mode: &str) {
+    let mut s = pd_stack(mode).await;
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    s.prefill.proc.kill();
+    // At once (kvroute still believes the prefill pods are healthy) and after staleness.
+    for i in 0..12 {
+        let system = system_prompt(&format!("dead-{mode}-{i}-"), 2000);
+        let r = post(&client, &url, &chat(&system, "q", 4, false), &[]).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(s.decode.pods.contains(&r.pod.clone().unwrap()));
+        if i == 5 {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+        }
+    }
+    let last = post(
+        &client,
+        &url,
+        &chat(&system_prompt("dead-last-", 2000), "q", 4, false),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        last.debug_field("pd").as_deref(),
+        Some("decode_only_no_prefill_pod"),
+        "{:?}",
+        last.debug
+    );
+    if mode == "inline" {
+        assert!(s.envoy.stat("wasmcustom.kvroute.pd.prefill_failures").await >= 1);
+    } else {
+        assert!(sum_stat(&s.decode.pods, "sidecar_prefill_failures").await >= 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_mode_survives_a_dead_prefill_pool() {
+    a_dead_prefill_pool_costs_no_request("sidecar").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_falls_back_to_decode_only_when_prefill_dies() {
+    a_dead_prefill_pool_costs_no_request("inline").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_returns_a_prefill_pods_4xx_as_is() {
+    let s = pd_stack("inline").await;
+    let client = fresh_client();
+    // Longer than the simulator's max_model_len: the prefill pod refuses it with vLLM's 400.
+    let huge: Value = chat(&system_prompt("huge-", 140_000), "q", 4, false);
+    let r = post(&client, &s.envoy.url("/v1/chat/completions"), &huge, &[]).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["type"], "BadRequestError", "{}", r.body);
+    wait_for(Duration::from_secs(5), "the rejection counted", || async {
+        s.envoy.stat("wasmcustom.kvroute.pd.prefill_rejected").await == 1
+    })
+    .await
+    .unwrap();
+    drop(s.decode);
+}
