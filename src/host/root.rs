@@ -32,6 +32,8 @@ const MAX_DRAIN_PER_TICK: usize = 20_000;
 const MAX_PAGE_BYTES: usize = 512 * 1024;
 /// Pages a request applies at most before routing; the rest wait for the next request or tick.
 const MAX_PAGES_PER_SYNC: u64 = 8;
+/// Observations kept while no leader has registered the queue (start-up only).
+const MAX_UNSENT: usize = 256;
 /// A VM re-reports its in-flight counts at least this often, so the leader can expire silent VMs.
 const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
 
@@ -47,6 +49,8 @@ pub struct Vm {
     leader: Option<LeaderState>,
     load_cas: Option<u32>,
     last_report_ms: u64,
+    /// Observations made before any leader registered the queue.
+    unsent: Vec<Vec<u8>>,
 }
 
 struct LeaderState {
@@ -71,6 +75,7 @@ impl Vm {
             leader: None,
             load_cas: None,
             last_report_ms: 0,
+            unsent: Vec::new(),
         }
     }
 
@@ -119,13 +124,29 @@ impl Vm {
     /// Records a routing decision locally and tells the leader.
     pub fn observe(&mut self, observation: Observation) {
         self.router.observe(&observation);
-        if let Some(queue) = self.queue {
-            let message = Message::Observation {
-                vm: self.id,
-                observation,
-            };
-            shared::enqueue(queue, &message.encode());
+        let message = Message::Observation {
+            vm: self.id,
+            observation,
         }
+        .encode();
+        match self.resolve_queue() {
+            Some(queue) => {
+                shared::enqueue(queue, &message);
+            }
+            // No leader has registered the queue yet: keep it for the first tick that finds one,
+            // so other VMs still learn what this VM routed during start-up.
+            None if self.unsent.len() < MAX_UNSENT => self.unsent.push(message),
+            None => {}
+        }
+    }
+
+    fn resolve_queue(&mut self) -> Option<u32> {
+        if self.queue.is_none() {
+            self.queue = shared::get(QUEUE_ID_KEY)
+                .0
+                .and_then(|b| Some(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)));
+        }
+        self.queue
     }
 
     fn tick(&mut self, now: u64) {
@@ -137,7 +158,17 @@ impl Vm {
     }
 
     fn elect(&mut self, now: u64) {
-        let (bytes, cas) = shared::get(LEASE_KEY);
+        let (mut bytes, mut cas) = shared::get(LEASE_KEY);
+        if bytes.is_none() {
+            // CAS does not guard a key's first insert: create an expired lease first (every VM
+            // writes the same value), then claim it with a real compare-and-swap.
+            let expired = Lease {
+                holder: 0,
+                expires_ms: 0,
+            };
+            shared::set(LEASE_KEY, &expired.encode());
+            (bytes, cas) = shared::get(LEASE_KEY);
+        }
         let current = bytes.and_then(|b| Lease::decode(&b));
         let claim = lease::claim(
             current,
@@ -304,10 +335,10 @@ impl Vm {
     }
 
     fn follow(&mut self, now: u64) {
-        if self.queue.is_none() {
-            self.queue = shared::get(QUEUE_ID_KEY)
-                .0
-                .and_then(|b| Some(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)));
+        if let Some(queue) = self.resolve_queue() {
+            for message in self.unsent.drain(..) {
+                shared::enqueue(queue, &message);
+            }
         }
         let (bytes, cas) = shared::get(LOAD_KEY);
         if cas != self.load_cas {
