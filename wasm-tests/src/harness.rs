@@ -191,6 +191,10 @@ pub struct EnvoyOptions {
     pub admin_cluster: bool,
     pub failure_policy: &'static str,
     pub num_retries: u32,
+    /// Port of the inference listener (0 = chosen by the OS).
+    pub listen_port: u16,
+    /// Port of the admin interface (0 = chosen by the OS, or up front with `admin_cluster`).
+    pub admin_port: u16,
 }
 
 impl EnvoyOptions {
@@ -204,6 +208,8 @@ impl EnvoyOptions {
             admin_cluster: false,
             failure_policy: "FAIL_RELOAD",
             num_retries: 2,
+            listen_port: 0,
+            admin_port: 0,
         }
     }
 }
@@ -334,7 +340,7 @@ pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
 pub fn envoy_config(opts: &EnvoyOptions, wasm: &Path, admin_port: u16) -> Value {
     let mut bootstrap = json!({
         "admin": {"address": socket_address(&format!("127.0.0.1:{admin_port}"))},
-        "static_resources": {"listeners": [listener(opts, wasm, 0)], "clusters": clusters(opts, admin_port)}
+        "static_resources": {"listeners": [listener(opts, wasm, opts.listen_port)], "clusters": clusters(opts, admin_port)}
     });
     if let Some(c) = &opts.singleton_config {
         bootstrap["bootstrap_extensions"] = json!([{"name": "envoy.bootstrap.wasm", "typed_config": {
@@ -412,7 +418,13 @@ impl Envoy {
         } else {
             PathBuf::new()
         };
-        let admin_port = if opts.admin_cluster { free_port()? } else { 0 };
+        let admin_port = if opts.admin_port != 0 {
+            opts.admin_port
+        } else if opts.admin_cluster {
+            free_port()?
+        } else {
+            0
+        };
         Self::start_with_config(
             &envoy_config(opts, &wasm, admin_port).to_string(),
             opts.concurrency,

@@ -19,6 +19,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod compare;
+pub mod demo;
 pub mod driver;
 pub mod metrics;
 pub mod report;
