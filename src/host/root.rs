@@ -10,7 +10,7 @@ use crate::leader::{Leader, PollResult};
 use crate::pd::mean_load;
 use crate::router::{Router, Tokenizer};
 use crate::state::lease::{self, Lease};
-use crate::state::load::LoadTable;
+use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{
     page_key, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY, QUEUE_NAME,
@@ -61,6 +61,7 @@ struct LeaderState {
     pending: Vec<Observation>,
     head: u64,
     snapshot_seq: u64,
+    published_pods: Option<Vec<PodLoad>>,
 }
 
 impl Vm {
@@ -210,6 +211,7 @@ impl Vm {
             pending: Vec::new(),
             head,
             snapshot_seq: 0,
+            published_pods: None,
         });
         self.stats.inc(Counter::LeaderChanges);
         let kind = if self.config.singleton {
@@ -273,7 +275,12 @@ impl Vm {
             }
         }
         let table = st.book.table(now, 3 * INFLIGHT_HEARTBEAT_MS);
-        shared::set(LOAD_KEY, &table.encode());
+        // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
+        // cost no write and no parse.
+        if st.published_pods.as_ref() != Some(&table.pods) {
+            shared::set(LOAD_KEY, &table.encode());
+            st.published_pods = Some(table.pods.clone());
+        }
         self.stats.set(Gauge::PodsKnown, table.pods.len() as u64);
         self.stats.set(
             Gauge::PodsHealthy,
