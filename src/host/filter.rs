@@ -266,15 +266,7 @@ impl Context for Filter {
         let Some(pending) = self.prefill.take_if(|p| p.token == token_id) else {
             return;
         };
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0);
-        let answer = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let (status, answer) = super::call_response(body_size);
         let vm_rc = self.vm.clone();
         let vm = vm_rc.as_ref().and_then(|v| v.try_borrow().ok());
         let count = |c: Counter| {

@@ -15,6 +15,23 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::new()) });
 }}
 
+/// The status (0 when the host gives none) and body of a `dispatch_http_call` answer; a connection
+/// failure or timeout arrives as 503/504 from the host.
+fn call_response(body_size: usize) -> (u32, Vec<u8>) {
+    use proxy_wasm::hostcalls;
+    use proxy_wasm::types::{BufferType, MapType};
+    let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(0);
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// Milliseconds since the epoch from the host clock; 0 if the host cannot tell.
 fn now_ms() -> u64 {
     proxy_wasm::hostcalls::get_current_time()

@@ -20,7 +20,7 @@ use crate::tokenize::Tiktoken;
 use hashbrown::HashMap;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, MapType};
+use proxy_wasm::types::{BufferType, ContextType};
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
@@ -379,15 +379,7 @@ impl Vm {
         let Some(st) = self.leader.as_mut() else {
             return;
         };
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0);
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let (status, body) = super::call_response(body_size);
         if st.admin_call == Some(token) {
             st.admin_call = None;
             if status == 200 {
