@@ -131,6 +131,10 @@ impl Filter {
         };
         vm.sync_pages();
         if vm.router.load_table().version == 0 {
+            // This VM has not ticked since the leader first published (a VM still starting).
+            vm.refresh_load_table();
+        }
+        if vm.router.load_table().version == 0 {
             // No pool state yet (the first poll has not been published): let the cluster balance
             // rather than fail requests while kvroute starts.
             vm.stats.inc(Counter::Passthrough);

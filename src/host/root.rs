@@ -347,13 +347,7 @@ impl Vm {
                 shared::enqueue(queue, &message);
             }
         }
-        let (bytes, cas) = shared::get(LOAD_KEY);
-        if cas != self.load_cas {
-            if let Some(table) = bytes.and_then(|b| LoadTable::decode(&b)) {
-                self.router.apply_load_table(&self.config, table);
-                self.load_cas = cas;
-            }
-        }
+        self.refresh_load_table();
         let heartbeat = now.saturating_sub(self.last_report_ms) >= INFLIGHT_HEARTBEAT_MS;
         if let (Some(queue), Some(counts)) = (self.queue, self.router.inflight_report(heartbeat)) {
             shared::enqueue(
@@ -368,6 +362,17 @@ impl Vm {
         }
         if self.leader.is_none() {
             self.sync_pages();
+        }
+    }
+
+    /// Adopts the leader's load table if it changed since this VM last read it.
+    pub fn refresh_load_table(&mut self) {
+        let (bytes, cas) = shared::get(LOAD_KEY);
+        if cas != self.load_cas {
+            if let Some(table) = bytes.and_then(|b| LoadTable::decode(&b)) {
+                self.router.apply_load_table(&self.config, table);
+                self.load_cas = cas;
+            }
         }
     }
 

@@ -10,15 +10,7 @@ use wasm_tests::harness::{plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_and_plain_answers_come_back_intact() {
-    let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();
-    let envoy = Envoy::start(&EnvoyOptions::new(
-        &sim.pods,
-        Lb::OverrideHost,
-        Some(plugin_config(&sim.pods, json!({}))),
-    ))
-    .await
-    .unwrap();
-    wait_healthy(&envoy, 2).await;
+    let (_sim, envoy) = stack(2, &[], json!({})).await;
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
 
@@ -91,15 +83,7 @@ async fn streams_and_plain_answers_come_back_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
-    let sim = Sim::start(3, &["--time-scale", TIME_SCALE]).unwrap();
-    let envoy = Envoy::start(&EnvoyOptions::new(
-        &sim.pods,
-        Lb::OverrideHost,
-        Some(plugin_config(&sim.pods, json!({}))),
-    ))
-    .await
-    .unwrap();
-    wait_healthy(&envoy, 3).await;
+    let (sim, envoy) = stack(3, &[], json!({})).await;
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
     let mut pods_used = std::collections::HashSet::new();

@@ -10,21 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use wasm_tests::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb, LdsEnvoy, Sim};
 
-async fn stack(pods: usize, sim_args: &[&str], extra: serde_json::Value) -> (Sim, Envoy) {
-    let mut args = vec!["--time-scale", TIME_SCALE];
-    args.extend_from_slice(sim_args);
-    let sim = Sim::start(pods, &args).unwrap();
-    let envoy = Envoy::start(&EnvoyOptions::new(
-        &sim.pods,
-        Lb::OverrideHost,
-        Some(plugin_config(&sim.pods, extra)),
-    ))
-    .await
-    .unwrap();
-    wait_healthy(&envoy, pods as u64).await;
-    (sim, envoy)
-}
-
 /// Keeps `pod` busy with `n` long generations sent to it directly (not through Envoy), so its
 /// metrics show load the gateway did not cause. Dropped with the returned tasks.
 fn occupy(pod: &str, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
@@ -52,6 +37,10 @@ async fn shared_prefix_follows_its_pod_on_every_worker(extra: serde_json::Value)
     )
     .await;
     assert_eq!(first.status, 200, "{}", first.body);
+    assert!(
+        first.debug.is_some(),
+        "the first request was routed by kvroute"
+    );
     let holder = first.pod.clone().unwrap();
     // Make the holder the busiest pod: without prefix knowledge a worker would now pick another.
     let _busy = occupy(&holder, 3);

@@ -153,3 +153,24 @@ pub async fn wait_healthy(envoy: &wasm_tests::harness::Envoy, n: u64) {
         panic!("{e}; envoy log:\n{}", envoy.log());
     }
 }
+
+/// `pods` simulated pods (with extra kvsim arguments) behind Envoy (2 workers) with kvroute
+/// (`extra` merged into the test plugin configuration), ready: every pod polled healthy.
+pub async fn stack(
+    pods: usize,
+    sim_args: &[&str],
+    extra: Value,
+) -> (wasm_tests::harness::Sim, wasm_tests::harness::Envoy) {
+    use wasm_tests::harness::{plugin_config, Envoy, EnvoyOptions, Lb, Sim};
+    let mut args = vec!["--time-scale", TIME_SCALE];
+    args.extend_from_slice(sim_args);
+    let sim = Sim::start(pods, &args).unwrap();
+    let options = EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, extra)),
+    );
+    let envoy = Envoy::start(&options).await.unwrap();
+    wait_healthy(&envoy, pods as u64).await;
+    (sim, envoy)
+}
