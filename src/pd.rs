@@ -6,6 +6,10 @@
 //! pod exists, is the prefill sent to a prefill pod (chosen by its own prefix match and queue). A
 //! short or mostly cached prompt costs the decode pod little, and a transfer would cost more.
 //!
+//! A prefill pod that does not hold the prompt's prefix would recompute all of it: when it would
+//! compute more than `max_prefill_work_ratio` times the tokens the decode pod has left (a long
+//! agent context the decode pod holds but no prefill pod does), the decode pod prefills locally.
+//!
 //! The threshold adapts to the two pools' relative pressure (mean load per pod): it is the
 //! configured base scaled by (1 + prefill load) / (1 + decode load), within configured bounds. A
 //! saturated prefill pool raises it (keep more prefills local), an idle one lowers it.
@@ -39,6 +43,9 @@ pub struct PdConfig {
     pub max_threshold_tokens: f64,
     /// Inline mode: how long the prefill call may take before the request falls back to decode-only.
     pub prefill_timeout_ms: u64,
+    /// Disaggregate only if the prefill pod's uncached tokens are at most this multiple of the
+    /// decode pod's.
+    pub max_prefill_work_ratio: f64,
 }
 
 impl Default for PdConfig {
@@ -49,6 +56,7 @@ impl Default for PdConfig {
             min_threshold_tokens: 128.0,
             max_threshold_tokens: 8192.0,
             prefill_timeout_ms: 60_000,
+            max_prefill_work_ratio: 2.0,
         }
     }
 }
@@ -75,6 +83,9 @@ impl PdConfig {
                 "pd.threshold_tokens",
                 "must lie between the min and max thresholds",
             ));
+        }
+        if !self.max_prefill_work_ratio.is_finite() || self.max_prefill_work_ratio < 1.0 {
+            return Err(("pd.max_prefill_work_ratio", "must be a finite number ≥ 1"));
         }
         if self.prefill_timeout_ms == 0 {
             return Err(("pd.prefill_timeout_ms", "must be positive"));

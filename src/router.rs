@@ -48,6 +48,9 @@ pub enum PdOutcome {
     ShortOrCached,
     /// Worth disaggregating, but no healthy prefill pod serves the model.
     NoPrefillPod,
+    /// The decode pod holds most of a long prompt that no prefill pod holds: recomputing it on a
+    /// prefill pod would cost more than `max_prefill_work_ratio` times the local prefill.
+    PrefillPodColder,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -294,18 +297,24 @@ impl Router {
             decode.matched_blocks,
             config.block.tokens_per_block,
         );
-        let prefill = if (uncached as f64) > threshold {
-            match self.route(config, model, &[Role::Prefill], blocks, now_ms) {
-                Decision::Route { ranked, .. } => ranked.into_iter().next(),
-                Decision::NoEndpoint(_) => None,
-            }
+        let tokens_per_block = config.block.tokens_per_block;
+        let (prefill, outcome) = if (uncached as f64) <= threshold {
+            (None, PdOutcome::ShortOrCached)
         } else {
-            None
-        };
-        let outcome = match (&prefill, (uncached as f64) > threshold) {
-            (Some(_), _) => PdOutcome::Disaggregated,
-            (None, true) => PdOutcome::NoPrefillPod,
-            (None, false) => PdOutcome::ShortOrCached,
+            match self.route(config, model, &[Role::Prefill], blocks, now_ms) {
+                Decision::Route { ranked, .. } => match ranked.into_iter().next() {
+                    Some(p)
+                        if uncached_tokens(blocks.prompt_tokens, p.matched_blocks, tokens_per_block)
+                            as f64
+                            > config.pd.max_prefill_work_ratio * uncached as f64 =>
+                    {
+                        (None, PdOutcome::PrefillPodColder)
+                    }
+                    Some(p) => (Some(p), PdOutcome::Disaggregated),
+                    None => (None, PdOutcome::NoPrefillPod),
+                },
+                Decision::NoEndpoint(_) => (None, PdOutcome::NoPrefillPod),
+            }
         };
         Plan {
             decision,
@@ -737,5 +746,28 @@ mod pd_tests {
         let cfg = Config::parse(br#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#).unwrap();
         let r = router(&cfg, 0.0);
         assert_eq!(r.plan(&cfg, "m", &blocks(8000), 100).pd, None);
+    }
+
+    #[test]
+    fn a_context_only_the_decode_pod_holds_is_prefilled_there() {
+        let cfg = pd_config();
+        let mut r = router(&cfg, 0.0);
+        let b = blocks(12_000);
+        // The decode pod holds all but the last 1,000 tokens; no prefill pod holds any of it.
+        let held = (12_000 - 1_000) / 16;
+        r.observe(&Observation {
+            addr: "10.0.1.1:1".into(),
+            hashes: b.hashes[..held].to_vec(),
+        });
+        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        assert_eq!(pd.outcome, PdOutcome::PrefillPodColder);
+        // Once a prefill pod holds the context too, the split pays again.
+        r.observe(&Observation {
+            addr: "10.0.0.1:1".into(),
+            hashes: b.hashes[..held].to_vec(),
+        });
+        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        assert_eq!(pd.outcome, PdOutcome::Disaggregated);
+        assert_eq!(pd.prefill.unwrap().addr, "10.0.0.1:1");
     }
 }

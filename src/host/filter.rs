@@ -96,6 +96,7 @@ fn debug_line(
             PdOutcome::Disaggregated => "disaggregated",
             PdOutcome::ShortOrCached => "decode_only",
             PdOutcome::NoPrefillPod => "decode_only_no_prefill_pod",
+            PdOutcome::PrefillPodColder => "decode_only_prefill_pod_colder",
         };
         line.push_str(&format!(
             "; pd={outcome}; prefill={}; uncached_tokens={}; threshold={:.0}",
