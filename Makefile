@@ -62,6 +62,10 @@ up: build build-tools
 bench: build build-tools
 	target/release/kvbench compare --time-scale $(TIME_SCALE) --out bench-out
 
+# Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
+bench-pd: build build-tools
+	target/release/kvbench compare-pd --time-scale $(TIME_SCALE) --out bench-out
+
 clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS) bench-out

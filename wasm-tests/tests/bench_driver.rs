@@ -23,8 +23,8 @@ use wasm_tests::bench::metrics::{
 };
 use wasm_tests::bench::workload::{word_count, Slot, WorkloadGen};
 use wasm_tests::bench::{
-    percentile, render_json, render_table, run, AgentParams, Api, Load, MultiTenantParams,
-    MultiTurnParams, RunReport, Summary, WorkloadKind, WorkloadSpec,
+    percentile, render_json, render_table, run, AgentParams, Api, InterferenceParams, Load,
+    MultiTenantParams, MultiTurnParams, RunReport, Summary, WorkloadKind, WorkloadSpec,
 };
 
 // ---------------------------------------------------------------- workloads
@@ -358,6 +358,114 @@ fn invalid_specs_are_rejected() {
     assert!(WorkloadSpec::new(kind, Load::Open { rate: 1.0 })
         .validate()
         .is_ok());
+}
+
+#[test]
+fn interference_mixes_poisson_long_prompts_into_streaming_decodes() {
+    let p = InterferenceParams::default();
+    let mut s = spec(
+        WorkloadKind::Interference(p.clone()),
+        Load::Open { rate: 5.0 },
+        4,
+    );
+    s.duration_s = 400.0;
+    assert_eq!(
+        WorkloadKind::from_name("interference").expect("known"),
+        s.workload
+    );
+    assert!(
+        !WorkloadGen::new(&s).expect("valid").is_sequential(),
+        "independent requests: nothing waits for a previous reply"
+    );
+    let reqs = generate(&s, usize::MAX, |_, _| None);
+    let n = reqs.len() as f64;
+    assert!(
+        (1800.0..=2200.0).contains(&n),
+        "{n} arrivals for 2000 expected"
+    );
+    let (long, stream): (Vec<_>, Vec<_>) = reqs
+        .iter()
+        .partition(|(slot, _)| InterferenceParams::is_long_session(&slot.session));
+    let share = long.len() as f64 / n;
+    assert!(
+        (0.17..=0.23).contains(&share),
+        "long share {share} for {}",
+        p.long_share
+    );
+    let check = |reqs: &[&(Slot, Value)], kind: &str, words: (usize, usize), max: (u32, u32)| {
+        for (slot, body) in reqs {
+            assert_eq!(slot.session, format!("{kind}-{}", slot.index));
+            assert_eq!(slot.turn, 0);
+            let m = messages(body);
+            assert_eq!(m.len(), 1, "one user message");
+            assert_eq!(m[0].0, "user");
+            let w = word_count(&m[0].1);
+            assert!((words.0..=words.1).contains(&w), "{kind}: {w} words");
+            let t = body["max_tokens"].as_u64().expect("max_tokens") as u32;
+            assert!((max.0..=max.1).contains(&t), "{kind}: max_tokens {t}");
+            assert_eq!(body["stream"], true);
+        }
+    };
+    check(&long, "long", p.long_prompt_words, p.long_max_tokens);
+    check(
+        &stream,
+        "stream",
+        p.stream_prompt_words,
+        p.stream_max_tokens,
+    );
+    assert!(stream
+        .iter()
+        .all(|(slot, _)| InterferenceParams::is_stream_session(&slot.session)));
+    // Every prompt is distinct text: no prefix cache can help a long prompt.
+    let heads: std::collections::HashSet<String> = reqs
+        .iter()
+        .map(|(_, b)| {
+            messages(b)[0]
+                .1
+                .split(' ')
+                .take(12)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(heads.len(), reqs.len());
+    // The long prompts alone arrive as a Poisson stream at rate × share: gaps with CV ≈ 1.
+    let arrivals: Vec<f64> = long.iter().map(|(slot, _)| slot.arrival_s).collect();
+    let gaps: Vec<f64> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+    assert!(
+        (0.8..=1.25).contains(&(mean * 5.0 * p.long_share)),
+        "mean gap {mean}"
+    );
+    assert!((0.8..=1.2).contains(&(var.sqrt() / mean)), "cv");
+    // Deterministic per seed.
+    let again = generate(&s, usize::MAX, |_, _| None);
+    assert_eq!(reqs, again);
+    let mut other = s.clone();
+    other.seed = 5;
+    assert_ne!(generate(&other, 50, |_, _| None), reqs[..50].to_vec());
+    // A share outside 0..=1 or an empty range is refused.
+    for bad in [
+        InterferenceParams {
+            long_share: 1.5,
+            ..p.clone()
+        },
+        InterferenceParams {
+            long_share: f64::NAN,
+            ..p.clone()
+        },
+        InterferenceParams {
+            long_prompt_words: (10, 5),
+            ..p.clone()
+        },
+    ] {
+        assert!(
+            WorkloadSpec::new(WorkloadKind::Interference(bad), Load::Open { rate: 1.0 })
+                .validate()
+                .is_err()
+        );
+    }
 }
 
 // ---------------------------------------------------------------- statistics and parsing

@@ -168,25 +168,7 @@ impl Stack {
 
     /// Waits until kvroute reports every pod healthy; returns the last count seen.
     async fn wait_healthy(&self, opts: &StackOptions) -> Result<u64> {
-        let want = self.pods.len() as u64;
-        let deadline = Instant::now() + opts.ready_timeout;
-        loop {
-            let n = self.envoy.stat("wasmcustom.kvroute.pods_healthy").await;
-            if n == want {
-                return Ok(n);
-            }
-            if Instant::now() > deadline {
-                if opts.require_healthy {
-                    bail!(
-                        "kvroute saw {n} of {want} pods healthy after {:?}; Envoy log:\n{}",
-                        opts.ready_timeout,
-                        log_tail(&self.envoy, 30)
-                    );
-                }
-                return Ok(n);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_kvroute_healthy(&self.envoy, self.pods.len() as u64, opts).await
     }
 
     /// Base URL of the inference listener.
@@ -196,6 +178,29 @@ impl Stack {
 
     pub fn admin_url(&self) -> String {
         format!("http://{}", self.envoy.admin)
+    }
+}
+
+/// Waits until kvroute in `envoy` reports `want` pods healthy (every pool's pods count); returns the
+/// last count seen. Past `opts.ready_timeout` it fails if `opts.require_healthy`, else returns.
+pub async fn wait_kvroute_healthy(envoy: &Envoy, want: u64, opts: &StackOptions) -> Result<u64> {
+    let deadline = Instant::now() + opts.ready_timeout;
+    loop {
+        let n = envoy.stat("wasmcustom.kvroute.pods_healthy").await;
+        if n == want {
+            return Ok(n);
+        }
+        if Instant::now() > deadline {
+            if opts.require_healthy {
+                bail!(
+                    "kvroute saw {n} of {want} pods healthy after {:?}; Envoy log:\n{}",
+                    opts.ready_timeout,
+                    log_tail(envoy, 30)
+                );
+            }
+            return Ok(n);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -339,6 +344,12 @@ fn fmt_opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
         .map_or_else(|| "-".to_owned(), f)
 }
 
+/// A number without trailing zeros (at most three decimals).
+fn trim(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 fn fmt_ratio(v: Option<f64>) -> String {
     fmt_opt(v, |x| format!("{x:.2}"))
 }
@@ -447,6 +458,29 @@ pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
             p.max_tokens.0,
             p.max_tokens.1
         ),
+        WorkloadKind::Interference(p) => {
+            let split = match spec.load {
+                Load::Open { rate } => format!(
+                    " (streams at {}/s, long prompts at {}/s)",
+                    trim(rate * (1.0 - p.long_share)),
+                    trim(rate * p.long_share)
+                ),
+                Load::Closed { .. } => String::new(),
+            };
+            format!(
+                "streaming decodes of {}–{}-word prompts and {}–{} output tokens, {:.0}% of arrivals \
+                 long uncached prompts of {}–{} words and {}–{} output tokens{split}",
+                p.stream_prompt_words.0,
+                p.stream_prompt_words.1,
+                p.stream_max_tokens.0,
+                p.stream_max_tokens.1,
+                p.long_share * 100.0,
+                p.long_prompt_words.0,
+                p.long_prompt_words.1,
+                p.long_max_tokens.0,
+                p.long_max_tokens.1
+            )
+        }
     };
     let load = match spec.load {
         Load::Open { rate } => format!("open loop at {rate}/s"),

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod compare;
+pub mod compare_pd;
 pub mod demo;
 pub mod driver;
 pub mod metrics;
@@ -32,7 +33,8 @@ pub use driver::{DriverOutput, RequestRecord};
 pub use metrics::PodDelta;
 pub use report::{percentile, render_json, render_table, RunReport, Summary};
 pub use workload::{
-    AgentParams, Api, Load, MultiTenantParams, MultiTurnParams, WorkloadKind, WorkloadSpec,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, WorkloadKind,
+    WorkloadSpec,
 };
 
 /// Wall-clock budget of one metrics scrape.

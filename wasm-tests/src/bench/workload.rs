@@ -156,6 +156,61 @@ impl Default for AgentParams {
     }
 }
 
+/// Prefill/decode interference: many long-running streaming decodes (short prompts, long outputs)
+/// with long uncached prompts (short outputs) arriving among them. Each arrival of the run's Poisson
+/// stream is a long prompt with probability `long_share`, else a stream, so both kinds arrive as
+/// Poisson streams of their own (at `rate × long_share` and `rate × (1 − long_share)`) and about
+/// `stream rate × stream lifetime` streams are running at any time. Every prompt is distinct text, so
+/// no prefix cache helps: a long prompt is a full prefill wherever it lands, which on a pod that also
+/// decodes stalls (or, with chunked prefill, slows) every stream it runs next to. Sessions are
+/// `stream-N` and `long-N` (N = the slot index), so a report can tell the two kinds apart.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InterferenceParams {
+    /// Share of the arrivals that are long-prompt requests (0..=1).
+    pub long_share: f64,
+    /// Words in a stream's prompt, inclusive range.
+    pub stream_prompt_words: (usize, usize),
+    /// `max_tokens` of a stream, inclusive range.
+    pub stream_max_tokens: (u32, u32),
+    /// Words in a long prompt, inclusive range.
+    pub long_prompt_words: (usize, usize),
+    /// `max_tokens` of a long-prompt request, inclusive range.
+    pub long_max_tokens: (u32, u32),
+}
+
+impl Default for InterferenceParams {
+    fn default() -> Self {
+        Self {
+            long_share: 0.2,
+            stream_prompt_words: (50, 150),
+            stream_max_tokens: (400, 800),
+            long_prompt_words: (6000, 10000),
+            long_max_tokens: (16, 64),
+        }
+    }
+}
+
+impl InterferenceParams {
+    /// Session prefix of the streaming decodes.
+    pub const STREAM: &'static str = "stream";
+    /// Session prefix of the long-prompt requests.
+    pub const LONG: &'static str = "long";
+
+    /// Whether a session name (`stream-N`, `long-N`) is a long-prompt request.
+    pub fn is_long_session(session: &str) -> bool {
+        session
+            .strip_prefix(Self::LONG)
+            .is_some_and(|rest| rest.starts_with('-'))
+    }
+
+    /// Whether a session name is a streaming decode.
+    pub fn is_stream_session(session: &str) -> bool {
+        session
+            .strip_prefix(Self::STREAM)
+            .is_some_and(|rest| rest.starts_with('-'))
+    }
+}
+
 /// The workload family and its parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -163,15 +218,17 @@ pub enum WorkloadKind {
     MultiTenant(MultiTenantParams),
     MultiTurn(MultiTurnParams),
     Agent(AgentParams),
+    Interference(InterferenceParams),
 }
 
 impl WorkloadKind {
-    /// The CLI name: `multi-tenant`, `multi-turn` or `agent`.
+    /// The CLI name: `multi-tenant`, `multi-turn`, `agent` or `interference`.
     pub fn name(&self) -> &'static str {
         match self {
             WorkloadKind::MultiTenant(_) => "multi-tenant",
             WorkloadKind::MultiTurn(_) => "multi-turn",
             WorkloadKind::Agent(_) => "agent",
+            WorkloadKind::Interference(_) => "interference",
         }
     }
 
@@ -181,7 +238,10 @@ impl WorkloadKind {
             "multi-tenant" => WorkloadKind::MultiTenant(MultiTenantParams::default()),
             "multi-turn" => WorkloadKind::MultiTurn(MultiTurnParams::default()),
             "agent" => WorkloadKind::Agent(AgentParams::default()),
-            other => bail!("unknown workload {other:?} (multi-tenant, multi-turn, agent)"),
+            "interference" => WorkloadKind::Interference(InterferenceParams::default()),
+            other => {
+                bail!("unknown workload {other:?} (multi-tenant, multi-turn, agent, interference)")
+            }
         })
     }
 }
@@ -272,6 +332,16 @@ impl WorkloadSpec {
                 check_range("tool result words", p.tool_result_words)?;
                 check_range("max tokens", p.max_tokens)?;
             }
+            WorkloadKind::Interference(p) => {
+                ensure!(
+                    p.long_share.is_finite() && (0.0..=1.0).contains(&p.long_share),
+                    "long share must be between 0 and 1"
+                );
+                check_range("stream prompt words", p.stream_prompt_words)?;
+                check_range("stream max tokens", p.stream_max_tokens)?;
+                check_range("long prompt words", p.long_prompt_words)?;
+                check_range("long max tokens", p.long_max_tokens)?;
+            }
         }
         Ok(())
     }
@@ -356,7 +426,7 @@ pub struct Slot {
     pub index: u64,
     /// Open loop: arrival offset from the start in simulated seconds. Closed loop: 0.
     pub arrival_s: f64,
-    /// `tenant-N`, `conv-N` or `agent-N`.
+    /// `tenant-N`, `conv-N`, `agent-N`, `stream-N` or `long-N`.
     pub session: String,
     pub session_id: u64,
     /// Turn (step) within the session, from 0; for tenants, the tenant's request count so far.
@@ -495,6 +565,11 @@ enum Family {
         rotation: Rotation,
         sessions: HashMap<u64, SessionState>,
     },
+    Interference {
+        p: InterferenceParams,
+        /// Draws each slot's kind, in slot order.
+        kind_rng: Box<StdRng>,
+    },
 }
 
 /// The stateful generator of one run's requests. See the module documentation.
@@ -550,6 +625,10 @@ impl WorkloadGen {
                 rotation: Rotation::new(seed, p.sessions, p.steps, p.stagger),
                 sessions: HashMap::new(),
             },
+            WorkloadKind::Interference(p) => Family::Interference {
+                p: p.clone(),
+                kind_rng: Box::new(rng_for(seed, "interference-kind", 0, 0)),
+            },
         };
         Ok(Self {
             seed,
@@ -569,7 +648,7 @@ impl WorkloadGen {
 
     /// Whether a session's turns must run one after another (each resends the previous reply).
     pub fn is_sequential(&self) -> bool {
-        !matches!(self.family, Family::MultiTenant { .. })
+        matches!(self.family, Family::MultiTurn { .. } | Family::Agent { .. })
     }
 
     /// The next slot, or `None` once the open-loop duration or `max_requests` is reached. The
@@ -618,6 +697,14 @@ impl WorkloadGen {
             Family::Agent { rotation, .. } => {
                 let (id, turn) = rotation.next(index);
                 (format!("agent-{id}"), id, turn)
+            }
+            Family::Interference { p, kind_rng } => {
+                let kind = if kind_rng.gen_bool(p.long_share) {
+                    InterferenceParams::LONG
+                } else {
+                    InterferenceParams::STREAM
+                };
+                (format!("{kind}-{index}"), index, 0)
             }
         };
         Some(Slot {
@@ -707,6 +794,21 @@ impl WorkloadGen {
                     state.input(slot.turn, || agent_step(seed, vocab, p, id, slot.turn));
                 (messages, max_tokens)
             }
+            Family::Interference { p, .. } => {
+                let long = InterferenceParams::is_long_session(&slot.session);
+                let (words, max_tokens) = if long {
+                    (p.long_prompt_words, p.long_max_tokens)
+                } else {
+                    (p.stream_prompt_words, p.stream_max_tokens)
+                };
+                let mut rng = rng_for(seed, "interference", slot.index, 0);
+                let n = rng.gen_range(words.0..=words.1);
+                let max_tokens = rng.gen_range(max_tokens.0..=max_tokens.1);
+                (
+                    vec![Message::new("user", vocab.text(&mut rng, n))],
+                    max_tokens,
+                )
+            }
         };
         let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
         let body = self.body(&messages, max_tokens);
@@ -722,7 +824,7 @@ impl WorkloadGen {
     /// seeded stand-in is resent instead). Forgets a session after its last turn.
     pub fn record_reply(&mut self, slot: &Slot, reply: Option<&str>) {
         let (sessions, last) = match &mut self.family {
-            Family::MultiTenant { .. } => return,
+            Family::MultiTenant { .. } | Family::Interference { .. } => return,
             Family::MultiTurn { p, sessions, .. } => (sessions, p.turns),
             Family::Agent { p, sessions, .. } => (sessions, p.steps),
         };

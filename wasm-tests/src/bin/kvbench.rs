@@ -3,7 +3,8 @@
 //!
 //! A thin command line over `wasm_tests::bench`: `run` drives one workload at a running target;
 //! `compare` starts fresh pods and Envoy per load-balancing policy and runs the same seeded workload
-//! through each; `demo` shows three requests through kvroute and through round-robin; `up` runs
+//! through each; `compare-pd` runs aggregated pods against prefill/decode pools on the same number of
+//! simulated GPUs (interference and agent scenarios); `demo` shows three requests through kvroute and through round-robin; `up` runs
 //! Envoy with kvroute in the foreground in front of given endpoints or simulated pods.
 
 use std::path::PathBuf;
@@ -12,10 +13,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use wasm_tests::bench::compare::{self, Policy, StackOptions};
+use wasm_tests::bench::compare_pd::{self, PdMode, PdStackOptions, Scenario};
 use wasm_tests::bench::demo::{self, DemoOptions, UpOptions};
 use wasm_tests::bench::{
-    render_json, render_table, run, AgentParams, Api, Load, MultiTenantParams, MultiTurnParams,
-    WorkloadKind, WorkloadSpec,
+    render_json, render_table, run, AgentParams, Api, InterferenceParams, Load, MultiTenantParams,
+    MultiTurnParams, WorkloadKind, WorkloadSpec,
 };
 
 #[derive(Parser, Debug)]
@@ -32,6 +34,9 @@ enum Command {
     /// Start fresh simulated pods and Envoy per policy, run the same seeded workload through each,
     /// print one table and kvroute's ratios against round-robin.
     Compare(Box<CompareArgs>),
+    /// Aggregated pods against prefill/decode pools on the same number of simulated GPUs, kvroute
+    /// routing both, the same seeded workloads: the interference and agent scenarios.
+    ComparePd(Box<ComparePdArgs>),
     /// Three chat requests through kvroute, then through round-robin: watch the prefix cache.
     Demo(DemoArgs),
     /// Run Envoy with kvroute in the foreground (until Ctrl-C) in front of endpoints or simulated pods.
@@ -43,6 +48,8 @@ enum WorkloadArg {
     MultiTenant,
     MultiTurn,
     Agent,
+    /// Streaming decodes with long uncached prompts among them (the `compare-pd` defaults)
+    Interference,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -113,7 +120,7 @@ struct SpecArgs {
     #[arg(long, default_value_t = 600.0)]
     drain_timeout: f64,
 
-    /// multi-tenant: number of tenants [default: 8; compare: 32]
+    /// multi-tenant: number of tenants [default: 8; compare: 48]
     #[arg(long)]
     tenants: Option<usize>,
     /// multi-tenant: words per tenant system prompt
@@ -167,23 +174,25 @@ impl SpecDefaults {
         }
     }
 
-    /// `compare` (what `make bench` runs). Multi-tenant: 32 tenants × 3,000 words = 96,000 prompt
-    /// tokens, more than one simulated pod's KV cache (4,096 blocks × 16 = 65,536 tokens) but a
-    /// quarter of it per pod when each tenant stays on one pod (with 8 tenants every pod caches every
-    /// prompt and round-robin loses nothing after its first 32 requests). At 5 requests/s round-robin
-    /// recomputes ~40% of the prompt tokens and queues (p90 TTFT 3–4 s) while kvroute serves ~96% from
-    /// cache; multi-turn and agent rates are chosen the same way. 300 s of which the first 60 s
-    /// (the cold start) are not measured: under 20 s of wall time per policy at time scale 0.05.
+    /// `compare` (what `make bench` runs). Multi-tenant: 48 tenants × 3,000 words = 144,000 prompt
+    /// tokens, more than twice one simulated pod's KV cache (4,096 blocks × 16 = 65,536 tokens) but
+    /// about 36,000 per pod when each tenant stays on one pod: the case cache-aware routing exists
+    /// for (with 8 tenants every pod caches every prompt and round-robin loses little after its first
+    /// requests). At 4 requests/s round-robin recomputes ~58% of the prompt tokens and queues (p90
+    /// TTFT ≈ 13 s) while kvroute serves ~96% from cache; multi-turn and agent rates are chosen the
+    /// same way. 300 s of which the first 60 s (the cold start) are not measured: under 20 s of wall
+    /// time per policy at time scale 0.05.
     fn compare(workload: WorkloadArg) -> Self {
         let rate = match workload {
-            WorkloadArg::MultiTenant => 5.0,
+            WorkloadArg::MultiTenant => 4.0,
             WorkloadArg::MultiTurn => 5.0,
             WorkloadArg::Agent => 1.0,
+            WorkloadArg::Interference => compare_pd::INTERFERENCE_RATE,
         };
         Self {
             rate: Some(rate),
             duration_s: 300.0,
-            tenants: 32,
+            tenants: 48,
         }
     }
 }
@@ -205,6 +214,7 @@ impl SpecArgs {
                 stagger: !self.no_stagger,
                 ..MultiTurnParams::default()
             }),
+            WorkloadArg::Interference => WorkloadKind::Interference(InterferenceParams::default()),
             WorkloadArg::Agent => WorkloadKind::Agent(AgentParams {
                 sessions: self.agent_sessions,
                 steps: self.agent_steps,
@@ -296,6 +306,122 @@ struct CompareArgs {
     spec: SpecArgs,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PdScenarioArg {
+    /// Long-prompt arrivals among many streaming decodes: P99 ITL of the streams
+    Interference,
+    /// The 45:1 agent workload at a load that saturates the aggregated pods: TTFT and throughput
+    Agent,
+    /// Both in turn
+    All,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PdModeArg {
+    Sidecar,
+    Inline,
+}
+
+/// `A/P+D`: A aggregated pods against P prefill + D decode pods.
+fn parse_gpus(s: &str) -> Result<(usize, usize, usize), String> {
+    let err = || format!("{s:?} is not A/P+D (e.g. 4/2+2)");
+    let (a, pd) = s.split_once('/').ok_or_else(err)?;
+    let (p, d) = pd.split_once('+').ok_or_else(err)?;
+    let n = |x: &str| x.trim().parse::<usize>().map_err(|_| err());
+    let (a, p, d) = (n(a)?, n(p)?, n(d)?);
+    if a == 0 || p == 0 || d == 0 {
+        return Err(format!("{s:?}: every pool needs at least one pod"));
+    }
+    Ok((a, p, d))
+}
+
+/// Durations and rates are in simulated seconds (wall = simulated × time scale). The defaults are the
+/// settings `make bench-pd` reports; see `compare_pd` for why.
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("agent_load").args(["agent_rate", "agent_concurrency"])))]
+struct ComparePdArgs {
+    #[arg(long, value_enum, default_value = "all")]
+    scenario: PdScenarioArg,
+    /// P/D modes to run (one P/D row each)
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["sidecar", "inline"])]
+    modes: Vec<PdModeArg>,
+    /// The simulator's time scale (0.05 = 20× faster than real); figures are reported in simulated time
+    #[arg(long, default_value_t = 0.05)]
+    time_scale: f64,
+    /// kvsim arguments for every pod of every topology, space-separated
+    #[arg(long, default_value = compare_pd::DEFAULT_SIM_ARGS, allow_hyphen_values = true)]
+    sim_args: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Include per-request records in the JSON
+    #[arg(long)]
+    records: bool,
+    /// kvroute configuration fields (JSON object) merged into the benchmark's, for every topology,
+    /// e.g. '{"debug_header": true}'
+    #[arg(long, value_name = "JSON")]
+    plugin_extra: Option<String>,
+    /// Write DIR/pd-<scenario>.json and DIR/pd-<scenario>.txt
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+
+    /// interference: aggregated pods / prefill + decode pods
+    #[arg(long, default_value = "4/2+2", value_parser = parse_gpus)]
+    interference_gpus: (usize, usize, usize),
+    /// interference: Poisson arrivals per simulated second (streams and long prompts together)
+    #[arg(long, default_value_t = compare_pd::INTERFERENCE_RATE)]
+    interference_rate: f64,
+    /// interference: share of the arrivals that are long prompts
+    #[arg(long, default_value_t = InterferenceParams::default().long_share)]
+    long_share: f64,
+    /// interference: words of a long prompt, MIN-MAX
+    #[arg(long, default_value = "6000-10000", value_parser = parse_range)]
+    long_prompt_words: (usize, usize),
+    /// interference: output tokens of a stream, MIN-MAX
+    #[arg(long, default_value = "400-800", value_parser = parse_range)]
+    stream_tokens: (usize, usize),
+    /// interference: simulated seconds of arrivals
+    #[arg(long, default_value_t = compare_pd::INTERFERENCE_DURATION)]
+    interference_duration: f64,
+    /// interference: simulated seconds sent but not measured (the streams ramp up)
+    #[arg(long, default_value_t = compare_pd::INTERFERENCE_WARMUP)]
+    interference_warmup: f64,
+
+    /// agent: aggregated pods / prefill + decode pods
+    #[arg(long, default_value = "3/2+1", value_parser = parse_gpus)]
+    agent_gpus: (usize, usize, usize),
+    /// agent: open loop, Poisson arrivals per simulated second
+    #[arg(long)]
+    agent_rate: Option<f64>,
+    /// agent: closed loop, requests kept in flight [default: 24, closed loop]
+    #[arg(long)]
+    agent_concurrency: Option<usize>,
+    /// agent: sessions in progress at once
+    #[arg(long, default_value_t = compare_pd::AGENT_SESSIONS)]
+    agent_sessions: usize,
+    /// agent: simulated seconds during which requests are started
+    #[arg(long, default_value_t = compare_pd::AGENT_DURATION)]
+    agent_duration: f64,
+    /// agent: simulated seconds sent but not measured (cold caches)
+    #[arg(long, default_value_t = compare_pd::AGENT_WARMUP)]
+    agent_warmup: f64,
+    /// agent: leave out the control row (the aggregated pods with kvroute's prefix scorer weighted
+    /// 6 against 1 per load scorer)
+    #[arg(long)]
+    no_control: bool,
+}
+
+/// `MIN-MAX` (or a single number).
+fn parse_range(s: &str) -> Result<(usize, usize), String> {
+    let err = || format!("{s:?} is not MIN-MAX");
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let a: usize = a.trim().parse().map_err(|_| err())?;
+    let b: usize = b.trim().parse().map_err(|_| err())?;
+    if a > b {
+        return Err(err());
+    }
+    Ok((a, b))
+}
+
 #[derive(Args, Debug)]
 struct DemoArgs {
     /// The simulator's time scale: 1 = real speed (about 3 s for a 7,500-token prefill)
@@ -367,6 +493,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Compare(args) => compare_main(&args).await?,
+        Command::ComparePd(args) => compare_pd_main(&args).await?,
         Command::Demo(args) => {
             let opts = DemoOptions {
                 pods: args.pods,
@@ -440,5 +567,127 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
+    let modes: Vec<PdMode> = args
+        .modes
+        .iter()
+        .map(|m| match m {
+            PdModeArg::Sidecar => PdMode::Sidecar,
+            PdModeArg::Inline => PdMode::Inline,
+        })
+        .collect();
+    anyhow::ensure!(!modes.is_empty(), "no P/D modes given");
+    let setups = |(a, p, d): (usize, usize, usize)| compare_pd::setups(a, p, d, &modes);
+    let mut out = Vec::new();
+    if matches!(
+        args.scenario,
+        PdScenarioArg::Interference | PdScenarioArg::All
+    ) {
+        let tokens = |(a, b): (usize, usize)| -> anyhow::Result<(u32, u32)> {
+            Ok((u32::try_from(a)?, u32::try_from(b)?))
+        };
+        let workload = WorkloadKind::Interference(InterferenceParams {
+            long_share: args.long_share,
+            long_prompt_words: args.long_prompt_words,
+            stream_max_tokens: tokens(args.stream_tokens)?,
+            ..InterferenceParams::default()
+        });
+        out.push(Scenario {
+            name: "interference".to_owned(),
+            spec: compare_pd::scenario_spec(
+                workload,
+                Load::Open {
+                    rate: args.interference_rate,
+                },
+                args.interference_duration,
+                args.seed,
+            ),
+            warmup_s: args.interference_warmup,
+            setups: setups(args.interference_gpus),
+        });
+    }
+    if matches!(args.scenario, PdScenarioArg::Agent | PdScenarioArg::All) {
+        let workload = WorkloadKind::Agent(AgentParams {
+            sessions: args.agent_sessions,
+            ..AgentParams::default()
+        });
+        let load = match (args.agent_rate, args.agent_concurrency) {
+            (Some(rate), _) => Load::Open { rate },
+            (None, Some(concurrency)) => Load::Closed { concurrency },
+            (None, None) => compare_pd::AGENT_LOAD,
+        };
+        out.push(Scenario {
+            name: "agent".to_owned(),
+            spec: compare_pd::scenario_spec(workload, load, args.agent_duration, args.seed),
+            warmup_s: args.agent_warmup,
+            setups: {
+                let mut rows = setups(args.agent_gpus);
+                if !args.no_control {
+                    rows.push(compare_pd::prefix_weighted_control(args.agent_gpus.0));
+                }
+                rows
+            },
+        });
+    }
+    for s in &mut out {
+        s.spec.keep_records = args.records;
+        s.spec.validate()?;
+        anyhow::ensure!(
+            s.warmup_s.is_finite() && s.warmup_s >= 0.0 && s.warmup_s < s.spec.duration_s,
+            "{}: the warm-up ({} s) must be >= 0 and shorter than the duration ({} s)",
+            s.name,
+            s.warmup_s,
+            s.spec.duration_s
+        );
+    }
+    Ok(out)
+}
+
+async fn compare_pd_main(args: &ComparePdArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.time_scale.is_finite() && args.time_scale > 0.0,
+        "time scale must be > 0"
+    );
+    // Validate every scenario before starting anything.
+    let scenarios = pd_scenarios(args)?;
+    let sim_args = split_args(&args.sim_args);
+    let mut plugin_extra = compare::bench_plugin_extra();
+    if let Some(text) = &args.plugin_extra {
+        let extra: serde_json::Value =
+            serde_json::from_str(text).context("--plugin-extra is not JSON")?;
+        let (Some(base), serde_json::Value::Object(extra)) = (plugin_extra.as_object_mut(), extra)
+        else {
+            anyhow::bail!("--plugin-extra must be a JSON object");
+        };
+        base.extend(extra);
+    }
+    let opts = PdStackOptions {
+        sim_args,
+        time_scale: args.time_scale,
+        plugin_extra,
+        ..PdStackOptions::default()
+    };
+    let t0 = std::time::Instant::now();
+    for scenario in &scenarios {
+        let rows = compare_pd::run_scenario(scenario, &opts).await?;
+        let text = compare_pd::render_scenario(scenario, &opts, &rows);
+        println!();
+        print!("{text}");
+        if let Some(dir) = &args.out {
+            compare_pd::write_scenario(dir, scenario, &opts, &rows)?;
+            eprintln!(
+                "wrote {0}/pd-{1}.json and {0}/pd-{1}.txt",
+                dir.display(),
+                scenario.name
+            );
+        }
+    }
+    eprintln!(
+        "compare-pd: {:.0} s wall in all",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
