@@ -10,9 +10,12 @@
 //! compute more than `max_prefill_work_ratio` times the tokens the decode pod has left (a long
 //! agent context the decode pod holds but no prefill pod does), the decode pod prefills locally.
 //!
-//! The threshold adapts to the two pools' relative pressure (mean load per pod): it is the
-//! configured base scaled by (1 + prefill load) / (1 + decode load), within configured bounds. A
-//! saturated prefill pool raises it (keep more prefills local), an idle one lowers it.
+//! The threshold adapts to the two pools' relative pressure, measured as the mean number of queued
+//! (waiting) requests per pod: it is the configured base scaled by (1 + prefill queue) / (1 +
+//! decode queue), within configured bounds. A saturated prefill pool raises it (keep more prefills
+//! local), a backed-up decode pool lowers it. Queues, not running counts: a decode pod always runs
+//! every stream it holds, a prefill pod only the prefills in progress, so running counts would make
+//! the decode pool look busier by construction and pin the threshold at its floor.
 //!
 //! Execution, in either of two modes:
 //! * `sidecar` — the llm-d contract: route to the decode pod with `x-prefiller-host-port`; the
@@ -93,9 +96,9 @@ impl PdConfig {
         Ok(())
     }
 
-    /// The threshold for the current pressure of the two pools (mean load per pod).
-    pub fn threshold(&self, prefill_load: f64, decode_load: f64) -> f64 {
-        let ratio = (1.0 + prefill_load.max(0.0)) / (1.0 + decode_load.max(0.0));
+    /// The threshold for the current pressure of the two pools (mean queued requests per pod).
+    pub fn threshold(&self, prefill_queue: f64, decode_queue: f64) -> f64 {
+        let ratio = (1.0 + prefill_queue.max(0.0)) / (1.0 + decode_queue.max(0.0));
         (self.threshold_tokens * ratio).clamp(self.min_threshold_tokens, self.max_threshold_tokens)
     }
 }

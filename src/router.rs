@@ -277,20 +277,16 @@ impl Router {
         let Some(decode) = on_decode_pod else {
             return Plan { decision, pd: None };
         };
-        let loads: Vec<(Role, f64)> = self
+        let queues: Vec<(Role, f64)> = self
             .load
             .pods
             .iter()
             .filter(|p| p.is_fresh(now_ms, config.stale_after_ms))
-            .map(|p| {
-                let load =
-                    (p.metrics.waiting + p.metrics.running).max(self.inflight(&p.addr, p.inflight));
-                (p.role, load)
-            })
+            .map(|p| (p.role, p.metrics.waiting))
             .collect();
         let threshold = config.pd.threshold(
-            mean_load(&loads, Role::Prefill),
-            mean_load(&loads, Role::Decode),
+            mean_load(&queues, Role::Prefill),
+            mean_load(&queues, Role::Decode),
         );
         let uncached = uncached_tokens(
             blocks.prompt_tokens,
@@ -645,7 +641,7 @@ mod pd_tests {
         .unwrap()
     }
 
-    fn router(cfg: &Config, prefill_running: f64) -> Router {
+    fn router(cfg: &Config, prefill_waiting: f64) -> Router {
         let mut pods = Vec::new();
         for pool in &cfg.pools {
             for ep in &pool.endpoints {
@@ -654,12 +650,14 @@ mod pd_tests {
                     role: pool.role,
                     metrics_at_ms: 100,
                     failing: false,
+                    // Decode pods run their streams; only queues count as pressure.
                     metrics: PodMetrics {
-                        running: if pool.role == Role::Prefill {
-                            prefill_running
+                        waiting: if pool.role == Role::Prefill {
+                            prefill_waiting
                         } else {
                             0.0
                         },
+                        running: if pool.role == Role::Decode { 20.0 } else { 0.0 },
                         ..PodMetrics::default()
                     },
                     inflight: 0,

@@ -292,14 +292,14 @@ impl Vm {
             .pods
             .iter()
             .filter(|p| p.is_fresh(now, self.config.stale_after_ms))
-            .map(|p| (p.role, p.metrics.waiting + p.metrics.running))
+            .map(|p| (p.role, p.metrics.waiting))
             .collect();
         self.stats.set(
-            Gauge::PdPrefillPoolLoadX1000,
+            Gauge::PdPrefillPoolQueueX1000,
             (mean_load(&loads, Role::Prefill) * 1000.0) as u64,
         );
         self.stats.set(
-            Gauge::PdDecodePoolLoadX1000,
+            Gauge::PdDecodePoolQueueX1000,
             (mean_load(&loads, Role::Decode) * 1000.0) as u64,
         );
         self.leader = Some(st);

@@ -44,10 +44,10 @@ pub enum Gauge {
     IndexEntries,
     /// The current disaggregation threshold (uncached prompt tokens).
     PdThresholdTokens,
-    /// Mean load (waiting + running) per prefill pod, × 1000.
-    PdPrefillPoolLoadX1000,
-    /// Mean load per decode pod, × 1000.
-    PdDecodePoolLoadX1000,
+    /// Mean queued (waiting) requests per prefill pod, × 1000: the P/D threshold's pressure input.
+    PdPrefillPoolQueueX1000,
+    /// Mean queued requests per decode pod, × 1000.
+    PdDecodePoolQueueX1000,
 }
 
 const COUNTERS: [(Counter, &str); 12] = [
@@ -74,12 +74,12 @@ const GAUGES: [(Gauge, &str); 6] = [
     (Gauge::IndexEntries, "kvroute.index_entries"),
     (Gauge::PdThresholdTokens, "kvroute.pd.threshold_tokens"),
     (
-        Gauge::PdPrefillPoolLoadX1000,
-        "kvroute.pd.prefill_pool_load_x1000",
+        Gauge::PdPrefillPoolQueueX1000,
+        "kvroute.pd.prefill_pool_queue_x1000",
     ),
     (
-        Gauge::PdDecodePoolLoadX1000,
-        "kvroute.pd.decode_pool_load_x1000",
+        Gauge::PdDecodePoolQueueX1000,
+        "kvroute.pd.decode_pool_queue_x1000",
     ),
 ];
 
