@@ -57,7 +57,8 @@ demo: build build-tools
 	target/release/kvbench demo
 
 up: build build-tools
-	target/release/kvbench up $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT))
+	target/release/kvbench up $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
+	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE))
 
 bench: build build-tools
 	target/release/kvbench compare --time-scale $(TIME_SCALE) --out bench-out

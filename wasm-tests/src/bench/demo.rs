@@ -333,6 +333,11 @@ pub struct UpOptions {
     pub admin_port: u16,
     pub time_scale: f64,
     pub sim_args: Vec<String>,
+    /// Prefill and decode servers (`host:port`): a P/D pair of pools beside `endpoints`.
+    pub prefill_endpoints: Vec<String>,
+    pub decode_endpoints: Vec<String>,
+    /// `sidecar` or `inline` (kvroute's `pd.mode`).
+    pub pd_mode: String,
 }
 
 /// `http://host:port/` or `host:port` → an `ip:port` Envoy's static cluster accepts.
@@ -411,6 +416,13 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
                 opts.port
             )
         })?;
+    }
+    anyhow::ensure!(
+        opts.prefill_endpoints.is_empty() || !opts.decode_endpoints.is_empty(),
+        "--prefill-endpoints needs --decode-endpoints (the pods that decode what they prefill)"
+    );
+    if !opts.decode_endpoints.is_empty() {
+        return up_pd(opts).await;
     }
     let (pods, sim) = if opts.endpoints.is_empty() {
         anyhow::ensure!(
@@ -491,5 +503,75 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
         if simulated { " and the pods" } else { "" }
     );
     drop(stack);
+    Ok(())
+}
+
+async fn resolve_all(endpoints: &[String]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for e in endpoints {
+        out.push(resolve_endpoint(e).await?);
+    }
+    Ok(out)
+}
+
+/// `kvbench up` in front of your own prefill/decode servers (and aggregated ones, if given):
+/// Envoy's pool cluster holds the decode and aggregated pods, kvroute knows all three pools and
+/// disaggregates long prompts in `pd_mode`.
+async fn up_pd(opts: &UpOptions) -> Result<()> {
+    let aggregated = resolve_all(&opts.endpoints).await?;
+    let prefill = resolve_all(&opts.prefill_endpoints).await?;
+    let decode = resolve_all(&opts.decode_endpoints).await?;
+    anyhow::ensure!(
+        matches!(opts.pd_mode.as_str(), "sidecar" | "inline"),
+        "--pd-mode must be sidecar or inline"
+    );
+    let mut pools = vec![
+        json!({"name": "prefill", "role": "prefill", "endpoints": prefill}),
+        json!({"name": "decode", "role": "decode", "endpoints": decode}),
+    ];
+    if !aggregated.is_empty() {
+        pools.push(json!({"name": "aggregated", "role": "aggregated", "endpoints": aggregated}));
+    }
+    let routed: Vec<String> = decode.iter().chain(&aggregated).cloned().collect();
+    let stack_opts = StackOptions {
+        pods: routed.len() + prefill.len(),
+        plugin_extra: json!({"poll_interval_ms": 200, "stale_after_ms": 2000, "leader_lease_ms": 1500,
+                             "debug_header": true, "pools": pools, "pd": {"mode": opts.pd_mode}}),
+        listen_port: opts.port,
+        admin_port: opts.admin_port,
+        ready_timeout: Duration::from_secs(15),
+        require_healthy: false,
+        ..StackOptions::default()
+    };
+    let mut stack = Stack::start(Policy::Kvroute, routed, None, &stack_opts).await?;
+    let model = match decode.first() {
+        Some(p) => first_model(p).await,
+        None => None,
+    }
+    .unwrap_or_else(|| "sim-model".to_owned());
+    println!(
+        "kvroute is up (Envoy, 2 workers, kvroute plugin, P/D {} mode; loopback only).",
+        opts.pd_mode
+    );
+    println!("  listening on  {}", stack.url());
+    println!("  prefill pods  {}", prefill.join(", "));
+    println!("  decode pods   {}", decode.join(", "));
+    if !aggregated.is_empty() {
+        println!("  aggregated    {}", aggregated.join(", "));
+    }
+    println!(
+        "  admin         {}  (curl -s {}/stats | grep wasmcustom.kvroute)",
+        stack.admin_url(),
+        stack.admin_url()
+    );
+    println!(
+        "  try           curl -si {}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'",
+        stack.url()
+    );
+    println!(
+        "  (x-kvroute-debug shows pd=disaggregated|decode_only and the prefill pod; Ctrl-C stops)"
+    );
+    let why = wait_for_shutdown(&mut stack).await?;
+    eprintln!("kvbench up: {why}: stopping Envoy");
     Ok(())
 }

@@ -458,6 +458,15 @@ struct UpArgs {
     /// Extra kvsim arguments, space-separated, without --endpoints
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     sim_args: String,
+    /// Prefill servers (vLLM with a KV connector), ip:port,…; needs --decode-endpoints
+    #[arg(long, value_delimiter = ',')]
+    prefill_endpoints: Vec<String>,
+    /// Decode servers, ip:port,…: with them kvroute disaggregates long prompts
+    #[arg(long, value_delimiter = ',')]
+    decode_endpoints: Vec<String>,
+    /// How a disaggregated request is carried out: sidecar (x-prefiller-host-port) or inline
+    #[arg(long, default_value = "sidecar")]
+    pd_mode: String,
 }
 
 fn split_args(s: &str) -> Vec<String> {
@@ -511,6 +520,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 admin_port: args.admin_port,
                 time_scale: args.time_scale,
                 sim_args: split_args(&args.sim_args),
+                prefill_endpoints: args.prefill_endpoints.clone(),
+                decode_endpoints: args.decode_endpoints.clone(),
+                pd_mode: args.pd_mode.clone(),
             };
             demo::up(&opts).await?;
         }
