@@ -5,7 +5,7 @@
 
 use crate::config::{BlockMode, Config, Role};
 use crate::index::{PrefixIndex, MAX_SLOTS};
-use crate::pd::{mean_load, uncached_tokens};
+use crate::pd::uncached_tokens;
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
 use crate::scheduler::{decide, Choice, Decision, PodView, RouteRequest};
@@ -277,17 +277,8 @@ impl Router {
         let Some(decode) = on_decode_pod else {
             return Plan { decision, pd: None };
         };
-        let queues: Vec<(Role, f64)> = self
-            .load
-            .pods
-            .iter()
-            .filter(|p| p.is_fresh(now_ms, config.stale_after_ms))
-            .map(|p| (p.role, p.metrics.waiting))
-            .collect();
-        let threshold = config.pd.threshold(
-            mean_load(&queues, Role::Prefill),
-            mean_load(&queues, Role::Decode),
-        );
+        let (prefill_queue, decode_queue) = self.load.pd_queues(now_ms, config.stale_after_ms);
+        let threshold = config.pd.threshold(prefill_queue, decode_queue);
         let uncached = uncached_tokens(
             blocks.prompt_tokens,
             decode.matched_blocks,
@@ -536,64 +527,15 @@ mod tests {
         assert_eq!(r.inflight("a:1", 5), 4.0);
     }
 
-    struct Words;
-    impl Tokenizer for Words {
-        fn encode(&self, text: &str) -> Vec<u32> {
-            text.split_whitespace().map(|w| w.len() as u32).collect()
-        }
-    }
-
-    #[test]
-    fn tiktoken_mode_uses_the_tokenizer() {
-        let mut cfg = Config::default();
-        cfg.block.mode = BlockMode::Tiktoken;
-        let v = chat(&"word ".repeat(64), "q");
-        let b = Router::blocks(&cfg, &v, Some(&Words));
-        assert_eq!(b.prompt_tokens, 65);
-        assert_eq!(b.hashes.len(), 4);
-        // Without a tokenizer it falls back to characters rather than failing.
-        let c = Router::blocks(&cfg, &v, None);
-        assert_eq!(c.hashes.len(), v.prompt.len() / 64);
-    }
-}
-
-#[cfg(test)]
-mod page_tests {
-    use super::*;
-    use crate::prom::PodMetrics;
-    use crate::request::{parse, Endpoint};
-    use crate::state::load::PodLoad;
-    use crate::state::messages::Message;
-
     #[test]
     fn an_observation_travels_from_one_vm_to_another() {
+        use crate::state::messages::Message;
         let cfg = Config::default();
-        let table = LoadTable {
-            version: 1,
-            published_ms: 100,
-            pods: ["a:1", "b:1", "c:1", "d:1"]
-                .iter()
-                .map(|a| PodLoad {
-                    addr: a.to_string(),
-                    role: Role::Aggregated,
-                    metrics_at_ms: 100,
-                    failing: false,
-                    metrics: PodMetrics {
-                        block_size: Some(16),
-                        num_gpu_blocks: Some(4096),
-                        ..PodMetrics::default()
-                    },
-                    inflight: 0,
-                })
-                .collect(),
-        };
         let (mut w1, mut leader, mut w2) = (Router::new(), Router::new(), Router::new());
         for r in [&mut w1, &mut leader, &mut w2] {
-            r.apply_load_table(&cfg, table.clone());
+            r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
         }
-        let body = serde_json::json!({"model":"m","messages":[{"role":"system","content":"word ".repeat(5000)},{"role":"user","content":"q"}]});
-        let view = parse(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap();
-        let blocks = Router::blocks(&cfg, &view, None);
+        let blocks = Router::blocks(&cfg, &chat(&"word ".repeat(5000), "q"), None);
         let o = Observation {
             addr: "c:1".into(),
             hashes: blocks.hashes.clone(),
@@ -619,11 +561,30 @@ mod page_tests {
             w2.index().match_lengths(&blocks.hashes, 64)[slot],
             blocks.hashes.len()
         );
-        let Decision::Route { ranked, .. } = w2.route(&cfg, "m", &[Role::Aggregated], &blocks, 100)
-        else {
-            panic!()
-        };
-        assert_eq!(ranked[0].addr, "c:1");
+        assert_eq!(
+            primary(&w2.route(&cfg, "m", &[Role::Aggregated], &blocks, 100)),
+            "c:1"
+        );
+    }
+
+    struct Words;
+    impl Tokenizer for Words {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.split_whitespace().map(|w| w.len() as u32).collect()
+        }
+    }
+
+    #[test]
+    fn tiktoken_mode_uses_the_tokenizer() {
+        let mut cfg = Config::default();
+        cfg.block.mode = BlockMode::Tiktoken;
+        let v = chat(&"word ".repeat(64), "q");
+        let b = Router::blocks(&cfg, &v, Some(&Words));
+        assert_eq!(b.prompt_tokens, 65);
+        assert_eq!(b.hashes.len(), 4);
+        // Without a tokenizer it falls back to characters rather than failing.
+        let c = Router::blocks(&cfg, &v, None);
+        assert_eq!(c.hashes.len(), v.prompt.len() / 64);
     }
 }
 

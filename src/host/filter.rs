@@ -5,7 +5,7 @@
 //! continues untouched to the cluster's own load balancer.
 
 use super::root::Vm;
-use super::stats::{Counter, Gauge};
+use super::stats::Counter;
 use crate::config::NoEndpointPolicy;
 use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
 use crate::pd::{self, PdMode};
@@ -190,11 +190,8 @@ impl Filter {
             .as_ref()
             .and_then(|p| p.prefill.as_ref())
             .map(|c| c.addr.clone());
-        if let Some(pd) = &pd {
-            vm.stats.set(Gauge::PdThresholdTokens, pd.threshold as u64);
-            if pd.prefill.is_none() {
-                vm.stats.inc(Counter::PdDecodeOnly);
-            }
+        if pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
+            vm.stats.inc(Counter::PdDecodeOnly);
         }
         vm.observe(Observation {
             addr: primary.addr.clone(),

@@ -7,7 +7,6 @@ use super::stats::{Counter, Gauge, Stats};
 use crate::config::Config;
 use crate::config::{BlockMode, Role};
 use crate::leader::{Leader, PollResult};
-use crate::pd::mean_load;
 use crate::router::{Router, Tokenizer};
 use crate::state::lease::{self, Lease};
 use crate::state::load::{LoadTable, PodLoad};
@@ -288,20 +287,19 @@ impl Vm {
         );
         self.stats
             .set(Gauge::IndexEntries, self.router.index_entries() as u64);
-        let loads: Vec<(Role, f64)> = table
-            .pods
-            .iter()
-            .filter(|p| p.is_fresh(now, self.config.stale_after_ms))
-            .map(|p| (p.role, p.metrics.waiting))
-            .collect();
+        let (prefill_queue, decode_queue) = table.pd_queues(now, self.config.stale_after_ms);
         self.stats.set(
             Gauge::PdPrefillPoolQueueX1000,
-            (mean_load(&loads, Role::Prefill) * 1000.0) as u64,
+            (prefill_queue * 1000.0) as u64,
         );
         self.stats.set(
             Gauge::PdDecodePoolQueueX1000,
-            (mean_load(&loads, Role::Decode) * 1000.0) as u64,
+            (decode_queue * 1000.0) as u64,
         );
+        if self.config.pools.iter().any(|p| p.role == Role::Decode) {
+            let threshold = self.config.pd.threshold(prefill_queue, decode_queue);
+            self.stats.set(Gauge::PdThresholdTokens, threshold as u64);
+        }
         self.leader = Some(st);
     }
 

@@ -42,7 +42,7 @@ pub enum Gauge {
     PodsKnown,
     /// Block hashes in the leader's prefix index.
     IndexEntries,
-    /// The current disaggregation threshold (uncached prompt tokens).
+    /// The current disaggregation threshold (uncached prompt tokens), set by the leader.
     PdThresholdTokens,
     /// Mean queued (waiting) requests per prefill pod, × 1000: the P/D threshold's pressure input.
     PdPrefillPoolQueueX1000,

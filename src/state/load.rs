@@ -52,6 +52,21 @@ pub struct LoadTable {
 }
 
 impl LoadTable {
+    /// Mean queued (waiting) requests per fresh prefill pod and per fresh decode pod: the pressure
+    /// inputs of the P/D threshold (see `crate::pd`).
+    pub fn pd_queues(&self, now_ms: u64, stale_after_ms: u64) -> (f64, f64) {
+        let queues: Vec<(Role, f64)> = self
+            .pods
+            .iter()
+            .filter(|p| p.is_fresh(now_ms, stale_after_ms))
+            .map(|p| (p.role, p.metrics.waiting))
+            .collect();
+        (
+            crate::pd::mean_load(&queues, Role::Prefill),
+            crate::pd::mean_load(&queues, Role::Decode),
+        )
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
