@@ -75,11 +75,15 @@ impl Default for BlockConfig {
     }
 }
 
-/// Scorer weights of the weighted sum. llm-d's defaults are prefix 3, queue 2, kv 2; with those
-/// (and ours, 3/2/1/2, before) a long agent context moved to an emptier pod in 29–64% of steps under
-/// load and was recomputed there: `make bench-pd`'s aggregated agent run completed 320 requests with
-/// p50 TTFT 3.1 s, against 543 and 0.7 s with prefix 6 and the load terms 1 each. The affinity cap,
-/// not the weights, is what keeps a hot prefix from burying a pod.
+/// Scorer weights of the weighted sum (llm-d's defaults are prefix 3, queue 2, kv 2).
+///
+/// Known trade-off, measured with `make bench-pd`: with these defaults a long agent context moves
+/// to an emptier pod in a large share of steps under load and is recomputed there (aggregated agent
+/// row: 320 completed, p50 TTFT 3.1 s; with prefix 6 and the load terms at 1: 575 and 0.56 s). But
+/// with prefix 6 a 32-request burst on one hot prefix piles onto two pods: each worker VM counts
+/// only its own in-flight requests until the next report, so the affinity cap triggers late
+/// (`a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod`). Raising the prefix weight
+/// needs the cap to see other workers' in-flight requests sooner first.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {
@@ -92,10 +96,10 @@ pub struct Weights {
 impl Default for Weights {
     fn default() -> Self {
         Weights {
-            prefix: 6.0,
-            queue: 1.0,
+            prefix: 3.0,
+            queue: 2.0,
             kv_cache: 1.0,
-            inflight: 1.0,
+            inflight: 2.0,
         }
     }
 }
@@ -420,7 +424,7 @@ mod tests {
         assert_eq!(c.pools.len(), 2);
         assert_eq!(c.pools[1].role, Role::Prefill);
         assert_eq!(c.weights.prefix, 4.0);
-        assert_eq!(c.weights.queue, 1.0, "unset weights keep their defaults");
+        assert_eq!(c.weights.queue, 2.0, "unset weights keep their defaults");
         assert_eq!(c.block.mode, BlockMode::Tiktoken);
     }
 
