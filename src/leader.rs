@@ -1,12 +1,10 @@
 //! The leader's bookkeeping, free of host calls: which pods exist (static pools plus members read
-//! from the admin API), when each was last polled and what it said, every VM's in-flight report,
-//! and the load table to publish. The host glue dispatches the polls this asks for and feeds back
+//! from the admin API), when each was last polled and what it said, and the load table to publish. The host glue dispatches the polls this asks for and feeds back
 //! the answers.
 
 use crate::config::{Config, Role};
 use crate::prom::{self, PodMetrics};
 use crate::state::load::{LoadTable, PodLoad};
-use crate::state::messages::Message;
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +20,6 @@ pub struct Leader {
     /// Members per pool, in the config's pool order.
     members: Vec<Vec<String>>,
     pods: HashMap<String, PodRecord>,
-    /// vm → (report time, counts).
-    inflight: HashMap<u64, (u64, Vec<(String, u32)>)>,
     version: u64,
     last_poll_ms: u64,
     last_discovery_ms: u64,
@@ -129,17 +125,8 @@ impl Leader {
         }
     }
 
-    pub fn on_message(&mut self, message: &Message, now_ms: u64) {
-        if let Message::Inflight { vm, counts } = message {
-            self.inflight.insert(*vm, (now_ms, counts.clone()));
-        }
-    }
-
-    /// The table to publish. In-flight reports older than `report_ttl_ms` are dropped: their VM is
-    /// gone (a VM with unfinished requests re-reports at least that often), and its requests with it.
-    pub fn table(&mut self, now_ms: u64, report_ttl_ms: u64) -> LoadTable {
-        self.inflight
-            .retain(|_, (at, _)| now_ms.saturating_sub(*at) <= report_ttl_ms);
+    /// The table to publish, with a new version.
+    pub fn table(&mut self, now_ms: u64) -> LoadTable {
         self.version += 1;
         let mut pods: Vec<PodLoad> = self
             .pods
@@ -150,13 +137,6 @@ impl Leader {
                 metrics_at_ms: r.metrics_at_ms,
                 failing: r.failing,
                 metrics: r.metrics.clone(),
-                inflight: self
-                    .inflight
-                    .values()
-                    .flat_map(|(_, counts)| counts.iter())
-                    .filter(|(a, _)| a == addr)
-                    .map(|(_, n)| *n)
-                    .sum(),
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -201,7 +181,7 @@ mod tests {
             !l.on_poll("9.9.9.9:1", PollResult::Failed, 1000),
             "unknown pods are ignored"
         );
-        let t = l.table(1000, 5000);
+        let t = l.table(1000);
         assert_eq!(t.pods.len(), 2);
         assert!(t.pods[0].is_fresh(1000, 2000) && t.pods[0].metrics.running == 2.0);
         assert!(!t.pods[1].is_fresh(1000, 2000));
@@ -212,29 +192,7 @@ mod tests {
             0,
             "a failed poll is not trusted"
         );
-        assert!(l.table(1300, 5000).version > t.version);
-    }
-
-    #[test]
-    fn in_flight_reports_sum_and_expire() {
-        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#);
-        let mut l = Leader::new(&cfg);
-        l.on_message(
-            &Message::Inflight {
-                vm: 1,
-                counts: vec![("10.0.0.1:1".into(), 2)],
-            },
-            0,
-        );
-        l.on_message(
-            &Message::Inflight {
-                vm: 2,
-                counts: vec![("10.0.0.1:1".into(), 3)],
-            },
-            900,
-        );
-        assert_eq!(l.table(1000, 1000).pods[0].inflight, 5);
-        assert_eq!(l.table(1500, 1000).pods[0].inflight, 3, "vm 1 went silent");
+        assert!(l.table(1300).version > t.version);
     }
 
     #[test]
@@ -260,14 +218,14 @@ mod tests {
             )
         };
         l.on_admin_clusters(&cfg, admin(&["10.0.0.1", "10.0.0.2"]).as_bytes());
-        assert_eq!(l.table(0, 1).pods.len(), 3);
+        assert_eq!(l.table(0).pods.len(), 3);
         l.on_admin_clusters(&cfg, admin(&["10.0.0.2"]).as_bytes());
-        let t = l.table(0, 1);
+        let t = l.table(0);
         let addrs: Vec<&str> = t.pods.iter().map(|p| p.addr.as_str()).collect();
         assert_eq!(addrs, vec!["1.1.1.1:1", "10.0.0.2:80"]);
         l.on_admin_clusters(&cfg, b"{broken");
         assert_eq!(
-            l.table(0, 1).pods.len(),
+            l.table(0).pods.len(),
             2,
             "a broken answer keeps the last membership"
         );

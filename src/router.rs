@@ -34,8 +34,8 @@ pub struct Router {
     load: LoadTable,
     /// This VM's unfinished requests per pod, live.
     local_inflight: HashMap<String, u32>,
-    /// What this VM last reported to the leader (already inside `load`'s sums).
-    reported_inflight: HashMap<String, u32>,
+    /// Every other VM's unfinished requests per pod, from the in-flight board.
+    others_inflight: HashMap<String, u32>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -205,12 +205,11 @@ impl Router {
         }
     }
 
-    /// In-flight requests to `addr` as this VM sees them now: everyone's last reports, with this
-    /// VM's part replaced by its live count.
-    fn inflight(&self, addr: &str, published: u32) -> f64 {
-        let reported = self.reported_inflight.get(addr).copied().unwrap_or(0);
+    /// In-flight requests to `addr`: the other VMs' rows on the board plus this VM's live count.
+    fn inflight(&self, addr: &str) -> f64 {
+        let others = self.others_inflight.get(addr).copied().unwrap_or(0);
         let live = self.local_inflight.get(addr).copied().unwrap_or(0);
-        f64::from(published.saturating_sub(reported) + live)
+        f64::from(others.saturating_add(live))
     }
 
     pub fn route(
@@ -233,7 +232,7 @@ impl Router {
                 waiting: p.metrics.waiting,
                 running: p.metrics.running,
                 kv_usage: p.metrics.kv_usage,
-                inflight: self.inflight(&p.addr, p.inflight),
+                inflight: self.inflight(&p.addr),
                 models: &p.metrics.models,
                 matched_blocks: self
                     .slot_of
@@ -334,21 +333,21 @@ impl Router {
         }
     }
 
-    /// This VM's live counts if they differ from the last report (the report to send), else None.
-    pub fn inflight_report(&mut self, force: bool) -> Option<Vec<(String, u32)>> {
-        self.local_inflight
-            .retain(|addr, n| *n > 0 || self.slot_of.contains_key(addr));
-        if !force && self.local_inflight == self.reported_inflight {
-            return None;
-        }
-        self.reported_inflight = self.local_inflight.clone();
+    /// This VM's unfinished requests per pod, for its row on the in-flight board.
+    pub fn own_inflight(&mut self) -> Vec<(String, u32)> {
+        self.local_inflight.retain(|_, n| *n > 0);
         let mut counts: Vec<(String, u32)> = self
             .local_inflight
             .iter()
             .map(|(a, n)| (a.clone(), *n))
             .collect();
         counts.sort();
-        Some(counts)
+        counts
+    }
+
+    /// Adopts the other VMs' counts read from the in-flight board.
+    pub fn set_others_inflight(&mut self, others: HashMap<String, u32>) {
+        self.others_inflight = others;
     }
 }
 
@@ -376,7 +375,6 @@ mod tests {
                         num_gpu_blocks: Some(1024),
                         ..PodMetrics::default()
                     },
-                    inflight: 0,
                 })
                 .collect(),
         }
@@ -510,21 +508,27 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_reports_replace_this_vms_share() {
+    fn other_vms_requests_count_as_soon_as_the_board_is_read() {
+        use crate::state::inflight::Board;
         let cfg = Config::default();
-        let mut r = Router::new();
-        let mut t = table(&["a:1"], 100);
-        r.apply_load_table(&cfg, t.clone());
-        r.inflight_start("a:1");
-        r.inflight_start("a:1");
-        assert_eq!(r.inflight("a:1", 0), 2.0);
-        assert_eq!(r.inflight_report(false), Some(vec![("a:1".to_string(), 2)]));
-        assert_eq!(r.inflight_report(false), None, "unchanged");
-        // The leader's sum now includes our 2 plus another VM's 3.
-        t.pods[0].inflight = 5;
-        r.apply_load_table(&cfg, t);
-        r.inflight_end("a:1");
-        assert_eq!(r.inflight("a:1", 5), 4.0);
+        let (mut vm1, mut vm2) = (Router::new(), Router::new());
+        for r in [&mut vm1, &mut vm2] {
+            r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+        }
+        let mut board = Board::default();
+        vm1.inflight_start("a:1");
+        vm1.inflight_start("a:1");
+        board.put_row(1, 100, &vm1.own_inflight(), 3000);
+        vm2.inflight_start("a:1");
+        vm2.set_others_inflight(board.others(2, 100, 3000));
+        assert_eq!(vm2.inflight("a:1"), 3.0);
+        assert_eq!(vm2.inflight("b:1"), 0.0);
+        vm1.inflight_end("a:1");
+        vm1.inflight_end("a:1");
+        assert!(
+            vm1.own_inflight().is_empty(),
+            "finished requests leave the row"
+        );
     }
 
     #[test]
@@ -621,7 +625,6 @@ mod pd_tests {
                         running: if pool.role == Role::Decode { 20.0 } else { 0.0 },
                         ..PodMetrics::default()
                     },
-                    inflight: 0,
                 });
             }
         }

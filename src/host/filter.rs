@@ -142,6 +142,7 @@ impl Filter {
             return Action::Continue;
         }
         let now = super::now_ms();
+        vm.read_inflight_board(now);
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
         let Plan { decision, pd } = vm.router.plan(&vm.config, &view.model, &blocks, now);
         let (ranked, reason) = match decision {
@@ -185,6 +186,7 @@ impl Filter {
             ));
         }
         vm.router.inflight_start(&primary.addr);
+        vm.write_inflight_row(now);
         self.routed_to = Some(primary.addr.clone());
         let prefill_pod = pd
             .as_ref()
@@ -389,6 +391,7 @@ impl HttpContext for Filter {
         if let (Some(addr), Some(vm)) = (self.routed_to.take(), &self.vm) {
             if let Ok(mut vm) = vm.try_borrow_mut() {
                 vm.router.inflight_end(&addr);
+                vm.write_inflight_row(super::now_ms());
             }
         }
     }

@@ -8,12 +8,13 @@ use crate::config::Config;
 use crate::config::{BlockMode, Role};
 use crate::leader::{Leader, PollResult};
 use crate::router::{Router, Tokenizer};
+use crate::state::inflight::Board;
 use crate::state::lease::{self, Lease};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{
-    page_key, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY, QUEUE_NAME,
-    SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
+    page_key, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
+    QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use crate::tokenize::Tiktoken;
 use hashbrown::HashMap;
@@ -33,8 +34,12 @@ const MAX_PAGE_BYTES: usize = 512 * 1024;
 const MAX_PAGES_PER_SYNC: u64 = 8;
 /// Observations kept while no leader has registered the queue (start-up only).
 const MAX_UNSENT: usize = 256;
-/// A VM re-reports its in-flight counts at least this often, so the leader can expire silent VMs.
+/// A VM rewrites its in-flight row at least this often, so readers can tell it is alive.
 const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
+/// Rows not rewritten for this long belong to a VM that is gone; its requests stop counting.
+const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
+/// Compare-and-swap attempts per row write; a write that loses them all is retried on the next tick.
+const INFLIGHT_CAS_ATTEMPTS: usize = 4;
 
 /// Everything one VM knows; shared by its root and HTTP contexts (one thread per VM).
 pub struct Vm {
@@ -47,7 +52,9 @@ pub struct Vm {
     queue: Option<u32>,
     leader: Option<LeaderState>,
     load_cas: Option<u32>,
-    last_report_ms: u64,
+    last_row_write_ms: u64,
+    /// The last row write lost every compare-and-swap; the next tick writes again.
+    row_write_pending: bool,
     /// Observations made before any leader registered the queue.
     unsent: Vec<Vec<u8>>,
 }
@@ -74,7 +81,8 @@ impl Vm {
             queue: None,
             leader: None,
             load_cas: None,
-            last_report_ms: 0,
+            last_row_write_ms: 0,
+            row_write_pending: false,
             unsent: Vec::new(),
         }
     }
@@ -237,7 +245,6 @@ impl Vm {
                     self.router.observe(&observation);
                     st.pending.push(observation);
                 }
-                Some(m @ Message::Inflight { .. }) => st.book.on_message(&m, now),
                 None => log::debug!("kvroute: dropped an undecodable queue message"),
             }
         }
@@ -273,7 +280,7 @@ impl Vm {
                 }
             }
         }
-        let table = st.book.table(now, 3 * INFLIGHT_HEARTBEAT_MS);
+        let table = st.book.table(now);
         // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
         // cost no write and no parse.
         if st.published_pods.as_ref() != Some(&table.pods) {
@@ -346,21 +353,44 @@ impl Vm {
             }
         }
         self.refresh_load_table();
-        let heartbeat = now.saturating_sub(self.last_report_ms) >= INFLIGHT_HEARTBEAT_MS;
-        if let (Some(queue), Some(counts)) = (self.queue, self.router.inflight_report(heartbeat)) {
-            shared::enqueue(
-                queue,
-                &Message::Inflight {
-                    vm: self.id,
-                    counts,
-                }
-                .encode(),
-            );
-            self.last_report_ms = now;
+        if self.row_write_pending
+            || now.saturating_sub(self.last_row_write_ms) >= INFLIGHT_HEARTBEAT_MS
+        {
+            self.write_inflight_row(now);
         }
         if self.leader.is_none() {
             self.sync_pages();
         }
+    }
+
+    /// Reads the other VMs' in-flight counts from the board (one shared-data read).
+    pub fn read_inflight_board(&mut self, now: u64) {
+        let board = shared::get(INFLIGHT_KEY)
+            .0
+            .map(|b| Board::decode(&b))
+            .unwrap_or_default();
+        self.router
+            .set_others_inflight(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+    }
+
+    /// Rewrites this VM's row on the in-flight board (and re-reads the others on the way). The key's
+    /// first insert is not guarded by compare-and-swap; two VMs racing on it lose one row until that
+    /// VM's next write, at most a heartbeat later.
+    pub fn write_inflight_row(&mut self, now: u64) {
+        let own = self.router.own_inflight();
+        for _ in 0..INFLIGHT_CAS_ATTEMPTS {
+            let (bytes, cas) = shared::get(INFLIGHT_KEY);
+            let mut board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
+            self.router
+                .set_others_inflight(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+            board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);
+            if shared::cas(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
+                self.last_row_write_ms = now;
+                self.row_write_pending = false;
+                return;
+            }
+        }
+        self.row_write_pending = true;
     }
 
     /// Adopts the leader's load table if it changed since this VM last read it.

@@ -1,5 +1,5 @@
 //! The load table the leader publishes: every known pod, its pool role, its latest metrics and when
-//! they were read, and the sum of every VM's in-flight requests to it.
+//! they were read. (In-flight requests are not here: they change per request, see `super::inflight`.)
 
 use crate::config::Role;
 use crate::prom::PodMetrics;
@@ -14,8 +14,6 @@ pub struct PodLoad {
     /// The last poll failed (refused, timed out, non-200 or unparsable).
     pub failing: bool,
     pub metrics: PodMetrics,
-    /// Requests in flight to this pod summed over all VMs' latest reports.
-    pub inflight: u32,
 }
 
 impl PodLoad {
@@ -88,7 +86,6 @@ mod tests {
             metrics_at_ms: 1000,
             failing: false,
             metrics: PodMetrics::default(),
-            inflight: 0,
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));

@@ -5,7 +5,7 @@
 //! ```text
 //! message  = tag:u8 vm:u64 body
 //!   tag 1  observation: addr:str n:u32 hash:u64 × n        ("pod addr now holds these blocks")
-//!   tag 2  in-flight:   n:u16 (addr:str count:u32) × n    (this VM's unfinished requests per pod)
+//!   (tag 2, in-flight reports, is retired: in-flight counts live on the board, `super::inflight`)
 //! page     = seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n
 //! str      = len:u16 bytes
 //! ```
@@ -19,7 +19,6 @@ pub struct Observation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Observation { vm: u64, observation: Observation },
-    Inflight { vm: u64, counts: Vec<(String, u32)> },
 }
 
 /// A delta page or a snapshot: a sequence number and observations in application order.
@@ -90,16 +89,6 @@ impl Message {
                 out.extend_from_slice(&vm.to_le_bytes());
                 put_observation(&mut out, observation);
             }
-            Message::Inflight { vm, counts } => {
-                out.push(2);
-                out.extend_from_slice(&vm.to_le_bytes());
-                let n = counts.len().min(u16::MAX as usize);
-                out.extend_from_slice(&(n as u16).to_le_bytes());
-                for (addr, count) in counts.iter().take(n) {
-                    put_str(&mut out, addr);
-                    out.extend_from_slice(&count.to_le_bytes());
-                }
-            }
         }
         out
     }
@@ -113,13 +102,6 @@ impl Message {
                 vm,
                 observation: r.observation()?,
             }),
-            2 => {
-                let n = r.u16()? as usize;
-                let counts = (0..n)
-                    .map(|_| Some((r.str()?, r.u32()?)))
-                    .collect::<Option<Vec<_>>>()?;
-                Some(Message::Inflight { vm, counts })
-            }
             _ => None,
         }
     }
@@ -163,16 +145,10 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        for m in [
-            Message::Observation {
-                vm: 9,
-                observation: obs("10.0.0.1:8000", &[1, u64::MAX]),
-            },
-            Message::Inflight {
-                vm: 1,
-                counts: vec![("a:1".into(), 3), ("b:2".into(), 0)],
-            },
-        ] {
+        for m in [Message::Observation {
+            vm: 9,
+            observation: obs("10.0.0.1:8000", &[1, u64::MAX]),
+        }] {
             assert_eq!(Message::decode(&m.encode()), Some(m));
         }
         let p = Page {
