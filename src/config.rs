@@ -77,13 +77,11 @@ impl Default for BlockConfig {
 
 /// Scorer weights of the weighted sum (llm-d's defaults are prefix 3, queue 2, kv 2).
 ///
-/// Known trade-off, measured with `make bench-pd`: with these defaults a long agent context moves
-/// to an emptier pod in a large share of steps under load and is recomputed there (aggregated agent
-/// row: 320 completed, p50 TTFT 3.1 s; with prefix 6 and the load terms at 1: 575 and 0.56 s). But
-/// with prefix 6 a 32-request burst on one hot prefix piles onto two pods: each worker VM counts
-/// only its own in-flight requests until the next report, so the affinity cap triggers late
-/// (`a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod`). Raising the prefix weight
-/// needs the cap to see other workers' in-flight requests sooner first.
+/// What keeps a long agent context on its pod under load is less the prefix weight than accurate
+/// in-flight counts: with each worker VM seeing only its own requests live (and the others' a leader
+/// tick late), the aggregated agent run of `make bench-pd` completed 302 requests at 3.3 s p50 TTFT;
+/// with every VM's requests on the in-flight board (`state::inflight`), 626 at 0.54 s, and prefix 6
+/// no longer changes that (633, 0.55 s).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {

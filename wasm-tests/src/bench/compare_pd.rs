@@ -944,9 +944,8 @@ pub fn setups(aggregated: usize, prefill: usize, decode: usize, modes: &[PdMode]
 }
 
 /// The agent scenario's control row: the aggregated pods with kvroute's prefix scorer weighted 6
-/// against 1 for each load scorer (defaults 3 against 2 + 1 + 2), which keeps an agent session on
-/// the pod holding its context instead of moving it to a less loaded pod and prefilling all of it
-/// again there.
+/// against 1 for each load scorer (defaults 3 against 2 + 1 + 2). It shows how much the aggregated
+/// baseline depends on keeping agent sessions on the pod holding their context.
 pub fn prefix_weighted_control(pods: usize) -> Setup {
     Setup {
         topology: Topology::Aggregated { pods },
