@@ -161,6 +161,8 @@ pub struct Config {
     pub singleton: bool,
     /// Prefill/decode disaggregation, used when a pool has the `decode` role.
     pub pd: crate::pd::PdConfig,
+    pub session: crate::scheduler::session::SessionConfig,
+    pub shedding: crate::scheduler::saturation::SheddingConfig,
 }
 
 impl Default for Config {
@@ -187,6 +189,8 @@ impl Default for Config {
             leader_lease_ms: 1500,
             singleton: false,
             pd: crate::pd::PdConfig::default(),
+            session: Default::default(),
+            shedding: Default::default(),
         }
     }
 }
@@ -283,6 +287,12 @@ impl Config {
             ));
         }
         self.pd
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
+        self.session
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
+        self.shedding
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         if static_members > MAX_PODS {
@@ -525,5 +535,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.pd.mode, crate::pd::PdMode::Inline);
+    }
+
+    #[test]
+    fn session_and_shedding_settings_are_checked() {
+        for (json, field) in [
+            (r#"{"session":{"header":"X-Session"}}"#, "session.header"),
+            (r#"{"session":{"header":"x session"}}"#, "session.header"),
+            (
+                r#"{"shedding":{"priority_header":":path"}}"#,
+                "shedding.priority_header",
+            ),
+            (r#"{"shedding":{"kv_cache":1.5}}"#, "shedding.kv_cache"),
+            (r#"{"shedding":{"queue_depth":0}}"#, "shedding.queue_depth"),
+            (r#"{"session":{"cookie":"x"}}"#, "cookie"),
+        ] {
+            assert_eq!(rejected(json).field, field, "{json}");
+        }
+        let off = Config::parse(br#"{"session":{"header":""},"shedding":{"priority_header":""}}"#)
+            .unwrap();
+        assert!(off.session.header.is_empty() && off.shedding.priority_header.is_empty());
     }
 }

@@ -8,7 +8,7 @@ use crate::index::{PrefixIndex, MAX_SLOTS};
 use crate::pd::uncached_tokens;
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
-use crate::scheduler::{decide, Choice, Decision, PodView, RouteRequest};
+use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
 use crate::state::load::LoadTable;
 use crate::state::messages::{Observation, Page};
 use hashbrown::HashMap;
@@ -218,6 +218,7 @@ impl Router {
         model: &str,
         roles: &[Role],
         blocks: &Blocks,
+        hints: Hints,
         now_ms: u64,
     ) -> Decision {
         let lengths = self.index.match_lengths(&blocks.hashes, MAX_SLOTS);
@@ -249,20 +250,28 @@ impl Router {
                 roles,
                 block_hashes: &blocks.hashes,
                 affinity_key: blocks.affinity_key,
+                hints,
             },
         )
     }
 
     /// The full decision for a request: the decode (or aggregated) pod with fallbacks, and, where
     /// pools are split into prefill and decode, whether and where to prefill (see `crate::pd`).
-    pub fn plan(&self, config: &Config, model: &str, blocks: &Blocks, now_ms: u64) -> Plan {
+    pub fn plan(
+        &self,
+        config: &Config,
+        model: &str,
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+    ) -> Plan {
         let split = config.pools.iter().any(|p| p.role == Role::Decode);
         let roles: &[Role] = if split {
             &[Role::Decode, Role::Aggregated]
         } else {
             &[Role::Aggregated]
         };
-        let decision = self.route(config, model, roles, blocks, now_ms);
+        let decision = self.route(config, model, roles, blocks, hints, now_ms);
         let decode = match &decision {
             Decision::Route { ranked, .. } if split => ranked.first(),
             _ => None,
@@ -287,7 +296,19 @@ impl Router {
         let (prefill, outcome) = if (uncached as f64) <= threshold {
             (None, PdOutcome::ShortOrCached)
         } else {
-            match self.route(config, model, &[Role::Prefill], blocks, now_ms) {
+            // The decode pod already admitted the request: the prefill step is never shed.
+            let prefill_hints = Hints {
+                priority: 0,
+                ..hints
+            };
+            match self.route(
+                config,
+                model,
+                &[Role::Prefill],
+                blocks,
+                prefill_hints,
+                now_ms,
+            ) {
                 Decision::Route { ranked, .. } => match ranked.into_iter().next() {
                     Some(p)
                         if uncached_tokens(blocks.prompt_tokens, p.matched_blocks, tokens_per_block)
@@ -399,7 +420,14 @@ mod tests {
         r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
         let system = "You are a helpful assistant. ".repeat(100);
         let first = Router::blocks(&cfg, &chat(&system, "question one"), None);
-        let d = r.route(&cfg, "m", &[Role::Aggregated], &first, 100);
+        let d = r.route(
+            &cfg,
+            "m",
+            &[Role::Aggregated],
+            &first,
+            Hints::default(),
+            100,
+        );
         let pod = primary(&d);
         r.observe(&Observation {
             addr: pod.clone(),
@@ -418,7 +446,7 @@ mod tests {
         let mut followed = 0;
         for i in 0..20 {
             let b = Router::blocks(&cfg, &chat(&system, &format!("another question {i}")), None);
-            if primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, 100)) == pod {
+            if primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)) == pod {
                 followed += 1;
             }
         }
@@ -434,7 +462,14 @@ mod tests {
             .running = 4.0;
         fresh.apply_load_table(&cfg, busier);
         assert_ne!(
-            primary(&fresh.route(&cfg, "m", &[Role::Aggregated], &first, 100)),
+            primary(&fresh.route(
+                &cfg,
+                "m",
+                &[Role::Aggregated],
+                &first,
+                Hints::default(),
+                100
+            )),
             pod
         );
         assert_eq!(followed, 20);
@@ -460,6 +495,7 @@ mod tests {
                 "m",
                 &[Role::Aggregated],
                 &b,
+                Hints::default(),
                 100 + cfg.stale_after_ms + 1
             ),
             Decision::NoEndpoint(_)
@@ -566,7 +602,14 @@ mod tests {
             blocks.hashes.len()
         );
         assert_eq!(
-            primary(&w2.route(&cfg, "m", &[Role::Aggregated], &blocks, 100)),
+            primary(&w2.route(
+                &cfg,
+                "m",
+                &[Role::Aggregated],
+                &blocks,
+                Hints::default(),
+                100
+            )),
             "c:1"
         );
     }
@@ -652,7 +695,7 @@ mod pd_tests {
     fn long_uncached_prompts_get_a_prefill_pod_short_ones_do_not() {
         let cfg = pd_config();
         let r = router(&cfg, 0.0);
-        let long = r.plan(&cfg, "m", &blocks(8000), 100);
+        let long = r.plan(&cfg, "m", &blocks(8000), Hints::default(), 100);
         let Decision::Route { ranked, .. } = &long.decision else {
             panic!()
         };
@@ -660,7 +703,10 @@ mod pd_tests {
         let pd = long.pd.unwrap();
         assert_eq!(pd.outcome, PdOutcome::Disaggregated);
         assert!(pd.prefill.unwrap().addr.starts_with("10.0.0."));
-        let short = r.plan(&cfg, "m", &blocks(100), 100).pd.unwrap();
+        let short = r
+            .plan(&cfg, "m", &blocks(100), Hints::default(), 100)
+            .pd
+            .unwrap();
         assert_eq!(short.outcome, PdOutcome::ShortOrCached);
         assert!(short.prefill.is_none());
     }
@@ -674,7 +720,7 @@ mod pd_tests {
             addr: "10.0.1.1:1".into(),
             hashes: b.hashes.clone(),
         });
-        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
         assert_eq!(pd.uncached_tokens, 0);
         assert_eq!(pd.outcome, PdOutcome::ShortOrCached);
     }
@@ -683,12 +729,12 @@ mod pd_tests {
     fn a_busy_prefill_pool_raises_the_threshold_and_a_dead_one_means_decode_only() {
         let cfg = pd_config();
         let idle = router(&cfg, 0.0)
-            .plan(&cfg, "m", &blocks(1000), 100)
+            .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
             .pd
             .unwrap();
         assert_eq!(idle.outcome, PdOutcome::Disaggregated);
         let busy = router(&cfg, 12.0)
-            .plan(&cfg, "m", &blocks(1000), 100)
+            .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
             .pd
             .unwrap();
         assert!(busy.threshold > idle.threshold);
@@ -699,7 +745,10 @@ mod pd_tests {
             p.failing = true;
         }
         dead.apply_load_table(&cfg, table);
-        let pd = dead.plan(&cfg, "m", &blocks(8000), 100).pd.unwrap();
+        let pd = dead
+            .plan(&cfg, "m", &blocks(8000), Hints::default(), 100)
+            .pd
+            .unwrap();
         assert_eq!(pd.outcome, PdOutcome::NoPrefillPod);
     }
 
@@ -707,7 +756,10 @@ mod pd_tests {
     fn without_a_split_there_is_no_pd_plan() {
         let cfg = Config::parse(br#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#).unwrap();
         let r = router(&cfg, 0.0);
-        assert_eq!(r.plan(&cfg, "m", &blocks(8000), 100).pd, None);
+        assert_eq!(
+            r.plan(&cfg, "m", &blocks(8000), Hints::default(), 100).pd,
+            None
+        );
     }
 
     #[test]
@@ -721,14 +773,14 @@ mod pd_tests {
             addr: "10.0.1.1:1".into(),
             hashes: b.hashes[..held].to_vec(),
         });
-        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
         assert_eq!(pd.outcome, PdOutcome::PrefillPodColder);
         // Once a prefill pod holds the context too, the split pays again.
         r.observe(&Observation {
             addr: "10.0.0.1:1".into(),
             hashes: b.hashes[..held].to_vec(),
         });
-        let pd = r.plan(&cfg, "m", &b, 100).pd.unwrap();
+        let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
         assert_eq!(pd.outcome, PdOutcome::Disaggregated);
         assert_eq!(pd.prefill.unwrap().addr, "10.0.0.1:1");
     }

@@ -11,7 +11,9 @@ use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
 use crate::pd::{self, PdMode};
 use crate::request::{self, Endpoint};
 use crate::router::{Blocks, PdOutcome, PdPlan, Plan, Router};
-use crate::scheduler::{Choice, Decision, Rejection, RouteReason};
+use crate::scheduler::saturation::parse_priority;
+use crate::scheduler::session::session_key;
+use crate::scheduler::{Choice, Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -35,6 +37,7 @@ pub struct Filter {
     routed_to: Option<String>,
     debug: Option<String>,
     prefill: Option<PendingPrefill>,
+    hints: Hints,
 }
 
 fn request_header(name: &str) -> Option<String> {
@@ -50,14 +53,38 @@ fn set_request_header(name: &str, value: &str) -> bool {
 /// Answers the client directly with an OpenAI-shaped JSON error.
 fn send_error(status: u32, kind: &str, message: &str, reason: &str) {
     let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
-    let _ = hostcalls::send_http_response(
-        status,
-        vec![
-            ("content-type", "application/json"),
-            ("x-kvroute-error", reason),
-        ],
-        Some(body.to_string().as_bytes()),
-    );
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("x-kvroute-error", reason),
+    ];
+    if status == 429 {
+        headers.push(("retry-after", "1"));
+    }
+    let _ = hostcalls::send_http_response(status, headers, Some(body.to_string().as_bytes()));
+}
+
+/// The session and priority headers, when configured and present.
+fn read_hints(config: &crate::config::Config) -> Result<Hints, String> {
+    let header = |name: &str| {
+        if name.is_empty() {
+            None
+        } else {
+            request_header(name)
+        }
+    };
+    let session = header(&config.session.header)
+        .filter(|id| !id.is_empty())
+        .map(|id| session_key(&id));
+    let priority = match header(&config.shedding.priority_header) {
+        Some(value) => parse_priority(&value).map_err(|reason| {
+            format!(
+                "kvroute: header `{}` {reason}",
+                config.shedding.priority_header
+            )
+        })?,
+        None => 0,
+    };
+    Ok(Hints { session, priority })
 }
 
 fn debug_line(
@@ -72,7 +99,11 @@ fn debug_line(
     let mut line = format!(
         "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
         primary.addr,
-        if reason == RouteReason::PrefixHit { "prefix" } else { "load" },
+        match reason {
+            RouteReason::PrefixHit => "prefix",
+            RouteReason::Load => "load",
+            RouteReason::Session => "session",
+        },
         primary.matched_blocks,
         blocks.hashes.len(),
         s.total,
@@ -117,6 +148,7 @@ impl Filter {
             routed_to: None,
             debug: None,
             prefill: None,
+            hints: Hints::default(),
         }
     }
 
@@ -144,9 +176,23 @@ impl Filter {
         let now = super::now_ms();
         vm.read_inflight_board(now);
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
-        let Plan { decision, pd } = vm.router.plan(&vm.config, &view.model, &blocks, now);
+        let Plan { decision, pd } =
+            vm.router
+                .plan(&vm.config, &view.model, &blocks, self.hints, now);
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
+            Decision::NoEndpoint(Rejection::Saturated) => {
+                // Shedding is what the client's priority asked for: never failed open.
+                vm.stats.inc(Counter::Shed);
+                let message = format!(
+                    "kvroute: {} (model `{}`, priority {})",
+                    Rejection::Saturated.as_str(),
+                    view.model,
+                    self.hints.priority
+                );
+                send_error(429, "RateLimitError", &message, "saturated");
+                return Action::Pause;
+            }
             Decision::NoEndpoint(rejection) => {
                 vm.stats.inc(Counter::NoEndpoint);
                 if vm.config.on_no_endpoint == NoEndpointPolicy::Passthrough {
@@ -174,6 +220,7 @@ impl Filter {
         vm.stats.inc(match reason {
             RouteReason::PrefixHit => Counter::RoutedPrefixHit,
             RouteReason::Load => Counter::RoutedLoad,
+            RouteReason::Session => Counter::RoutedSession,
         });
         if vm.config.debug_header {
             self.debug = Some(debug_line(
@@ -343,6 +390,13 @@ impl HttpContext for Filter {
             .is_some_and(|l| l > vm.config.max_body_bytes);
         match endpoint {
             Some(ep) if method == "POST" && !too_large && !end_of_stream => {
+                match read_hints(&vm.config) {
+                    Ok(hints) => self.hints = hints,
+                    Err(message) => {
+                        send_error(400, "BadRequestError", &message, "bad_priority");
+                        return Action::Pause;
+                    }
+                }
                 self.endpoint = Some(ep);
                 self.path = path;
                 // Wait for the body; needs `allow_on_headers_stop_iteration: true` on Envoy ≥ 1.35.

@@ -18,6 +18,10 @@ pub enum Counter {
     Passthrough,
     /// Routable requests with no pod to take them (503 or fail-open).
     NoEndpoint,
+    /// Requests routed to their session's pod.
+    RoutedSession,
+    /// Negative-priority requests refused with 429 because every pod was saturated.
+    Shed,
     /// Client-supplied routing headers removed.
     SpoofedHeadersRemoved,
     /// Metrics polls that failed (refused, timeout, non-200, garbage).
@@ -50,12 +54,14 @@ pub enum Gauge {
     PdDecodePoolQueueX1000,
 }
 
-const COUNTERS: [(Counter, &str); 12] = [
+const COUNTERS: [(Counter, &str); 14] = [
     (Counter::Routed, "kvroute.requests_routed"),
     (Counter::RoutedPrefixHit, "kvroute.routed_prefix_hit"),
     (Counter::RoutedLoad, "kvroute.routed_load"),
     (Counter::Passthrough, "kvroute.passthrough"),
     (Counter::NoEndpoint, "kvroute.no_endpoint"),
+    (Counter::RoutedSession, "kvroute.routed_session"),
+    (Counter::Shed, "kvroute.shed"),
     (
         Counter::SpoofedHeadersRemoved,
         "kvroute.spoofed_headers_removed",

@@ -12,6 +12,8 @@ pub enum Rejection {
     NoneHealthy,
     /// Healthy pods exist but none reports serving the requested model.
     UnknownModel,
+    /// Every candidate is saturated and the request's priority is negative (shed).
+    Saturated,
 }
 
 impl Rejection {
@@ -22,6 +24,9 @@ impl Rejection {
                 "no pod is healthy (all unreachable or their metrics are stale)"
             }
             Rejection::UnknownModel => "no healthy pod serves the requested model",
+            Rejection::Saturated => {
+                "every pod that serves this model is saturated; requests of negative priority are shed, retry later"
+            }
         }
     }
 }

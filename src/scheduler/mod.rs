@@ -6,7 +6,9 @@
 
 mod filters;
 mod picker;
+pub mod saturation;
 mod scorers;
+pub mod session;
 
 pub use filters::{filter, Rejection};
 pub use picker::{rendezvous_rank, Choice, Decision, RouteReason};
@@ -47,14 +49,28 @@ pub struct RouteRequest<'a> {
     pub block_hashes: &'a [u64],
     /// Key for rendezvous tie-breaking: the first block hash, or the chain seed for short prompts.
     pub affinity_key: u64,
+    /// Hints the client sent with the request.
+    pub hints: Hints,
 }
 
-/// Runs filters → scorers → picker.
+/// What the client asked for beyond the body: a session to stick to, a priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Hints {
+    /// [`session::session_key`] of the session header, when present.
+    pub session: Option<u64>,
+    /// From the priority header; absent = 0. Negative = may be shed under saturation.
+    pub priority: i32,
+}
+
+/// Runs filters → (shedding) → scorers → picker.
 pub fn decide(config: &Config, pods: &[PodView<'_>], request: &RouteRequest<'_>) -> Decision {
     let candidates = match filter(pods, request) {
         Ok(c) => c,
         Err(rejection) => return Decision::NoEndpoint(rejection),
     };
+    if request.hints.priority < 0 && candidates.iter().all(|p| config.shedding.is_saturated(p)) {
+        return Decision::NoEndpoint(Rejection::Saturated);
+    }
     let scored = scorers::score(config, &candidates, request.block_hashes.len());
     picker::pick(config, &candidates, &scored, request)
 }

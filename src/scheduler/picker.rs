@@ -27,6 +27,8 @@ pub enum RouteReason {
     PrefixHit,
     /// No useful prefix (or it was capped): chosen by load.
     Load,
+    /// The request's session is pinned to this pod (see `super::session`).
+    Session,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +82,19 @@ pub fn pick(
             })
             .then_with(|| b.1.cmp(&a.1))
     });
+    let pinned = request.hints.session.and_then(|key| {
+        let (i, pod) = pods
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
+        (!super::scorers::overloaded(config, pod.load(), min_load)).then_some(i)
+    });
+    if let Some(i) = pinned {
+        if let Some(at) = order.iter().position(|o| o.2 == i) {
+            let entry = order.remove(at);
+            order.insert(0, entry);
+        }
+    }
     let ranked: Vec<Choice> = order
         .iter()
         .take(config.max_endpoints_in_header)
@@ -93,6 +108,7 @@ pub fn pick(
         })
         .collect();
     let reason = match ranked.first() {
+        _ if pinned.is_some() => RouteReason::Session,
         Some(c) if c.matched_blocks > 0 && c.scores.prefix > 0.0 => RouteReason::PrefixHit,
         _ => RouteReason::Load,
     };

@@ -37,6 +37,13 @@ fn inverse_share(value: f64, max: f64, floor: f64) -> f64 {
     }
 }
 
+/// The affinity cap: a pod this far above the least-loaded candidate loses its prefix (and session)
+/// preference.
+pub fn overloaded(config: &Config, load: f64, min_load: f64) -> bool {
+    let cap = &config.affinity_cap;
+    load - min_load > cap.abs_gap && load > cap.rel_gap * min_load
+}
+
 pub fn score(config: &Config, pods: &[&PodView<'_>], request_blocks: usize) -> Vec<Scores> {
     let loads: Vec<f64> = pods.iter().map(|p| p.load()).collect();
     let min_load = loads.iter().copied().fold(f64::INFINITY, f64::min);
@@ -47,11 +54,10 @@ pub fn score(config: &Config, pods: &[&PodView<'_>], request_blocks: usize) -> V
         .fold(f64::NEG_INFINITY, f64::max);
     let w = &config.weights;
     let weight_sum = w.prefix + w.queue + w.kv_cache + w.inflight;
-    let cap = &config.affinity_cap;
     pods.iter()
         .zip(loads)
         .map(|(pod, load)| {
-            let overloaded = load - min_load > cap.abs_gap && load > cap.rel_gap * min_load;
+            let overloaded = overloaded(config, load, min_load);
             let prefix = if request_blocks == 0 || overloaded {
                 0.0
             } else {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::Config;
+use crate::scheduler::picker::RouteReason;
 
 fn pod(addr: &'static str) -> PodView<'static> {
     PodView {
@@ -21,6 +22,7 @@ fn request(hashes: &[u64]) -> RouteRequest<'_> {
         roles: &[Role::Aggregated],
         block_hashes: hashes,
         affinity_key: hashes.first().copied().unwrap_or(7),
+        hints: Hints::default(),
     }
 }
 
@@ -186,4 +188,103 @@ fn a_new_prefix_ignores_load_noise_within_the_slack() {
     // Beyond the slack, load wins.
     noisy[i].running = 3.0;
     assert_ne!(primary(&decide(&cfg, &noisy, &request(&hashes))), choice);
+}
+
+fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> RouteRequest<'a> {
+    RouteRequest {
+        hints: Hints {
+            session: session.map(session::session_key),
+            priority,
+        },
+        ..request(hashes)
+    }
+}
+
+#[test]
+fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    let pinned = primary(&decide(
+        &cfg,
+        &pods,
+        &with_hints(&[1, 2], Some("chat-42"), 0),
+    ))
+    .to_string();
+    let reason = match decide(&cfg, &pods, &with_hints(&[1, 2], Some("chat-42"), 0)) {
+        Decision::Route { reason, .. } => reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(reason, RouteReason::Session);
+    // Another pod holds the whole prompt and the pinned one is busier: the session still wins.
+    let other = ADDRS.iter().position(|a| *a != pinned).unwrap();
+    let me = ADDRS.iter().position(|a| *a == pinned).unwrap();
+    pods[other].matched_blocks = 2;
+    pods[me].running = 6.0;
+    for hashes in [[1u64, 2], [9, 10]] {
+        assert_eq!(
+            primary(&decide(
+                &cfg,
+                &pods,
+                &with_hints(&hashes, Some("chat-42"), 0)
+            )),
+            pinned
+        );
+    }
+    // Without a session the prefix decides.
+    assert_eq!(
+        primary(&decide(&cfg, &pods, &request(&[1, 2]))),
+        ADDRS[other]
+    );
+    // Overloaded (beyond the affinity cap): the pin yields to the scores.
+    pods[me].running = 20.0;
+    assert_ne!(
+        primary(&decide(
+            &cfg,
+            &pods,
+            &with_hints(&[1, 2], Some("chat-42"), 0)
+        )),
+        pinned
+    );
+    // A dead pinned pod: its sessions move, and only its sessions.
+    pods[me].running = 0.0;
+    let sessions: Vec<String> = (0..64).map(|i| format!("s{i}")).collect();
+    let before: Vec<String> = sessions
+        .iter()
+        .map(|id| primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string())
+        .collect();
+    pods[me].fresh = false;
+    for (id, was) in sessions.iter().zip(&before) {
+        let now = primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string();
+        if *was != pinned {
+            assert_eq!(&now, was, "session {id} moved although its pod is alive");
+        } else {
+            assert_ne!(now, pinned);
+        }
+    }
+}
+
+#[test]
+fn negative_priority_is_shed_only_when_every_candidate_is_saturated() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    for p in &mut pods {
+        p.waiting = 6.0;
+    }
+    pods[3].waiting = 1.0;
+    pods[3].kv_usage = 0.5;
+    assert_eq!(
+        primary(&decide(&cfg, &pods, &with_hints(&[1], None, -1))),
+        ADDRS[3]
+    );
+    pods[3].kv_usage = 0.85;
+    assert_eq!(
+        decide(&cfg, &pods, &with_hints(&[1], None, -1)),
+        Decision::NoEndpoint(Rejection::Saturated)
+    );
+    for priority in [0, 5] {
+        assert!(matches!(
+            decide(&cfg, &pods, &with_hints(&[1], None, priority)),
+            Decision::Route { .. }
+        ));
+    }
 }

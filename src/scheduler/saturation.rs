@@ -1,0 +1,66 @@
+//! Saturation and shedding: when every pod that could serve a request is saturated, requests of
+//! negative priority are refused (429) so that the others still find room.
+//!
+//! A pod is saturated when its waiting queue reaches `queue_depth` or its KV cache is `kv_cache`
+//! full: the thresholds of the Gateway API Inference Extension's saturation detector (5 waiting,
+//! 80 % KV). The priority comes from a request header (an integer; absent = 0); only negative
+//! priorities are sheddable, so clients that never send the header are never shed. Nothing is
+//! queued in the proxy: a shed request gets an OpenAI-style error at once and may retry.
+
+use super::PodView;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SheddingConfig {
+    /// Request header carrying an integer priority; empty turns shedding off.
+    pub priority_header: String,
+    /// Waiting requests at which a pod counts as saturated.
+    pub queue_depth: f64,
+    /// KV-cache utilisation (0..1] at which a pod counts as saturated.
+    pub kv_cache: f64,
+}
+
+impl Default for SheddingConfig {
+    fn default() -> Self {
+        SheddingConfig {
+            priority_header: "x-kvroute-priority".to_string(),
+            queue_depth: 5.0,
+            kv_cache: 0.8,
+        }
+    }
+}
+
+impl SheddingConfig {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !self.priority_header.is_empty()
+            && !super::session::is_header_name(&self.priority_header)
+        {
+            return Err((
+                "shedding.priority_header",
+                format!(
+                    "`{}` is not a lower-case HTTP header name",
+                    self.priority_header
+                ),
+            ));
+        }
+        if !(self.queue_depth.is_finite() && self.queue_depth >= 1.0) {
+            return Err(("shedding.queue_depth", "must be a number ≥ 1".to_string()));
+        }
+        if !(self.kv_cache > 0.0 && self.kv_cache <= 1.0) {
+            return Err(("shedding.kv_cache", "must be in (0, 1]".to_string()));
+        }
+        Ok(())
+    }
+
+    pub fn is_saturated(&self, pod: &PodView<'_>) -> bool {
+        pod.waiting >= self.queue_depth || pod.kv_usage >= self.kv_cache
+    }
+}
+
+/// Parses a priority header value: an integer, optionally signed.
+pub fn parse_priority(value: &str) -> Result<i32, String> {
+    value.trim().parse::<i32>().map_err(|_| {
+        format!("must be an integer (negative = may be shed under saturation), got `{value}`")
+    })
+}
