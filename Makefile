@@ -10,7 +10,7 @@ CARGO         ?= cargo
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd clean
+.PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci clean
 
 all: build
 
@@ -66,6 +66,20 @@ bench: build build-tools
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools
 	target/release/kvbench compare-pd --time-scale $(TIME_SCALE) --out bench-out
+
+# kvroute's own cost per request and its memory: Envoy with kvroute against the same Envoy without
+# it, on pods that answer at once, requests interleaved; wall-clock figures (not TIME_SCALE).
+bench-overhead: build build-tools
+	target/release/kvbench overhead --out bench-out
+
+# The plugin as an OCI image layout (Istio's "compat" Wasm image: one tar+gzip layer holding
+# plugin.wasm), built without Docker; prints the manifest digest that Istio's `sha256` wants.
+# Push: skopeo copy oci:$(OCI_DIR) docker://REGISTRY/kvroute:$(OCI_TAG)  (see istio/README.md).
+OCI_DIR ?= dist/oci/kvroute
+OCI_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+
+oci: build
+	python3 tools/oci_image.py --wasm $(WASM) --out $(OCI_DIR) --tag $(OCI_TAG)
 
 clean:
 	$(CARGO) clean

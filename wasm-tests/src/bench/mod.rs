@@ -24,6 +24,7 @@ pub mod compare_pd;
 pub mod demo;
 pub mod driver;
 pub mod metrics;
+pub mod overhead;
 pub mod report;
 pub mod workload;
 

@@ -4,8 +4,10 @@
 //! A thin command line over `wasm_tests::bench`: `run` drives one workload at a running target;
 //! `compare` starts fresh pods and Envoy per load-balancing policy and runs the same seeded workload
 //! through each; `compare-pd` runs aggregated pods against prefill/decode pools on the same number of
-//! simulated GPUs (interference and agent scenarios); `demo` shows three requests through kvroute and through round-robin; `up` runs
-//! Envoy with kvroute in the foreground in front of given endpoints or simulated pods.
+//! simulated GPUs (interference and agent scenarios); `overhead` measures kvroute's own cost per request
+//! and memory (Envoy with the filter against the same Envoy without it); `demo` shows three requests
+//! through kvroute and through round-robin; `up` runs Envoy with kvroute in the foreground in front of
+//! given endpoints or simulated pods.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,6 +17,7 @@ use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use wasm_tests::bench::compare::{self, Policy, StackOptions};
 use wasm_tests::bench::compare_pd::{self, PdMode, PdStackOptions, Scenario};
 use wasm_tests::bench::demo::{self, DemoOptions, UpOptions};
+use wasm_tests::bench::overhead::{self, OverheadOptions, PromptKind};
 use wasm_tests::bench::{
     render_json, render_table, run, AgentParams, Api, InterferenceParams, Load, MultiTenantParams,
     MultiTurnParams, WorkloadKind, WorkloadSpec,
@@ -37,6 +40,9 @@ enum Command {
     /// Aggregated pods against prefill/decode pools on the same number of simulated GPUs, kvroute
     /// routing both, the same seeded workloads: the interference and agent scenarios.
     ComparePd(Box<ComparePdArgs>),
+    /// kvroute's cost per request and its memory: Envoy with kvroute against the same Envoy
+    /// without it, on the same instantly answering pods, requests interleaved (wall-clock figures).
+    Overhead(Box<OverheadArgs>),
     /// Three chat requests through kvroute, then through round-robin: watch the prefix cache.
     Demo(DemoArgs),
     /// Run Envoy with kvroute in the foreground (until Ctrl-C) in front of endpoints or simulated pods.
@@ -422,6 +428,67 @@ fn parse_range(s: &str) -> Result<(usize, usize), String> {
     Ok((a, b))
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PromptKindArg {
+    /// The same 16 KB system prompt with a short varying question: kvroute finds a prefix hit
+    Repeat,
+    /// A new prompt on every request: kvroute's prefix index grows to its bounds
+    Fresh,
+}
+
+/// Figures are wall-clock microseconds, not simulated time. Defaults are what `make bench-overhead`
+/// reports.
+#[derive(Args, Debug)]
+struct OverheadArgs {
+    /// Simulated pods (one kvsim process), shared by both Envoys
+    #[arg(long, default_value_t = OverheadOptions::default().pods)]
+    pods: usize,
+    /// Envoy workers, the same in both Envoys
+    #[arg(long, default_value_t = OverheadOptions::default().workers)]
+    workers: usize,
+    /// Measured request pairs (one to each Envoy) per prompt kind
+    #[arg(long, default_value_t = OverheadOptions::default().requests)]
+    requests: usize,
+    /// Pairs sent before each kind's measured ones, not measured
+    #[arg(long, default_value_t = OverheadOptions::default().warmup)]
+    warmup: usize,
+    /// Prompt kinds, measured in this order
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["repeat", "fresh"])]
+    kinds: Vec<PromptKindArg>,
+    /// Bytes of prompt text per request (system prompt + question)
+    #[arg(long, default_value_t = OverheadOptions::default().prompt_bytes)]
+    prompt_bytes: usize,
+    /// The simulator's time scale (the default pods have no latency at all anyway)
+    #[arg(long, default_value_t = OverheadOptions::default().time_scale)]
+    time_scale: f64,
+    /// kvsim arguments, space-separated (default: every latency parameter 0, the pods answer at once)
+    #[arg(long, default_value = overhead::DEFAULT_SIM_ARGS, allow_hyphen_values = true)]
+    sim_args: String,
+    /// Bootstrap resamples for the 95% interval of the difference of medians
+    #[arg(long, default_value_t = OverheadOptions::default().bootstrap)]
+    bootstrap: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Requests per Envoy in the closed-loop throughput phase (0 = skip it)
+    #[arg(long, default_value_t = OverheadOptions::default().throughput_requests)]
+    throughput_requests: usize,
+    /// Requests in flight in the throughput phase
+    #[arg(long, default_value_t = OverheadOptions::default().concurrency)]
+    concurrency: usize,
+    /// kvroute configuration fields (JSON object) merged into its defaults, e.g. '{"block": {"mode": "tiktoken"}}'
+    #[arg(long, value_name = "JSON")]
+    plugin_extra: Option<String>,
+    /// Include every latency sample in the JSON
+    #[arg(long)]
+    records: bool,
+    /// Seconds without requests over which both Envoys' background CPU is measured (0 = skip)
+    #[arg(long, default_value_t = OverheadOptions::default().idle_s)]
+    idle: f64,
+    /// Write DIR/overhead.json and DIR/overhead.txt
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 struct DemoArgs {
     /// The simulator's time scale: 1 = real speed (about 3 s for a 7,500-token prefill)
@@ -503,6 +570,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Compare(args) => compare_main(&args).await?,
         Command::ComparePd(args) => compare_pd_main(&args).await?,
+        Command::Overhead(args) => overhead_main(&args).await?,
         Command::Demo(args) => {
             let opts = DemoOptions {
                 pods: args.pods,
@@ -701,5 +769,48 @@ async fn compare_pd_main(args: &ComparePdArgs) -> anyhow::Result<()> {
         "compare-pd: {:.0} s wall in all",
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
+    let plugin_extra = match &args.plugin_extra {
+        Some(text) => serde_json::from_str(text).context("--plugin-extra is not JSON")?,
+        None => serde_json::json!({}),
+    };
+    let opts = OverheadOptions {
+        pods: args.pods,
+        workers: args.workers,
+        time_scale: args.time_scale,
+        sim_args: split_args(&args.sim_args),
+        kinds: args
+            .kinds
+            .iter()
+            .map(|k| match k {
+                PromptKindArg::Repeat => PromptKind::Repeat,
+                PromptKindArg::Fresh => PromptKind::Fresh,
+            })
+            .collect(),
+        requests: args.requests,
+        warmup: args.warmup,
+        prompt_bytes: args.prompt_bytes,
+        bootstrap: args.bootstrap,
+        seed: args.seed,
+        throughput_requests: args.throughput_requests,
+        concurrency: args.concurrency,
+        plugin_extra,
+        keep_samples: args.records,
+        idle_s: args.idle,
+    };
+    opts.validate()?;
+    let report = overhead::run(&opts).await?;
+    println!();
+    print!("{}", overhead::render_text(&report));
+    if let Some(dir) = &args.out {
+        overhead::write_outputs(dir, &report)?;
+        eprintln!(
+            "wrote {0}/overhead.json and {0}/overhead.txt",
+            dir.display()
+        );
+    }
     Ok(())
 }

@@ -267,7 +267,12 @@ impl Engine {
                         (_, None) => now,
                     };
                     let deadline = base + self.cfg.to_wall(sim);
-                    tokio::time::sleep_until(deadline).await;
+                    // A zero-cost step (every latency parameter 0, as `kvbench overhead` runs the
+                    // pods) does not sleep at all: even a past deadline waits for the timer's next
+                    // millisecond tick, which would dominate a sub-millisecond request.
+                    if !sim.is_zero() {
+                        tokio::time::sleep_until(deadline).await;
+                    }
                     prev_deadline = Some(deadline);
                     self.lock().finish_step(&self.cfg, deadline);
                 }
