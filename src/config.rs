@@ -328,6 +328,12 @@ impl Config {
         if self.block.chars_per_token == 0 || self.block.chars_per_token > 64 {
             return Err(err("block.chars_per_token", "must be in 1..=64"));
         }
+        if self.block.mode == BlockMode::Tiktoken && !cfg!(feature = "tiktoken") {
+            return Err(err(
+                "block.mode",
+                "this build of kvroute has no tiktoken tables (kvroute-lite.wasm): use kvroute.wasm, or `chars`",
+            ));
+        }
         if self.block.mode == BlockMode::Tiktoken
             && !matches!(self.block.encoding.as_str(), "cl100k_base" | "o200k_base")
         {
@@ -421,6 +427,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tiktoken")]
     fn a_full_configuration_parses() {
         let c = Config::parse(
             br#"{"pools":[{"name":"a","role":"decode","endpoints":["127.0.0.1:8000","10.0.0.2:9000"]},
@@ -488,9 +495,14 @@ mod tests {
             rejected(r#"{"block":{"tokens_per_block":0}}"#).field,
             "block.tokens_per_block"
         );
+        let tiktoken_field = if cfg!(feature = "tiktoken") {
+            "block.encoding"
+        } else {
+            "block.mode" // a build without tiktoken refuses the mode before its encoding
+        };
         assert_eq!(
             rejected(r#"{"block":{"mode":"tiktoken","encoding":"gpt2"}}"#).field,
-            "block.encoding"
+            tiktoken_field
         );
         assert_eq!(
             rejected(r#"{"affinity_cap":{"rel_gap":0.5}}"#).field,

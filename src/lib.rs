@@ -15,6 +15,7 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod state;
+#[cfg(feature = "tiktoken")]
 pub mod tokenize;
 
 #[cfg(target_arch = "wasm32")]

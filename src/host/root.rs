@@ -16,7 +16,6 @@ use crate::state::{
     page_key, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
     QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
-use crate::tokenize::Tiktoken;
 use hashbrown::HashMap;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -504,15 +503,12 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let tokenizer: Option<Box<dyn Tokenizer>> = match config.block.mode {
-            BlockMode::Chars => None,
-            BlockMode::Tiktoken => match Tiktoken::new(&config.block.encoding) {
-                Ok(t) => Some(Box::new(t)),
-                Err(e) => {
-                    log::error!("kvroute: {e}");
-                    return false;
-                }
-            },
+        let tokenizer = match build_tokenizer(&config) {
+            Ok(t) => t,
+            Err(e) => {
+                log::error!("kvroute: {e}");
+                return false;
+            }
         };
         let tick = Duration::from_millis((config.poll_interval_ms / 2).clamp(10, 100));
         if hostcalls::set_tick_period(tick).is_err() {
@@ -549,5 +545,18 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// The tokenizer `block.mode` asks for (none in chars mode). Config validation already refused
+/// tiktoken mode in a build without it.
+fn build_tokenizer(config: &Config) -> Result<Option<Box<dyn Tokenizer>>, String> {
+    match config.block.mode {
+        BlockMode::Chars => Ok(None),
+        #[cfg(feature = "tiktoken")]
+        BlockMode::Tiktoken => crate::tokenize::Tiktoken::new(&config.block.encoding)
+            .map(|t| Some(Box::new(t) as Box<dyn Tokenizer>)),
+        #[cfg(not(feature = "tiktoken"))]
+        BlockMode::Tiktoken => Err("this build has no tiktoken tables".to_string()),
     }
 }

@@ -49,6 +49,15 @@ pub fn wasm_path() -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The plugin built without tiktoken (`make build` writes it next to kvroute.wasm).
+pub fn lite_wasm_path() -> Result<PathBuf> {
+    let p = repo_root().join("target/wasm32-wasip1/release/kvroute-lite.wasm");
+    if !p.exists() {
+        bail!("{} missing: run `make build`", p.display());
+    }
+    Ok(p)
+}
+
 /// A sibling binary of the running executable (kvsim next to kvbench), or `$CARGO_BIN_EXE_<name>`.
 pub fn sibling_bin(name: &str) -> PathBuf {
     if let Ok(p) = std::env::var(format!("CARGO_BIN_EXE_{name}")) {
@@ -195,6 +204,8 @@ pub struct EnvoyOptions {
     pub listen_port: u16,
     /// Port of the admin interface (0 = chosen by the OS, or up front with `admin_cluster`).
     pub admin_port: u16,
+    /// The plugin module; `None` = [`wasm_path`].
+    pub wasm: Option<PathBuf>,
 }
 
 impl EnvoyOptions {
@@ -210,6 +221,7 @@ impl EnvoyOptions {
             num_retries: 2,
             listen_port: 0,
             admin_port: 0,
+            wasm: None,
         }
     }
 }
@@ -414,7 +426,10 @@ impl Envoy {
     /// Writes the configuration, starts Envoy and waits until it is ready and its listener is up.
     pub async fn start(opts: &EnvoyOptions) -> Result<Envoy> {
         let wasm = if opts.plugin_config.is_some() || opts.singleton_config.is_some() {
-            wasm_path()?
+            match &opts.wasm {
+                Some(p) => p.clone(),
+                None => wasm_path()?,
+            }
         } else {
             PathBuf::new()
         };

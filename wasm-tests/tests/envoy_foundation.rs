@@ -236,3 +236,68 @@ async fn an_invalid_configuration_is_refused_with_a_clear_message() {
     .await;
     assert_eq!(still.status, 200, "the old configuration keeps serving");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lite_build_routes_in_chars_mode_and_refuses_tiktoken_by_name() {
+    let lite = wasm_tests::harness::lite_wasm_path().unwrap();
+    let full = wasm_tests::harness::wasm_path().unwrap();
+    let (lite_len, full_len) = (
+        std::fs::metadata(&lite).unwrap().len(),
+        std::fs::metadata(&full).unwrap().len(),
+    );
+    assert!(
+        lite_len * 4 < full_len,
+        "lite {lite_len} B, full {full_len} B"
+    );
+    let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();
+    let mut opts = EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, json!({}))),
+    );
+    opts.wasm = Some(lite.clone());
+    let envoy = Envoy::start(&opts).await.unwrap();
+    wait_healthy(&envoy, 2).await;
+    let system = system_prompt("lite-", 400);
+    let client = fresh_client();
+    let first = post(
+        &client,
+        &envoy.url("/v1/chat/completions"),
+        &chat(&system, "a", 1, false),
+        &[],
+    )
+    .await;
+    let second = post(
+        &client,
+        &envoy.url("/v1/chat/completions"),
+        &chat(&system, "b", 1, false),
+        &[],
+    )
+    .await;
+    assert_eq!((first.status, second.status), (200, 200), "{}", second.body);
+    assert_eq!(
+        second.debug_field("reason").as_deref(),
+        Some("prefix"),
+        "{:?}",
+        second.debug
+    );
+    assert_eq!(second.pod, first.pod);
+    drop(envoy);
+    let mut opts = EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(
+            &sim.pods,
+            json!({"block": {"mode": "tiktoken"}}),
+        )),
+    );
+    opts.wasm = Some(lite);
+    let err = match Envoy::start(&opts).await {
+        Ok(_) => panic!("the lite build accepted tiktoken mode"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("field `block.mode`: this build of kvroute has no tiktoken"),
+        "{err}"
+    );
+}
