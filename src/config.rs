@@ -80,8 +80,8 @@ impl Default for BlockConfig {
 /// What keeps a long agent context on its pod under load is less the prefix weight than accurate
 /// in-flight counts: with each worker VM seeing only its own requests live (and the others' a leader
 /// tick late), the aggregated agent run of `make bench-pd` completed 302 requests at 3.3 s p50 TTFT;
-/// with every VM's requests on the in-flight board (`state::inflight`), 626 at 0.54 s, and prefix 6
-/// no longer changes that (633, 0.55 s).
+/// with every VM's requests on the in-flight board (`state::inflight`), 633 at 0.54 s, and heavier
+/// prefix weights no longer change that (6/1/1/1: 631 at 0.56 s).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {
@@ -228,10 +228,13 @@ impl Config {
         if trimmed.trim().is_empty() {
             return Ok(Config::default());
         }
-        let config: Config = serde_json::from_slice(bytes).map_err(|e| {
+        let mut config: Config = serde_json::from_slice(bytes).map_err(|e| {
             // serde names unknown or mistyped fields in its message; keep it whole.
             err(field_from_serde(&e.to_string()), e.to_string())
         })?;
+        // Envoy keeps header names lower-cased; `X-Session-Id` in a config means `x-session-id`.
+        config.session.header.make_ascii_lowercase();
+        config.shedding.priority_header.make_ascii_lowercase();
         config.validate()?;
         Ok(config)
     }
@@ -552,7 +555,6 @@ mod tests {
     #[test]
     fn session_and_shedding_settings_are_checked() {
         for (json, field) in [
-            (r#"{"session":{"header":"X-Session"}}"#, "session.header"),
             (r#"{"session":{"header":"x session"}}"#, "session.header"),
             (
                 r#"{"shedding":{"priority_header":":path"}}"#,
@@ -567,5 +569,7 @@ mod tests {
         let off = Config::parse(br#"{"session":{"header":""},"shedding":{"priority_header":""}}"#)
             .unwrap();
         assert!(off.session.header.is_empty() && off.shedding.priority_header.is_empty());
+        let mixed = Config::parse(br#"{"session":{"header":"X-Session-Id"}}"#).unwrap();
+        assert_eq!(mixed.session.header, "x-session-id");
     }
 }

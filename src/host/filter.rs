@@ -393,6 +393,8 @@ impl HttpContext for Filter {
                 match read_hints(&vm.config) {
                     Ok(hints) => self.hints = hints,
                     Err(message) => {
+                        log::debug!("{message}");
+                        vm.stats.inc(Counter::BadPriority);
                         send_error(400, "BadRequestError", &message, "bad_priority");
                         return Action::Pause;
                     }

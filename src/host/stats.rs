@@ -22,6 +22,8 @@ pub enum Counter {
     RoutedSession,
     /// Negative-priority requests refused with 429 because every pod was saturated.
     Shed,
+    /// Requests refused with 400 because their priority header was not an integer.
+    BadPriority,
     /// Client-supplied routing headers removed.
     SpoofedHeadersRemoved,
     /// Metrics polls that failed (refused, timeout, non-200, garbage).
@@ -54,7 +56,7 @@ pub enum Gauge {
     PdDecodePoolQueueX1000,
 }
 
-const COUNTERS: [(Counter, &str); 14] = [
+const COUNTERS: [(Counter, &str); 15] = [
     (Counter::Routed, "kvroute.requests_routed"),
     (Counter::RoutedPrefixHit, "kvroute.routed_prefix_hit"),
     (Counter::RoutedLoad, "kvroute.routed_load"),
@@ -62,6 +64,7 @@ const COUNTERS: [(Counter, &str); 14] = [
     (Counter::NoEndpoint, "kvroute.no_endpoint"),
     (Counter::RoutedSession, "kvroute.routed_session"),
     (Counter::Shed, "kvroute.shed"),
+    (Counter::BadPriority, "kvroute.bad_priority"),
     (
         Counter::SpoofedHeadersRemoved,
         "kvroute.spoofed_headers_removed",

@@ -6,6 +6,11 @@
 //! 80 % KV). The priority comes from a request header (an integer; absent = 0); only negative
 //! priorities are sheddable, so clients that never send the header are never shed. Nothing is
 //! queued in the proxy: a shed request gets an OpenAI-style error at once and may retry.
+//!
+//! The signals are the polled metrics, so shedding starts up to a poll interval after the pods
+//! saturate: a burst is admitted and the requests after it are shed. That is the same lag the Gateway
+//! API Inference Extension accepts; counting this gateway's in-flight requests as queued would react
+//! sooner but would call a pod saturated for requests it is already running.
 
 use super::PodView;
 use serde::Deserialize;

@@ -83,6 +83,7 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
     .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert!(bad.body.contains("x-kvroute-priority"), "{}", bad.body);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_priority").await, 1);
     // Not saturated yet: a sheddable request is routed like any other.
     let calm = post(
         &client,
@@ -94,6 +95,7 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
     assert_eq!(calm.status, 200, "{}", calm.body);
     assert_eq!(requests_total(&sim).await, before + 1);
     // Saturate both pods directly (one running, seven waiting each; ~0.8 s wall per request).
+    let base = requests_total(&sim).await;
     let fillers: Vec<_> = sim
         .pods
         .iter()
@@ -119,6 +121,12 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
         .await
         .unwrap();
     }
+    // Every filler has arrived (so none can be counted against the shed request below).
+    wasm_tests::harness::wait_for(Duration::from_secs(10), "all fillers arrived", || async {
+        requests_total(&sim).await == base + 16
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await; // a few polls: kvroute sees the queues
     let before = requests_total(&sim).await;
     let shed = post(

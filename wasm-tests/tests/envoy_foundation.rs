@@ -240,7 +240,8 @@ async fn an_invalid_configuration_is_refused_with_a_clear_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lite_build_routes_in_chars_mode_and_refuses_tiktoken_by_name() {
     let lite = wasm_tests::harness::lite_wasm_path().unwrap();
-    let full = wasm_tests::harness::wasm_path().unwrap();
+    // The release module itself, not `$KVROUTE_WASM`.
+    let full = lite.with_file_name("kvroute.wasm");
     let (lite_len, full_len) = (
         std::fs::metadata(&lite).unwrap().len(),
         std::fs::metadata(&full).unwrap().len(),
