@@ -176,9 +176,21 @@ impl Filter {
         let now = super::now_ms();
         vm.read_inflight_board(now);
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
-        let Plan { decision, pd } =
-            vm.router
+        let mut plan = vm
+            .router
+            .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        if matches!(
+            plan.decision,
+            Decision::NoEndpoint(Rejection::NoneHealthy | Rejection::NoPods)
+        ) {
+            // This VM's copy of the load table may be a tick old (a VM that has not ticked since
+            // the pods came up): re-read it once before refusing the request.
+            vm.refresh_load_table();
+            plan = vm
+                .router
                 .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        }
+        let Plan { decision, pd } = plan;
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
             Decision::NoEndpoint(Rejection::Saturated) => {

@@ -502,7 +502,10 @@ impl Envoy {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let client = reqwest::Client::new();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        let mut last_answer = String::from("no answer yet");
         let listener = loop {
             if !proc.is_running() {
                 bail!(
@@ -510,19 +513,27 @@ impl Envoy {
                     tail(&log_path, 40)
                 );
             }
-            let ready = client
-                .get(format!("http://{admin}/ready"))
-                .send()
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false);
+            let ready = match client.get(format!("http://{admin}/ready")).send().await {
+                Ok(r) => {
+                    last_answer = format!("/ready answered {}", r.status());
+                    r.status().is_success()
+                }
+                Err(e) => {
+                    last_answer = format!("/ready failed: {e}");
+                    false
+                }
+            };
             if ready {
                 if let Some(l) = listener_address(&client, &admin).await {
                     break l;
                 }
+                last_answer = "ready, but /listeners showed no bound listener".to_string();
             }
             if Instant::now() > deadline {
-                bail!("envoy not ready within 60 s; log:\n{}", tail(&log_path, 40));
+                bail!(
+                    "envoy not ready within 60 s (admin {admin}: {last_answer}); log:\n{}",
+                    tail(&log_path, 40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
