@@ -505,7 +505,6 @@ impl Envoy {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()?;
-        let mut last_answer = String::from("no answer yet");
         let listener = loop {
             if !proc.is_running() {
                 bail!(
@@ -513,21 +512,19 @@ impl Envoy {
                     tail(&log_path, 40)
                 );
             }
-            let ready = match client.get(format!("http://{admin}/ready")).send().await {
-                Ok(r) => {
-                    last_answer = format!("/ready answered {}", r.status());
-                    r.status().is_success()
-                }
-                Err(e) => {
-                    last_answer = format!("/ready failed: {e}");
-                    false
-                }
-            };
+            let (ready, mut last_answer) =
+                match client.get(format!("http://{admin}/ready")).send().await {
+                    Ok(r) => (
+                        r.status().is_success(),
+                        format!("/ready answered {}", r.status()),
+                    ),
+                    Err(e) => (false, format!("/ready failed: {e}")),
+                };
             if ready {
                 if let Some(l) = listener_address(&client, &admin).await {
                     break l;
                 }
-                last_answer = "ready, but /listeners showed no bound listener".to_string();
+                last_answer.push_str(", but /listeners showed no bound listener");
             }
             if Instant::now() > deadline {
                 bail!(
