@@ -4,7 +4,9 @@
 //! load is within `rendezvous_load_slack` requests of the least-loaded one. Independent gateway
 //! replicas, which share the pods' load (up to a poll's worth of noise) but not each other's prefix
 //! knowledge, then send the same new prefix to the same pod; a pod joining or leaving moves only the
-//! prefixes it wins. The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
+//! prefixes it wins. A request with a session goes first to its session's pod unless the affinity
+//! cap calls that pod overloaded (see `super::session`); the ranking behind it stays as scored. The
+//! result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
 use super::scorers::Scores;
 use super::{PodView, Rejection, RouteRequest};
