@@ -81,7 +81,20 @@ pub fn sibling_bin(name: &str) -> PathBuf {
 fn scratch_dir(tag: &str) -> Result<PathBuf> {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let dir = std::env::temp_dir().join(format!("kvroute-{tag}-{}-{n}", std::process::id()));
+    // PIDs come round again (pid_max is often 32,768), and a directory left by an earlier test
+    // process handed a new Envoy's start-up a stale `admin-address` file: the harness then polled a
+    // dead admin port for 60 s. The start time makes the name unique; an existing one is emptied.
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "kvroute-{tag}-{}-{n}-{started:x}",
+        std::process::id()
+    ));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -233,6 +246,15 @@ pub struct Envoy {
     pub listener: String,
     pub log_path: PathBuf,
     pub dir: PathBuf,
+}
+
+impl Drop for Envoy {
+    /// The scratch directory goes with the process, unless a test is failing (its log stays).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
 fn socket_address(addr: &str) -> Value {
