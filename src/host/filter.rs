@@ -163,16 +163,6 @@ impl Filter {
             }
         };
         vm.sync_pages();
-        if vm.router.load_table().version == 0 {
-            // This VM has not ticked since the leader first published (a VM still starting).
-            vm.refresh_load_table();
-        }
-        if vm.router.load_table().version == 0 {
-            // No pool state yet (the first poll has not been published): let the cluster balance
-            // rather than fail requests while kvroute starts.
-            vm.stats.inc(Counter::Passthrough);
-            return Action::Continue;
-        }
         let now = super::now_ms();
         vm.read_inflight_board(now);
         let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
@@ -183,12 +173,18 @@ impl Filter {
             plan.decision,
             Decision::NoEndpoint(Rejection::NoneHealthy | Rejection::NoPods)
         ) {
-            // This VM's copy of the load table may be a tick old (a VM that has not ticked since
-            // the pods came up): re-read it once before refusing the request.
+            // This VM's copy of the load table is as old as its last tick (and empty in a VM still
+            // starting): re-read it once before deciding that nothing can serve the request.
             vm.refresh_load_table();
             plan = vm
                 .router
                 .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        }
+        if vm.router.load_table().version == 0 {
+            // No pool state yet (the first poll has not been published): let the cluster balance
+            // rather than fail requests while kvroute starts.
+            vm.stats.inc(Counter::Passthrough);
+            return Action::Continue;
         }
         let Plan { decision, pd } = plan;
         let (ranked, reason) = match decision {

@@ -362,14 +362,14 @@ impl Vm {
         }
     }
 
-    /// Reads the other VMs' in-flight counts from the board (one shared-data read).
-    pub fn read_inflight_board(&mut self, now: u64) {
-        let board = shared::get(INFLIGHT_KEY)
-            .0
-            .map(|b| Board::decode(&b))
-            .unwrap_or_default();
+    /// Reads the board (one shared-data read) and adopts the other VMs' in-flight counts; returns
+    /// the board and its compare-and-swap token for a write.
+    pub fn read_inflight_board(&mut self, now: u64) -> (Board, Option<u32>) {
+        let (bytes, cas) = shared::get(INFLIGHT_KEY);
+        let board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
         self.router
             .set_others_inflight(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+        (board, cas)
     }
 
     /// Rewrites this VM's row on the in-flight board (and re-reads the others on the way). The key's
@@ -378,10 +378,7 @@ impl Vm {
     pub fn write_inflight_row(&mut self, now: u64) {
         let own = self.router.own_inflight();
         for _ in 0..INFLIGHT_CAS_ATTEMPTS {
-            let (bytes, cas) = shared::get(INFLIGHT_KEY);
-            let mut board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
-            self.router
-                .set_others_inflight(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+            let (mut board, cas) = self.read_inflight_board(now);
             board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);
             if shared::cas(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
                 self.last_row_write_ms = now;

@@ -83,7 +83,7 @@ fn scratch_dir(tag: &str) -> Result<PathBuf> {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     // PIDs come round again (pid_max is often 32,768), and a directory left by an earlier test
     // process handed a new Envoy's start-up a stale `admin-address` file: the harness then polled a
-    // dead admin port for 60 s. The start time makes the name unique; an existing one is emptied.
+    // dead admin port for 60 s. The start time makes the name unique.
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -92,9 +92,6 @@ fn scratch_dir(tag: &str) -> Result<PathBuf> {
         "kvroute-{tag}-{}-{n}-{started:x}",
         std::process::id()
     ));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }

@@ -479,11 +479,6 @@ impl Sample {
 /// Longest wait for one answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The request body as sent: the same bytes go to both Envoys.
-fn body_bytes(body: &[u8]) -> Bytes {
-    Bytes::copy_from_slice(body)
-}
-
 /// What came back on a [`Conn`].
 struct Answer {
     status: u16,
@@ -711,7 +706,7 @@ async fn run_pairs(
         let (body, prompt_bytes) = prompts.body(kind, first + i);
         prompt_total += prompt_bytes;
         body_total += body.len();
-        let request = body_bytes(&body);
+        let request = Bytes::copy_from_slice(&body);
         if i % 2 == 0 {
             kv.push(arms.kvroute_conn.send(&request).await);
             plain.push(arms.plain_conn.send(&request).await);
@@ -839,7 +834,7 @@ async fn throughput(arms: &Arms, prompts: &Prompts, opts: &OverheadOptions) -> T
     let kind = PromptKind::Repeat;
     let bodies: Arc<Vec<Bytes>> = Arc::new(
         (0..256u64)
-            .map(|i| body_bytes(&prompts.body(kind, 1_000_000 + i).0))
+            .map(|i| Bytes::copy_from_slice(&prompts.body(kind, 1_000_000 + i).0))
             .collect(),
     );
     let half = opts.throughput_requests.div_ceil(2);
