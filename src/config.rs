@@ -75,45 +75,19 @@ impl Default for BlockConfig {
     }
 }
 
-/// Scorer weights of the weighted sum (llm-d's defaults are prefix 3, queue 2, kv 2).
-///
-/// What keeps a long agent context on its pod under load is less the prefix weight than accurate
-/// in-flight counts: with each worker VM seeing only its own requests live (and the others' a leader
-/// tick late), the aggregated agent run of `make bench-pd` completed 302 requests at 3.3 s p50 TTFT;
-/// with every VM's requests on the in-flight board (`state::inflight`), 633 at 0.54 s, and heavier
-/// prefix weights no longer change that (6/1/1/1: 631 at 0.56 s).
+/// The overload guard of the picker (see `crate::scheduler` picker): a pod this far above the
+/// least-loaded candidate, in requests, is ranked behind the others (the SGLang router's
+/// `balance_abs_threshold` / `balance_rel_threshold` shape).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Weights {
-    pub prefix: f64,
-    pub queue: f64,
-    pub kv_cache: f64,
-    pub inflight: f64,
-}
-
-impl Default for Weights {
-    fn default() -> Self {
-        Weights {
-            prefix: 3.0,
-            queue: 2.0,
-            kv_cache: 1.0,
-            inflight: 2.0,
-        }
-    }
-}
-
-/// When a pod's load is this far above the least-loaded pod's, its prefix affinity is ignored so
-/// a hot prefix spills over (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AffinityCap {
+pub struct OverloadGuard {
     pub abs_gap: f64,
     pub rel_gap: f64,
 }
 
-impl Default for AffinityCap {
+impl Default for OverloadGuard {
     fn default() -> Self {
-        AffinityCap {
+        OverloadGuard {
             abs_gap: 8.0,
             rel_gap: 1.5,
         }
@@ -135,15 +109,12 @@ pub struct Config {
     /// How often cluster membership is re-read from the admin API.
     pub discovery_interval_ms: u64,
     pub block: BlockConfig,
-    pub weights: Weights,
-    pub affinity_cap: AffinityCap,
-    /// For a prefix no pod is known to hold, every pod within this many requests of the least
-    /// loaded one is an equal candidate and rendezvous hashing picks among them, so replicas whose
-    /// load views differ by a poll's worth of noise still agree.
+    /// The TTFT prediction the pods are ranked by (prior costs, tie band).
+    pub prediction: crate::scheduler::predict::PredictionConfig,
+    pub overload_guard: OverloadGuard,
+    /// Among pods whose predictions tie, only those within this many requests of the least loaded
+    /// one are equal candidates for rendezvous hashing.
     pub rendezvous_load_slack: f64,
-    /// Load (requests) that counts as "full" for the queue and in-flight scorers when every pod is
-    /// below it; above it, the most loaded pod sets the scale.
-    pub load_scale_floor: f64,
     /// Prefix-index capacity per pod, in blocks, when the pod does not report `num_gpu_blocks`.
     pub default_pod_capacity_blocks: u32,
     /// Upper bound on per-pod index capacity, whatever the pod reports: bounds memory and shared data.
@@ -176,10 +147,9 @@ impl Default for Config {
             stale_after_ms: 2000,
             discovery_interval_ms: 2000,
             block: BlockConfig::default(),
-            weights: Weights::default(),
-            affinity_cap: AffinityCap::default(),
+            prediction: Default::default(),
+            overload_guard: OverloadGuard::default(),
             rendezvous_load_slack: 2.0,
-            load_scale_floor: 8.0,
             default_pod_capacity_blocks: 16384,
             max_pod_capacity_blocks: 65536,
             max_endpoints_in_header: 3,
@@ -295,6 +265,9 @@ impl Config {
         self.session
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
+        self.prediction
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
         self.shedding
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
@@ -345,31 +318,14 @@ impl Config {
                 "must be `cl100k_base` or `o200k_base`",
             ));
         }
-        let w = &self.weights;
-        for (name, v) in [
-            ("weights.prefix", w.prefix),
-            ("weights.queue", w.queue),
-            ("weights.kv_cache", w.kv_cache),
-            ("weights.inflight", w.inflight),
-        ] {
-            if !v.is_finite() || v < 0.0 {
-                return Err(err(name, "must be a finite number ≥ 0"));
-            }
+        if !self.overload_guard.abs_gap.is_finite() || self.overload_guard.abs_gap < 0.0 {
+            return Err(err("overload_guard.abs_gap", "must be a finite number ≥ 0"));
         }
-        if w.prefix + w.queue + w.kv_cache + w.inflight <= 0.0 {
-            return Err(err("weights", "at least one weight must be positive"));
-        }
-        if !self.affinity_cap.abs_gap.is_finite() || self.affinity_cap.abs_gap < 0.0 {
-            return Err(err("affinity_cap.abs_gap", "must be a finite number ≥ 0"));
-        }
-        if !self.affinity_cap.rel_gap.is_finite() || self.affinity_cap.rel_gap < 1.0 {
-            return Err(err("affinity_cap.rel_gap", "must be a finite number ≥ 1"));
+        if !self.overload_guard.rel_gap.is_finite() || self.overload_guard.rel_gap < 1.0 {
+            return Err(err("overload_guard.rel_gap", "must be a finite number ≥ 1"));
         }
         if !self.rendezvous_load_slack.is_finite() || self.rendezvous_load_slack < 0.0 {
             return Err(err("rendezvous_load_slack", "must be a finite number ≥ 0"));
-        }
-        if !self.load_scale_floor.is_finite() || self.load_scale_floor < 1.0 {
-            return Err(err("load_scale_floor", "must be a finite number ≥ 1"));
         }
         if self.default_pod_capacity_blocks == 0 {
             return Err(err("default_pod_capacity_blocks", "must be positive"));
@@ -436,13 +392,17 @@ mod tests {
             br#"{"pools":[{"name":"a","role":"decode","endpoints":["127.0.0.1:8000","10.0.0.2:9000"]},
                           {"name":"p","role":"prefill","cluster":"outbound|8000||p.svc"}],
                  "admin_cluster":"kvroute_admin","debug_header":true,
-                 "weights":{"prefix":4},"block":{"mode":"tiktoken","encoding":"o200k_base"}}"#,
+                 "prediction":{"prior":{"us_per_token":20}},"block":{"mode":"tiktoken","encoding":"o200k_base"}}"#,
         )
         .unwrap();
         assert_eq!(c.pools.len(), 2);
         assert_eq!(c.pools[1].role, Role::Prefill);
-        assert_eq!(c.weights.prefix, 4.0);
-        assert_eq!(c.weights.queue, 2.0, "unset weights keep their defaults");
+        assert_eq!(c.prediction.prior.us_per_token, 20.0);
+        assert_eq!(
+            c.prediction.prior.overhead_ms,
+            crate::cost::Coefficients::default().overhead_ms,
+            "unset fields keep their defaults"
+        );
         assert_eq!(c.block.mode, BlockMode::Tiktoken);
     }
 
@@ -483,8 +443,8 @@ mod tests {
             "pools[1].name"
         );
         assert_eq!(
-            rejected(r#"{"weights":{"prefix":-1}}"#).field,
-            "weights.prefix"
+            rejected(r#"{"prediction":{"prior":{"us_per_token":-1}}}"#).field,
+            "prediction.prior.us_per_token"
         );
         assert_eq!(
             rejected(r#"{"poll_interval_ms":5}"#).field,
@@ -508,12 +468,17 @@ mod tests {
             tiktoken_field
         );
         assert_eq!(
-            rejected(r#"{"affinity_cap":{"rel_gap":0.5}}"#).field,
-            "affinity_cap.rel_gap"
+            rejected(r#"{"overload_guard":{"rel_gap":0.5}}"#).field,
+            "overload_guard.rel_gap"
         );
         assert_eq!(
-            rejected(r#"{"weights":{"prefix":0,"queue":0,"kv_cache":0,"inflight":0}}"#).field,
-            "weights"
+            rejected(r#"{"prediction":{"tie_band":2}}"#).field,
+            "prediction.tie_band"
+        );
+        assert_eq!(
+            rejected(r#"{"weights":{"prefix":3}}"#).field,
+            "weights",
+            "the weighted scorers are gone: a configuration that sets them is told so"
         );
     }
 
@@ -546,10 +511,16 @@ mod tests {
         let c = Config::parse(
             br#"{"pools":[{"name":"p","role":"prefill","endpoints":["1.2.3.4:1"]},
                           {"name":"d","role":"decode","endpoints":["1.2.3.4:2"]}],
-                 "pd":{"mode":"inline","threshold_tokens":1000}}"#,
+                 "pd":{"mode":"inline","split_overhead_ms":5}}"#,
         )
         .unwrap();
         assert_eq!(c.pd.mode, crate::pd::PdMode::Inline);
+        assert_eq!(c.pd.split_overhead_ms, 5.0);
+        assert_eq!(
+            rejected(r#"{"pd":{"threshold_tokens":1000}}"#).field,
+            "threshold_tokens",
+            "the threshold is gone (decided by cost): a configuration that sets it is told so"
+        );
     }
 
     #[test]

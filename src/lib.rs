@@ -4,6 +4,7 @@
 //! natively with `cargo test`. `host` is the thin glue that moves bytes between Envoy and the core.
 
 pub mod config;
+pub mod cost;
 pub mod discovery;
 pub mod headers;
 pub mod index;

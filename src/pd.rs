@@ -1,21 +1,23 @@
 //! Prefill/decode disaggregation: whether a request gets a prefill pod in front of its decode pod.
 //!
-//! The decode pod is chosen first, exactly as an aggregated pod would be (prefix affinity + load,
-//! among decode and aggregated pods). What the decode pod would still have to compute is the prompt
-//! minus the blocks it already holds; only when that exceeds the threshold, and a healthy prefill
-//! pod exists, is the prefill sent to a prefill pod (chosen by its own prefix match and queue). A
-//! short or mostly cached prompt costs the decode pod little, and a transfer would cost more.
+//! The decode pod is chosen first, exactly as an aggregated pod would be (predicted time to first
+//! token, among decode and aggregated pods). Then the split is decided by cost, not by a threshold
+//! (see `crate::router::Router::plan`):
 //!
-//! A prefill pod that does not hold the prompt's prefix would recompute all of it: when it would
-//! compute more than `max_prefill_work_ratio` times the tokens the decode pod has left (a long
-//! agent context the decode pod holds but no prefill pod does), the decode pod prefills locally.
+//! * **local** — the decode pod prefills the tokens it does not hold: its predicted TTFT, plus the
+//!   harm to its streams: every sequence decoding there stalls for the prefill's length (on an idle
+//!   decode pod, the next request it takes waits behind it: at least one).
+//! * **split** — the best prefill pod's predicted TTFT (its queue and compute for the tokens *it*
+//!   does not hold). Its cost model is learned from the split requests' own first bytes, so the KV
+//!   transfer and the decode pod's first step are in it; the decode pod's streams are not stalled
+//!   (the pull is asynchronous, as NIXL's reads are).
 //!
-//! The threshold adapts to the two pools' relative pressure, measured as the mean number of queued
-//! (waiting) requests per pod: it is the configured base scaled by (1 + prefill queue) / (1 +
-//! decode queue), within configured bounds. A saturated prefill pool raises it (keep more prefills
-//! local), a backed-up decode pool lowers it. Queues, not running counts: a decode pod always runs
-//! every stream it holds, a prefill pod only the prefills in progress, so running counts would make
-//! the decode pool look busier by construction and pin the threshold at its floor.
+//! The cheaper wins. So a short or mostly cached prompt stays local (the stall is short), a long one
+//! beside running streams goes to a prefill pod, a long agent context that only the decode pod holds
+//! stays there (a prefill pod would recompute it all), and a backed-up prefill pool sends prefills
+//! back to decode pods with spare time while an idle one takes them: the rate matching that a fixed
+//! threshold (the previous design: 512 uncached tokens scaled by the pools' queue ratio) only
+//! approximated.
 //!
 //! Execution, in either of two modes:
 //! * `sidecar` — the llm-d contract: route to the decode pod with `x-prefiller-host-port`; the
@@ -40,66 +42,34 @@ pub enum PdMode {
 #[serde(deny_unknown_fields, default)]
 pub struct PdConfig {
     pub mode: PdMode,
-    /// Uncached prompt tokens above which a request is disaggregated, before adaptation.
-    pub threshold_tokens: f64,
-    pub min_threshold_tokens: f64,
-    pub max_threshold_tokens: f64,
     /// Inline mode: how long the prefill call may take before the request falls back to decode-only.
     pub prefill_timeout_ms: u64,
-    /// Disaggregate only if the prefill pod's uncached tokens are at most this multiple of the
-    /// decode pod's.
-    pub max_prefill_work_ratio: f64,
+    /// What a split costs beyond the prefill itself, before any split request was observed: the
+    /// second request, the KV transfer's setup, the decode pod's first step. Added to the prior of
+    /// prefill pods' cost models only; their fits learn the real figure from split requests' first
+    /// bytes, transfer included.
+    pub split_overhead_ms: f64,
 }
 
 impl Default for PdConfig {
     fn default() -> Self {
         PdConfig {
             mode: PdMode::Sidecar,
-            threshold_tokens: 512.0,
-            min_threshold_tokens: 128.0,
-            max_threshold_tokens: 8192.0,
             prefill_timeout_ms: 60_000,
-            max_prefill_work_ratio: 2.0,
+            split_overhead_ms: 20.0,
         }
     }
 }
 
 impl PdConfig {
     pub fn validate(&self) -> Result<(), (&'static str, &'static str)> {
-        let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_negative(self.min_threshold_tokens) {
-            return Err(("pd.min_threshold_tokens", "must be a finite number ≥ 0"));
-        }
-        if !finite_non_negative(self.max_threshold_tokens)
-            || self.max_threshold_tokens < self.min_threshold_tokens
-        {
-            return Err((
-                "pd.max_threshold_tokens",
-                "must be finite and ≥ pd.min_threshold_tokens",
-            ));
-        }
-        if !finite_non_negative(self.threshold_tokens)
-            || self.threshold_tokens < self.min_threshold_tokens
-            || self.threshold_tokens > self.max_threshold_tokens
-        {
-            return Err((
-                "pd.threshold_tokens",
-                "must lie between the min and max thresholds",
-            ));
-        }
-        if !self.max_prefill_work_ratio.is_finite() || self.max_prefill_work_ratio < 1.0 {
-            return Err(("pd.max_prefill_work_ratio", "must be a finite number ≥ 1"));
-        }
         if self.prefill_timeout_ms == 0 {
             return Err(("pd.prefill_timeout_ms", "must be positive"));
         }
+        if !(self.split_overhead_ms.is_finite() && self.split_overhead_ms >= 0.0) {
+            return Err(("pd.split_overhead_ms", "must be a finite number ≥ 0"));
+        }
         Ok(())
-    }
-
-    /// The threshold for the current pressure of the two pools (mean queued requests per pod).
-    pub fn threshold(&self, prefill_queue: f64, decode_queue: f64) -> f64 {
-        let ratio = (1.0 + prefill_queue.max(0.0)) / (1.0 + decode_queue.max(0.0));
-        (self.threshold_tokens * ratio).clamp(self.min_threshold_tokens, self.max_threshold_tokens)
     }
 }
 
@@ -117,9 +87,10 @@ pub fn mean_load(pods: &[(Role, f64)], role: Role) -> f64 {
     }
 }
 
-/// Prompt tokens the decode pod would still compute.
-pub fn uncached_tokens(prompt_tokens: u64, matched_blocks: usize, tokens_per_block: u32) -> u64 {
-    prompt_tokens.saturating_sub(matched_blocks as u64 * u64::from(tokens_per_block))
+/// The cost of prefilling on the decode pod: its predicted TTFT plus the stall it imposes on the
+/// streams decoding there (at least one: the next request it takes waits too), in milliseconds.
+pub fn local_cost_ms(ttft_ms: f64, prefill_ms: f64, decoding: f64) -> f64 {
+    ttft_ms + decoding.max(1.0) * prefill_ms.max(0.0)
 }
 
 /// The body sent to the prefill pod (inline mode): the client's request, asked for one token,
@@ -160,28 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn threshold_follows_pressure_within_bounds() {
-        let c = PdConfig::default();
-        assert_eq!(c.threshold(0.0, 0.0), 512.0);
-        assert!(
-            c.threshold(8.0, 0.0) > 512.0,
-            "a busy prefill pool keeps more prefills local"
-        );
-        assert!(
-            c.threshold(0.0, 8.0) < 512.0,
-            "a busy decode pool sheds prefill work"
-        );
-        assert_eq!(c.threshold(1e9, 0.0), 8192.0);
-        assert_eq!(c.threshold(0.0, 1e9), 128.0);
-    }
-
-    #[test]
     fn validation_names_the_field() {
-        let c = PdConfig {
-            threshold_tokens: 1e6,
-            ..PdConfig::default()
-        };
-        assert_eq!(c.validate().unwrap_err().0, "pd.threshold_tokens");
         let c = PdConfig {
             prefill_timeout_ms: 0,
             ..PdConfig::default()
@@ -190,9 +140,9 @@ mod tests {
     }
 
     #[test]
-    fn uncached_tokens_and_mean_load() {
-        assert_eq!(uncached_tokens(1000, 10, 16), 840);
-        assert_eq!(uncached_tokens(100, 10, 16), 0);
+    fn local_cost_counts_every_stalled_stream_and_at_least_one() {
+        assert_eq!(local_cost_ms(100.0, 80.0, 0.0), 180.0);
+        assert_eq!(local_cost_ms(100.0, 80.0, 10.0), 900.0);
         let pods = [
             (Role::Prefill, 4.0),
             (Role::Prefill, 2.0),

@@ -1,14 +1,17 @@
 //! One VM's routing state and the request-path entry points: the VM's copy of the prefix index, the
-//! leader's latest load table, and this VM's own in-flight counts. The host glue feeds it shared
-//! data and request bodies; it answers with decisions. No host calls here, so all of it runs natively
-//! in tests.
+//! leader's latest load table, this VM's own unfinished work per pod (and the other VMs', from the
+//! work board), and the learned first-token cost of every pod. The host glue feeds it shared data,
+//! request bodies and first-byte times; it answers with decisions. No host calls here, so all of it
+//! runs natively in tests.
 
 use crate::config::{BlockMode, Config, Role};
+use crate::cost::{self, Coefficients, CostFit};
 use crate::index::{PrefixIndex, MAX_SLOTS};
-use crate::pd::uncached_tokens;
+use crate::pd::local_cost_ms;
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
 use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
+use crate::state::inflight::PodWork;
 use crate::state::load::LoadTable;
 use crate::state::messages::{Observation, Page};
 use hashbrown::HashMap;
@@ -23,8 +26,19 @@ pub trait Tokenizer {
 pub struct Blocks {
     pub hashes: Vec<u64>,
     pub affinity_key: u64,
-    /// Estimated prompt tokens (for P/D and in-flight token accounting).
+    /// Estimated prompt tokens (for the prediction and the work board).
     pub prompt_tokens: u64,
+}
+
+/// A prefill this VM routed that has not produced its first byte yet.
+#[derive(Debug, Clone, PartialEq)]
+struct PendingPrefill {
+    id: u64,
+    addr: String,
+    tokens: u64,
+    /// When it counts as done even without a first byte seen (a non-streaming response shows its
+    /// first byte only at the end): the predicted first token, with margin.
+    until_ms: u64,
 }
 
 #[derive(Default)]
@@ -34,8 +48,17 @@ pub struct Router {
     load: LoadTable,
     /// This VM's unfinished requests per pod, live.
     local_inflight: HashMap<String, u32>,
-    /// Every other VM's unfinished requests per pod, from the in-flight board.
-    others_inflight: HashMap<String, u32>,
+    /// This VM's prefills not yet at their first byte.
+    pending: Vec<PendingPrefill>,
+    next_pending_id: u64,
+    /// Every other VM's unfinished work per pod, from the work board.
+    others_work: HashMap<String, PodWork>,
+    /// This VM's own cost fits, learned from its own requests' first bytes.
+    fits: HashMap<String, CostFit>,
+    /// Every other VM's fits, from the fits board.
+    others_fits: HashMap<String, Vec<(Coefficients, f64)>>,
+    /// Running mean of the uncached tokens of the requests this VM routed.
+    typical_tokens: Option<f64>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -44,21 +67,22 @@ pub struct Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PdOutcome {
     Disaggregated,
-    /// Few enough uncached tokens that the decode pod prefills them itself.
-    ShortOrCached,
-    /// Worth disaggregating, but no healthy prefill pod serves the model.
+    /// Prefilling on the decode pod is cheaper (short, cached, or the prefill pool is busier).
+    LocalCheaper,
+    /// No healthy prefill pod serves the model.
     NoPrefillPod,
-    /// The decode pod holds most of a long prompt that no prefill pod holds: recomputing it on a
-    /// prefill pod would cost more than `max_prefill_work_ratio` times the local prefill.
-    PrefillPodColder,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PdPlan {
     pub prefill: Option<Choice>,
     pub outcome: PdOutcome,
-    pub uncached_tokens: u64,
-    pub threshold: f64,
+    /// Prompt tokens the decode pod does not hold.
+    pub uncached_tokens: f64,
+    /// The two costs compared (ms): decode-pod TTFT + stall of its streams, and the prefill pod's
+    /// predicted TTFT (absent without a prefill pod).
+    pub local_cost_ms: f64,
+    pub split_cost_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,8 +92,56 @@ pub struct Plan {
     pub pd: Option<PdPlan>,
 }
 
+/// Whose prefill a routed request is and what was predicted for it: what the work board carries
+/// until its first byte, and what that first byte teaches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstToken {
+    /// The pod that prefills (the prefill pod of a split request).
+    pub addr: String,
+    pub uncached_tokens: f64,
+    /// The model's features at routing time: tokens ahead + uncached, sequences decoding.
+    pub tokens: f64,
+    pub decoding: f64,
+    pub predicted_ms: f64,
+}
+
+impl Plan {
+    pub fn first_token(&self) -> Option<FirstToken> {
+        let choice = match (&self.pd, &self.decision) {
+            (
+                Some(PdPlan {
+                    prefill: Some(p), ..
+                }),
+                _,
+            ) => p,
+            (_, Decision::Route { ranked, .. }) => ranked.first()?,
+            _ => return None,
+        };
+        let p = &choice.prediction;
+        Some(FirstToken {
+            addr: choice.addr.clone(),
+            uncached_tokens: p.uncached_tokens,
+            tokens: p.tokens_ahead + p.uncached_tokens,
+            decoding: p.decoding,
+            predicted_ms: p.ttft_ms,
+        })
+    }
+}
+
 /// Longest prompt, in blocks, that is hashed: bounds per-request work on huge prompts.
 pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
+/// Before any request was routed, requests a pod reports waiting that the board does not show are
+/// counted at this size.
+const DEFAULT_TYPICAL_TOKENS: f64 = 512.0;
+/// Weight of the newest request in the running mean of request sizes.
+const TYPICAL_TOKENS_ALPHA: f64 = 0.05;
+/// A prefill with no first byte seen counts as done after its predicted TTFT times this (plus
+/// `PENDING_MARGIN_MS`): a non-streaming response only shows its first byte when it is complete.
+const PENDING_SLACK: f64 = 2.0;
+const PENDING_MARGIN_MS: u64 = 50;
+/// At most this many prefills are tracked per VM; beyond it the oldest stops counting (bounded
+/// memory whatever the traffic; a VM has far fewer requests in flight than this).
+const MAX_PENDING: usize = 4096;
 
 impl Router {
     pub fn new() -> Self {
@@ -92,8 +164,8 @@ impl Router {
         self.slot_of.get(addr).copied()
     }
 
-    /// Adopts a newer load table: new pods get index slots, removed pods are forgotten, capacities
-    /// follow what the pods report.
+    /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
+    /// capacities follow what the pods report.
     pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
         let removed: Vec<String> = self
             .slot_of
@@ -106,6 +178,8 @@ impl Router {
                 self.index.clear_slot(slot);
             }
         }
+        self.fits
+            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
         for pod in &table.pods {
             let slot = match self.slot_of.get(&pod.addr) {
                 Some(&s) => s,
@@ -205,11 +279,38 @@ impl Router {
         }
     }
 
-    /// In-flight requests to `addr`: the other VMs' rows on the board plus this VM's live count.
-    fn inflight(&self, addr: &str) -> f64 {
-        let others = self.others_inflight.get(addr).copied().unwrap_or(0);
-        let live = self.local_inflight.get(addr).copied().unwrap_or(0);
-        f64::from(others.saturating_add(live))
+    /// Unfinished work on `addr`: the other VMs' rows on the board plus this VM's live state.
+    fn work(&self, addr: &str) -> PodWork {
+        let mut w = self.others_work.get(addr).copied().unwrap_or_default();
+        w.inflight = w
+            .inflight
+            .saturating_add(self.local_inflight.get(addr).copied().unwrap_or(0));
+        for p in self.pending.iter().filter(|p| p.addr == addr) {
+            w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
+            w.prefill_requests = w.prefill_requests.saturating_add(1);
+        }
+        w
+    }
+
+    /// The cost model `addr` is predicted with: every VM's fit, weighted by samples; the prior
+    /// (plus the split overhead for a prefill pod) where nobody has samples.
+    pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
+        let own = self.fits.get(addr).map(|f| (f.coefficients(), f.samples()));
+        let others = self.others_fits.get(addr).into_iter().flatten().copied();
+        cost::merge(self.prior_of(config, addr), own.into_iter().chain(others))
+    }
+
+    fn prior_of(&self, config: &Config, addr: &str) -> Coefficients {
+        let mut prior = config.prediction.prior;
+        if self
+            .load
+            .pods
+            .iter()
+            .any(|p| p.addr == addr && p.role == Role::Prefill)
+        {
+            prior.overhead_ms += config.pd.split_overhead_ms;
+        }
+        prior
     }
 
     pub fn route(
@@ -226,20 +327,27 @@ impl Router {
             .load
             .pods
             .iter()
-            .map(|p| PodView {
-                addr: &p.addr,
-                role: p.role,
-                fresh: p.is_fresh(now_ms, config.stale_after_ms),
-                waiting: p.metrics.waiting,
-                running: p.metrics.running,
-                kv_usage: p.metrics.kv_usage,
-                inflight: self.inflight(&p.addr),
-                models: &p.metrics.models,
-                matched_blocks: self
-                    .slot_of
-                    .get(&p.addr)
-                    .and_then(|&s| lengths.get(s).copied())
-                    .unwrap_or(0),
+            .filter(|p| roles.contains(&p.role))
+            .map(|p| {
+                let work = self.work(&p.addr);
+                PodView {
+                    addr: &p.addr,
+                    role: p.role,
+                    fresh: p.is_fresh(now_ms, config.stale_after_ms),
+                    waiting: p.metrics.waiting,
+                    running: p.metrics.running,
+                    kv_usage: p.metrics.kv_usage,
+                    inflight: f64::from(work.inflight),
+                    queued_tokens: work.prefill_tokens as f64,
+                    queued_requests: f64::from(work.prefill_requests),
+                    cost: self.cost_of(config, &p.addr),
+                    models: &p.metrics.models,
+                    matched_blocks: self
+                        .slot_of
+                        .get(&p.addr)
+                        .and_then(|&s| lengths.get(s).copied())
+                        .unwrap_or(0),
+                }
             })
             .collect();
         decide(
@@ -249,7 +357,10 @@ impl Router {
                 model,
                 roles,
                 block_hashes: &blocks.hashes,
+                prompt_tokens: blocks.prompt_tokens,
+                tokens_per_block: config.block.tokens_per_block,
                 affinity_key: blocks.affinity_key,
+                typical_tokens: self.typical_tokens.unwrap_or(DEFAULT_TYPICAL_TOKENS),
                 hints,
             },
         )
@@ -285,52 +396,42 @@ impl Router {
         let Some(decode) = on_decode_pod else {
             return Plan { decision, pd: None };
         };
-        let (prefill_queue, decode_queue) = self.load.pd_queues(now_ms, config.stale_after_ms);
-        let threshold = config.pd.threshold(prefill_queue, decode_queue);
-        let uncached = uncached_tokens(
-            blocks.prompt_tokens,
-            decode.matched_blocks,
-            config.block.tokens_per_block,
-        );
-        let tokens_per_block = config.block.tokens_per_block;
-        let (prefill, outcome) = if (uncached as f64) <= threshold {
-            (None, PdOutcome::ShortOrCached)
-        } else {
-            // The decode pod already admitted the request: the prefill step is never shed.
-            let prefill_hints = Hints {
-                priority: 0,
-                ..hints
-            };
-            match self.route(
-                config,
-                model,
-                &[Role::Prefill],
-                blocks,
-                prefill_hints,
-                now_ms,
-            ) {
-                Decision::Route { ranked, .. } => match ranked.into_iter().next() {
-                    Some(p)
-                        if uncached_tokens(blocks.prompt_tokens, p.matched_blocks, tokens_per_block)
-                            as f64
-                            > config.pd.max_prefill_work_ratio * uncached as f64 =>
-                    {
-                        (None, PdOutcome::PrefillPodColder)
-                    }
-                    Some(p) => (Some(p), PdOutcome::Disaggregated),
-                    None => (None, PdOutcome::NoPrefillPod),
-                },
-                Decision::NoEndpoint(_) => (None, PdOutcome::NoPrefillPod),
-            }
+        let local = &decode.prediction;
+        let cost = self.cost_of(config, &decode.addr);
+        let prefill_ms = cost.us_per_token * local.uncached_tokens / 1e3;
+        let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
+        // The decode pod already admitted the request: the prefill step is never shed, and a
+        // session pins its decode pod, not its prefill pod.
+        let prefill_hints = Hints {
+            priority: 0,
+            session: None,
+        };
+        let prefill = match self.route(
+            config,
+            model,
+            &[Role::Prefill],
+            blocks,
+            prefill_hints,
+            now_ms,
+        ) {
+            Decision::Route { ranked, .. } => ranked.into_iter().next(),
+            Decision::NoEndpoint(_) => None,
+        };
+        let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
+        let (prefill, outcome) = match (prefill, split_cost) {
+            (Some(p), Some(c)) if c < local_cost => (Some(p), PdOutcome::Disaggregated),
+            (Some(_), _) => (None, PdOutcome::LocalCheaper),
+            (None, _) => (None, PdOutcome::NoPrefillPod),
         };
         Plan {
-            decision,
             pd: Some(PdPlan {
                 prefill,
                 outcome,
-                uncached_tokens: uncached,
-                threshold,
+                uncached_tokens: local.uncached_tokens,
+                local_cost_ms: local_cost,
+                split_cost_ms: split_cost,
             }),
+            decision,
         }
     }
 
@@ -354,21 +455,102 @@ impl Router {
         }
     }
 
-    /// This VM's unfinished requests per pod, for its row on the in-flight board.
-    pub fn own_inflight(&mut self) -> Vec<(String, u32)> {
-        self.local_inflight.retain(|_, n| *n > 0);
-        let mut counts: Vec<(String, u32)> = self
-            .local_inflight
-            .iter()
-            .map(|(a, n)| (a.clone(), *n))
-            .collect();
-        counts.sort();
-        counts
+    /// Puts a routed request's prefill on the board until [`Router::prefill_done`] (or its deadline);
+    /// returns its handle.
+    pub fn prefill_start(&mut self, first: &FirstToken, now_ms: u64) -> u64 {
+        let alpha = TYPICAL_TOKENS_ALPHA;
+        self.typical_tokens = Some(match self.typical_tokens {
+            Some(t) => t * (1.0 - alpha) + first.uncached_tokens * alpha,
+            None => first.uncached_tokens,
+        });
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.next_pending_id += 1;
+        let wait = (first.predicted_ms.max(0.0) * PENDING_SLACK) as u64 + PENDING_MARGIN_MS;
+        self.pending.push(PendingPrefill {
+            id: self.next_pending_id,
+            addr: first.addr.clone(),
+            tokens: first.uncached_tokens.max(0.0) as u64,
+            until_ms: now_ms.saturating_add(wait),
+        });
+        self.next_pending_id
     }
 
-    /// Adopts the other VMs' counts read from the in-flight board.
-    pub fn set_others_inflight(&mut self, others: HashMap<String, u32>) {
-        self.others_inflight = others;
+    /// The prefill's first byte arrived, or the request ended: it no longer counts as queued work.
+    /// Returns whether it was still counted (the board row changed).
+    pub fn prefill_done(&mut self, id: u64) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|p| p.id != id);
+        self.pending.len() != before
+    }
+
+    /// Drops prefills past their deadline; returns whether any was dropped (the row changed).
+    pub fn expire_prefills(&mut self, now_ms: u64) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|p| p.until_ms > now_ms);
+        self.pending.len() != before
+    }
+
+    /// Learns from a first byte: the request's features at routing time and how long it took.
+    pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
+        let mut learning = config.prediction.learning();
+        learning.prior = self.prior_of(config, &first.addr);
+        self.fits
+            .entry_ref(first.addr.as_str())
+            .or_insert_with(|| CostFit::new(&learning))
+            .observe(&learning, first.tokens, first.decoding, observed_ms);
+    }
+
+    /// This VM's unfinished work per pod, for its row on the work board.
+    pub fn own_work(&mut self) -> Vec<(String, PodWork)> {
+        self.local_inflight.retain(|_, n| *n > 0);
+        let mut rows: HashMap<&str, PodWork> = HashMap::new();
+        for (addr, n) in &self.local_inflight {
+            rows.entry(addr.as_str()).or_default().inflight = *n;
+        }
+        for p in &self.pending {
+            let w = rows.entry(p.addr.as_str()).or_default();
+            w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
+            w.prefill_requests = w.prefill_requests.saturating_add(1);
+        }
+        let mut out: Vec<(String, PodWork)> =
+            rows.into_iter().map(|(a, w)| (a.to_string(), w)).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Adopts the other VMs' work read from the board.
+    pub fn set_others_work(&mut self, others: HashMap<String, PodWork>) {
+        self.others_work = others;
+    }
+
+    /// This VM's fits, for its row on the fits board.
+    pub fn own_fits(&self) -> Vec<(String, Coefficients, f64)> {
+        let mut out: Vec<(String, Coefficients, f64)> = self
+            .fits
+            .iter()
+            .map(|(a, f)| (a.clone(), f.coefficients(), f.samples()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Samples behind `addr`'s model, every VM's together (for the stats).
+    pub fn fit_samples(&self, addr: &str) -> f64 {
+        let own = self.fits.get(addr).map_or(0.0, |f| f.samples());
+        let others: f64 = self
+            .others_fits
+            .get(addr)
+            .into_iter()
+            .flatten()
+            .map(|(_, n)| *n)
+            .sum();
+        own + others
+    }
+
+    pub fn set_others_fits(&mut self, others: HashMap<String, Vec<(Coefficients, f64)>>) {
+        self.others_fits = others;
     }
 }
 
@@ -544,7 +726,7 @@ mod tests {
     }
 
     #[test]
-    fn other_vms_requests_count_as_soon_as_the_board_is_read() {
+    fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         use crate::state::inflight::Board;
         let cfg = Config::default();
         let (mut vm1, mut vm2) = (Router::new(), Router::new());
@@ -554,16 +736,105 @@ mod tests {
         let mut board = Board::default();
         vm1.inflight_start("a:1");
         vm1.inflight_start("a:1");
-        board.put_row(1, 100, &vm1.own_inflight(), 3000);
+        let first = FirstToken {
+            addr: "a:1".into(),
+            uncached_tokens: 3000.0,
+            tokens: 3000.0,
+            decoding: 0.0,
+            predicted_ms: 100.0,
+        };
+        let id = vm1.prefill_start(&first, 100);
+        board.put_row(1, 100, &vm1.own_work(), 3000);
         vm2.inflight_start("a:1");
-        vm2.set_others_inflight(board.others(2, 100, 3000));
-        assert_eq!(vm2.inflight("a:1"), 3.0);
-        assert_eq!(vm2.inflight("b:1"), 0.0);
+        vm2.set_others_work(board.others(2, 100, 3000));
+        let w = vm2.work("a:1");
+        assert_eq!(
+            (w.inflight, w.prefill_tokens, w.prefill_requests),
+            (3, 3000, 1)
+        );
+        assert_eq!(vm2.work("b:1"), PodWork::default());
+        // The other VM's queued prefill makes a new prompt cheaper on the idle pod.
+        let b = Router::blocks(&cfg, &chat("fresh", "prompt"), None);
+        assert_eq!(
+            primary(&vm2.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)),
+            "b:1"
+        );
+        assert!(vm1.prefill_done(id));
+        assert!(!vm1.prefill_done(id), "done once");
         vm1.inflight_end("a:1");
         vm1.inflight_end("a:1");
+        assert!(vm1.own_work().is_empty(), "finished requests leave the row");
+    }
+
+    #[test]
+    fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["a:1"], 100));
+        let first = FirstToken {
+            addr: "a:1".into(),
+            uncached_tokens: 10.0,
+            tokens: 10.0,
+            decoding: 0.0,
+            predicted_ms: 100.0,
+        };
+        r.prefill_start(&first, 1000);
+        assert!(!r.expire_prefills(1000 + 200));
+        assert!(r.expire_prefills(1000 + 251), "2 × 100 ms + 50 ms margin");
+        for _ in 0..MAX_PENDING + 10 {
+            r.prefill_start(&first, 1000);
+        }
+        assert_eq!(r.pending.len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn a_slow_pod_is_learned_and_gets_less_work() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["fast:1", "slow:1"], 100));
+        // Samples as the board gives them: the request's own tokens plus a queue ahead that varies.
+        for i in 0..40 {
+            let tokens = 500.0 + 800.0 * f64::from(i % 10);
+            for (addr, us) in [("fast:1", 20.0), ("slow:1", 40.0)] {
+                let first = FirstToken {
+                    addr: addr.into(),
+                    uncached_tokens: tokens,
+                    tokens,
+                    decoding: 0.0,
+                    predicted_ms: 0.0,
+                };
+                r.learn(&cfg, &first, 2.0 + us * tokens / 1e3);
+            }
+        }
+        let fast = r.cost_of(&cfg, "fast:1");
+        let slow = r.cost_of(&cfg, "slow:1");
         assert!(
-            vm1.own_inflight().is_empty(),
-            "finished requests leave the row"
+            (slow.us_per_token / fast.us_per_token - 2.0).abs() < 0.2,
+            "{fast:?} {slow:?}"
+        );
+        // Queue equal work on both: new prompts keep choosing the fast pod until its queue is
+        // about twice the slow one's.
+        let mut queued = [0u64; 2];
+        for i in 0..30 {
+            let b = Router::blocks(
+                &cfg,
+                &chat(&format!("unique {i} "), &"w ".repeat(1000)),
+                None,
+            );
+            let pod = primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100));
+            let first = FirstToken {
+                addr: pod.clone(),
+                uncached_tokens: b.prompt_tokens as f64,
+                tokens: 0.0,
+                decoding: 0.0,
+                predicted_ms: 1e9,
+            };
+            r.prefill_start(&first, 100);
+            queued[usize::from(pod == "slow:1")] += 1;
+        }
+        assert!(
+            queued[0] >= 18 && queued[0] <= 22,
+            "fast pod took about two thirds: {queued:?}"
         );
     }
 
@@ -650,6 +921,10 @@ mod pd_tests {
     }
 
     fn router(cfg: &Config, prefill_waiting: f64) -> Router {
+        router_with_streams(cfg, prefill_waiting, 0.0)
+    }
+
+    fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) -> Router {
         let mut pods = Vec::new();
         for pool in &cfg.pools {
             for ep in &pool.endpoints {
@@ -665,7 +940,11 @@ mod pd_tests {
                         } else {
                             0.0
                         },
-                        running: if pool.role == Role::Decode { 20.0 } else { 0.0 },
+                        running: if pool.role == Role::Decode {
+                            decode_running
+                        } else {
+                            0.0
+                        },
                         ..PodMetrics::default()
                     },
                 });
@@ -707,7 +986,7 @@ mod pd_tests {
             .plan(&cfg, "m", &blocks(100), Hints::default(), 100)
             .pd
             .unwrap();
-        assert_eq!(short.outcome, PdOutcome::ShortOrCached);
+        assert_eq!(short.outcome, PdOutcome::LocalCheaper);
         assert!(short.prefill.is_none());
     }
 
@@ -721,24 +1000,25 @@ mod pd_tests {
             hashes: b.hashes.clone(),
         });
         let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
-        assert_eq!(pd.uncached_tokens, 0);
-        assert_eq!(pd.outcome, PdOutcome::ShortOrCached);
+        assert_eq!(pd.uncached_tokens, 0.0);
+        assert_eq!(pd.outcome, PdOutcome::LocalCheaper);
     }
 
     #[test]
-    fn a_busy_prefill_pool_raises_the_threshold_and_a_dead_one_means_decode_only() {
+    fn a_busy_prefill_pool_keeps_prefills_local_and_a_dead_one_means_decode_only() {
         let cfg = pd_config();
         let idle = router(&cfg, 0.0)
             .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
             .pd
             .unwrap();
         assert_eq!(idle.outcome, PdOutcome::Disaggregated);
+        // Each prefill pod reports 12 waiting requests the gateway did not send.
         let busy = router(&cfg, 12.0)
             .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
             .pd
             .unwrap();
-        assert!(busy.threshold > idle.threshold);
-        assert_eq!(busy.outcome, PdOutcome::ShortOrCached);
+        assert!(busy.split_cost_ms.unwrap() > idle.split_cost_ms.unwrap());
+        assert_eq!(busy.outcome, PdOutcome::LocalCheaper);
         let mut dead = router(&cfg, 0.0);
         let mut table = dead.load_table().clone();
         for p in table.pods.iter_mut().filter(|p| p.role == Role::Prefill) {
@@ -750,6 +1030,31 @@ mod pd_tests {
             .pd
             .unwrap();
         assert_eq!(pd.outcome, PdOutcome::NoPrefillPod);
+    }
+
+    #[test]
+    fn a_long_prompt_beside_running_streams_is_split_but_not_on_an_idle_short_one() {
+        let cfg = pd_config();
+        // 20 streams decode on the decode pod: a 300-token prefill there stalls every one of them,
+        // so even a short prompt is cheaper on a prefill pod ...
+        let r = router_with_streams(&cfg, 0.0, 20.0);
+        let pd = r
+            .plan(&cfg, "m", &blocks(300), Hints::default(), 100)
+            .pd
+            .unwrap();
+        assert_eq!(pd.outcome, PdOutcome::Disaggregated, "{pd:?}");
+        // ... but a handful of tokens are not worth a split's overhead ...
+        let pd = r
+            .plan(&cfg, "m", &blocks(16), Hints::default(), 100)
+            .pd
+            .unwrap();
+        assert_eq!(pd.outcome, PdOutcome::LocalCheaper, "{pd:?}");
+        // ... and without streams to stall, 300 tokens stay local too.
+        let pd = router(&cfg, 0.0)
+            .plan(&cfg, "m", &blocks(300), Hints::default(), 100)
+            .pd
+            .unwrap();
+        assert_eq!(pd.outcome, PdOutcome::LocalCheaper, "{pd:?}");
     }
 
     #[test]
@@ -774,7 +1079,7 @@ mod pd_tests {
             hashes: b.hashes[..held].to_vec(),
         });
         let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
-        assert_eq!(pd.outcome, PdOutcome::PrefillPodColder);
+        assert_eq!(pd.outcome, PdOutcome::LocalCheaper);
         // Once a prefill pod holds the context too, the split pays again.
         r.observe(&Observation {
             addr: "10.0.0.1:1".into(),

@@ -5,12 +5,12 @@
 //! continues untouched to the cluster's own load balancer.
 
 use super::root::Vm;
-use super::stats::Counter;
+use super::stats::{Counter, Histogram};
 use crate::config::NoEndpointPolicy;
 use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
 use crate::pd::{self, PdMode};
 use crate::request::{self, Endpoint};
-use crate::router::{Blocks, PdOutcome, PdPlan, Plan, Router};
+use crate::router::{Blocks, FirstToken, PdOutcome, PdPlan, Plan, Router};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
 use crate::scheduler::{Choice, Decision, Hints, Rejection, RouteReason};
@@ -30,6 +30,18 @@ struct PendingPrefill {
     body_len: usize,
 }
 
+/// The request's prefill as the work board sees it, until its first response byte.
+struct Awaiting {
+    first: FirstToken,
+    /// Handle of the board entry; `None` once its work stopped counting (an inline prefill that
+    /// answered, or a deadline).
+    pending: Option<u64>,
+    routed_at_us: u64,
+    /// A streamed response's first byte is its first token: that time teaches the cost model. A
+    /// non-streamed one's first byte comes at the end, after the decode.
+    learnable: bool,
+}
+
 pub struct Filter {
     vm: Option<Rc<RefCell<Vm>>>,
     endpoint: Option<Endpoint>,
@@ -37,6 +49,8 @@ pub struct Filter {
     routed_to: Option<String>,
     debug: Option<String>,
     prefill: Option<PendingPrefill>,
+    awaiting: Option<Awaiting>,
+    response_ok: bool,
     hints: Hints,
 }
 
@@ -95,9 +109,10 @@ fn debug_line(
     reason: RouteReason,
     pd: Option<&PdPlan>,
 ) -> String {
-    let s = &primary.scores;
+    use std::fmt::Write as _;
+    let p = &primary.prediction;
     let mut line = format!(
-        "pod={}; reason={}; matched_blocks={}/{}; score={:.3}; prefix={:.3}; queue={:.3}; kv={:.3}; inflight={:.3}; capped={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
+        "pod={}; reason={}; matched_blocks={}/{}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
         primary.addr,
         match reason {
             RouteReason::PrefixHit => "prefix",
@@ -106,12 +121,11 @@ fn debug_line(
         },
         primary.matched_blocks,
         blocks.hashes.len(),
-        s.total,
-        s.prefix,
-        s.queue,
-        s.kv_cache,
-        s.inflight,
-        s.capped,
+        p.ttft_ms,
+        p.uncached_tokens,
+        p.tokens_ahead,
+        p.decoding,
+        primary.guarded,
         fallbacks.join(","),
         vm.id(),
         vm.router.applied_page,
@@ -125,16 +139,24 @@ fn debug_line(
     if let Some(pd) = pd {
         let outcome = match pd.outcome {
             PdOutcome::Disaggregated => "disaggregated",
-            PdOutcome::ShortOrCached => "decode_only",
+            PdOutcome::LocalCheaper => "decode_only",
             PdOutcome::NoPrefillPod => "decode_only_no_prefill_pod",
-            PdOutcome::PrefillPodColder => "decode_only_prefill_pod_colder",
         };
-        line.push_str(&format!(
-            "; pd={outcome}; prefill={}; uncached_tokens={}; threshold={:.0}",
+        let _ = write!(
+            line,
+            "; pd={outcome}; prefill={}; pd_uncached_tokens={:.0}; local_cost_ms={:.1}; split_cost_ms={}",
             pd.prefill.as_ref().map_or("", |c| c.addr.as_str()),
             pd.uncached_tokens,
-            pd.threshold
-        ));
+            pd.local_cost_ms,
+            pd.split_cost_ms.map(|c| format!("{c:.1}")).unwrap_or_default(),
+        );
+        if let Some(prefill) = &pd.prefill {
+            let _ = write!(
+                line,
+                "; prefill_predicted_ttft_ms={:.1}",
+                prefill.prediction.ttft_ms
+            );
+        }
     }
     line
 }
@@ -148,7 +170,41 @@ impl Filter {
             routed_to: None,
             debug: None,
             prefill: None,
+            awaiting: None,
+            response_ok: false,
             hints: Hints::default(),
+        }
+    }
+
+    /// The first response byte (or the end of a response without one): the prefill is done; a
+    /// streamed 2xx teaches the pod's cost model.
+    fn first_byte(&mut self) {
+        let Some(awaiting) = self.awaiting.take() else {
+            return;
+        };
+        let Some(vm_rc) = self.vm.clone() else {
+            return;
+        };
+        let Ok(mut vm) = vm_rc.try_borrow_mut() else {
+            return;
+        };
+        let now = super::now_ms();
+        let changed = awaiting
+            .pending
+            .is_some_and(|id| vm.router.prefill_done(id));
+        if awaiting.learnable && self.response_ok {
+            let observed_ms = super::now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
+            let config = vm.config.clone();
+            vm.router.learn(&config, &awaiting.first, observed_ms);
+            vm.stats.record(Histogram::TtftMs, observed_ms as u64);
+            if observed_ms > 0.0 {
+                let error = (awaiting.first.predicted_ms - observed_ms).abs() / observed_ms;
+                vm.stats
+                    .record(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
+            }
+        }
+        if changed {
+            vm.write_inflight_row(now);
         }
     }
 
@@ -186,6 +242,7 @@ impl Filter {
             vm.stats.inc(Counter::Passthrough);
             return Action::Continue;
         }
+        let first_token = plan.first_token();
         let Plan { decision, pd } = plan;
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
@@ -241,6 +298,15 @@ impl Filter {
             ));
         }
         vm.router.inflight_start(&primary.addr);
+        if let Some(first) = first_token {
+            let pending = Some(vm.router.prefill_start(&first, now));
+            self.awaiting = Some(Awaiting {
+                first,
+                pending,
+                routed_at_us: super::now_us(),
+                learnable: view.stream,
+            });
+        }
         vm.write_inflight_row(now);
         self.routed_to = Some(primary.addr.clone());
         let prefill_pod = pd
@@ -327,6 +393,15 @@ impl Context for Filter {
         };
         let (status, answer) = super::call_response(body_size);
         let vm_rc = self.vm.clone();
+        if let (Some(vm), Some(awaiting)) = (&vm_rc, self.awaiting.as_mut()) {
+            // The prefill pod's part is over: its work leaves the board now, while the sample
+            // still waits for the client's first byte (the split path's whole time is learned).
+            if let (Ok(mut vm), Some(id)) = (vm.try_borrow_mut(), awaiting.pending.take()) {
+                if vm.router.prefill_done(id) {
+                    vm.write_inflight_row(super::now_ms());
+                }
+            }
+        }
         let vm = vm_rc.as_ref().and_then(|v| v.try_borrow().ok());
         let count = |c: Counter| {
             if let Some(vm) = &vm {
@@ -361,7 +436,10 @@ impl Context for Filter {
             }
             _ => {
                 // Failed, timed out (status 503/504 from the host) or no KV to hand over: the decode
-                // pod prefills the prompt itself.
+                // pod prefills the prompt itself, so its first byte says nothing of the split path.
+                if let Some(a) = self.awaiting.as_mut() {
+                    a.learnable = false;
+                }
                 log::debug!("kvroute: inline prefill answered {status}; decoding without it");
                 count(Counter::PdPrefillFailures);
                 count(Counter::PdDecodeOnly);
@@ -444,14 +522,33 @@ impl HttpContext for Filter {
         self.route(&mut vm, endpoint, &body)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if let Some(debug) = &self.debug {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG, Some(debug));
+        }
+        if self.awaiting.is_some() {
+            self.response_ok = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.starts_with('2'));
+            if end_of_stream || !self.response_ok {
+                self.first_byte();
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.awaiting.is_some() && (body_size > 0 || end_of_stream) {
+            self.first_byte();
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
+        // Reset, timeout or a local reply before any response byte: the prefill stops counting.
+        self.response_ok = false;
+        self.first_byte();
         if let (Some(addr), Some(vm)) = (self.routed_to.take(), &self.vm) {
             if let Ok(mut vm) = vm.try_borrow_mut() {
                 vm.router.inflight_end(&addr);

@@ -32,6 +32,14 @@ fn call_response(body_size: usize) -> (u32, Vec<u8>) {
     (status, body)
 }
 
+/// Microseconds since the epoch from the host clock (first-byte timing); 0 if the host cannot tell.
+fn now_us() -> u64 {
+    proxy_wasm::hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Milliseconds since the epoch from the host clock; 0 if the host cannot tell.
 fn now_ms() -> u64 {
     proxy_wasm::hostcalls::get_current_time()

@@ -4,16 +4,17 @@
 use super::filter::Filter;
 use super::shared;
 use super::stats::{Counter, Gauge, Stats};
+use crate::config::BlockMode;
 use crate::config::Config;
-use crate::config::{BlockMode, Role};
 use crate::leader::{Leader, PollResult};
 use crate::router::{Router, Tokenizer};
+use crate::state::fits::FitBoard;
 use crate::state::inflight::Board;
 use crate::state::lease::{self, Lease};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{
-    page_key, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
+    page_key, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
     QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use hashbrown::HashMap;
@@ -39,6 +40,9 @@ const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
 const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
 /// Compare-and-swap attempts per row write; a write that loses them all is retried on the next tick.
 const INFLIGHT_CAS_ATTEMPTS: usize = 4;
+/// A VM publishes its cost fits this often (they change slowly; read on every tick).
+const FITS_HEARTBEAT_MS: u64 = 1000;
+const FITS_ROW_TTL_MS: u64 = 10 * FITS_HEARTBEAT_MS;
 
 /// Everything one VM knows; shared by its root and HTTP contexts (one thread per VM).
 pub struct Vm {
@@ -54,6 +58,8 @@ pub struct Vm {
     last_row_write_ms: u64,
     /// The last row write lost every compare-and-swap; the next tick writes again.
     row_write_pending: bool,
+    last_fits_write_ms: u64,
+    fits_cas: Option<u32>,
     /// Observations made before any leader registered the queue.
     unsent: Vec<Vec<u8>>,
 }
@@ -82,6 +88,8 @@ impl Vm {
             load_cas: None,
             last_row_write_ms: 0,
             row_write_pending: false,
+            last_fits_write_ms: 0,
+            fits_cas: None,
             unsent: Vec::new(),
         }
     }
@@ -302,9 +310,10 @@ impl Vm {
             Gauge::PdDecodePoolQueueX1000,
             (decode_queue * 1000.0) as u64,
         );
-        if self.config.pools.iter().any(|p| p.role == Role::Decode) {
-            let threshold = self.config.pd.threshold(prefill_queue, decode_queue);
-            self.stats.set(Gauge::PdThresholdTokens, threshold as u64);
+        for pod in &table.pods {
+            let cost = self.router.cost_of(&self.config, &pod.addr);
+            let samples = self.router.fit_samples(&pod.addr);
+            self.stats.set_pod_cost(&pod.addr, &cost, samples);
         }
         self.leader = Some(st);
     }
@@ -352,31 +361,59 @@ impl Vm {
             }
         }
         self.refresh_load_table();
-        if self.row_write_pending
+        let expired = self.router.expire_prefills(now);
+        if expired
+            || self.row_write_pending
             || now.saturating_sub(self.last_row_write_ms) >= INFLIGHT_HEARTBEAT_MS
         {
             self.write_inflight_row(now);
         }
+        self.sync_fits(now);
         if self.leader.is_none() {
             self.sync_pages();
         }
     }
 
-    /// Reads the board (one shared-data read) and adopts the other VMs' in-flight counts; returns
+    /// Reads the board (one shared-data read) and adopts the other VMs' unfinished work; returns
     /// the board and its compare-and-swap token for a write.
     pub fn read_inflight_board(&mut self, now: u64) -> (Board, Option<u32>) {
         let (bytes, cas) = shared::get(INFLIGHT_KEY);
         let board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
         self.router
-            .set_others_inflight(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+            .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
         (board, cas)
+    }
+
+    /// Adopts the other VMs' cost fits when the key changed, and publishes this VM's own at most
+    /// once per heartbeat.
+    fn sync_fits(&mut self, now: u64) {
+        let (bytes, cas) = shared::get(FITS_KEY);
+        if cas != self.fits_cas {
+            let board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+            self.router
+                .set_others_fits(board.others(self.id, now, FITS_ROW_TTL_MS));
+            self.fits_cas = cas;
+        }
+        if now.saturating_sub(self.last_fits_write_ms) < FITS_HEARTBEAT_MS {
+            return;
+        }
+        let own = self.router.own_fits();
+        if own.is_empty() {
+            return;
+        }
+        let mut board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+        board.put_row(self.id, now, own, FITS_ROW_TTL_MS);
+        // One attempt: a lost race is retried on the next tick.
+        if shared::cas(FITS_KEY, &board.encode(), cas).is_ok() {
+            self.last_fits_write_ms = now;
+        }
     }
 
     /// Rewrites this VM's row on the in-flight board (and re-reads the others on the way). The key's
     /// first insert is not guarded by compare-and-swap; two VMs racing on it lose one row until that
     /// VM's next write, at most a heartbeat later.
     pub fn write_inflight_row(&mut self, now: u64) {
-        let own = self.router.own_inflight();
+        let own = self.router.own_work();
         for _ in 0..INFLIGHT_CAS_ATTEMPTS {
             let (mut board, cas) = self.read_inflight_board(now);
             board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);

@@ -3,6 +3,8 @@
 //! `/stats/prometheus`. Metrics are process-wide by name: every VM defines the same names and
 //! increments the same counters; gauges are set by the leader alone.
 
+use crate::cost::Coefficients;
+use hashbrown::HashMap;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -12,7 +14,7 @@ pub enum Counter {
     Routed,
     /// … whose primary pod already held part of the prompt.
     RoutedPrefixHit,
-    /// … chosen by load alone (no known prefix, or the affinity cap applied).
+    /// … to a pod holding none of the prompt (chosen by predicted TTFT alone).
     RoutedLoad,
     /// Requests left to the cluster's own load balancer (not inference, unparsable, too large).
     Passthrough,
@@ -48,80 +50,176 @@ pub enum Gauge {
     PodsKnown,
     /// Block hashes in the leader's prefix index.
     IndexEntries,
-    /// The current disaggregation threshold (uncached prompt tokens), set by the leader.
-    PdThresholdTokens,
-    /// Mean queued (waiting) requests per prefill pod, × 1000: the P/D threshold's pressure input.
+    /// Mean queued (waiting) requests per prefill pod, × 1000.
     PdPrefillPoolQueueX1000,
     /// Mean queued requests per decode pod, × 1000.
     PdDecodePoolQueueX1000,
 }
 
-const COUNTERS: [(Counter, &str); 15] = [
-    (Counter::Routed, "kvroute.requests_routed"),
-    (Counter::RoutedPrefixHit, "kvroute.routed_prefix_hit"),
-    (Counter::RoutedLoad, "kvroute.routed_load"),
-    (Counter::Passthrough, "kvroute.passthrough"),
-    (Counter::NoEndpoint, "kvroute.no_endpoint"),
-    (Counter::RoutedSession, "kvroute.routed_session"),
-    (Counter::Shed, "kvroute.shed"),
-    (Counter::BadPriority, "kvroute.bad_priority"),
-    (
-        Counter::SpoofedHeadersRemoved,
-        "kvroute.spoofed_headers_removed",
-    ),
-    (Counter::PollFailures, "kvroute.poll_failures"),
-    (Counter::LeaderChanges, "kvroute.leader_changes"),
-    (Counter::PdDisaggregated, "kvroute.pd.disaggregated"),
-    (Counter::PdDecodeOnly, "kvroute.pd.decode_only"),
-    (Counter::PdPrefillFailures, "kvroute.pd.prefill_failures"),
-    (Counter::PdPrefillRejected, "kvroute.pd.prefill_rejected"),
-];
+/// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
+#[derive(Debug, Clone, Copy)]
+pub enum Histogram {
+    /// Time from the routing decision to the response's first body byte, streamed responses.
+    TtftMs,
+    /// |predicted − observed| / observed time to first byte, in percent.
+    TtftPredictionErrorPct,
+}
 
-const GAUGES: [(Gauge, &str); 6] = [
-    (Gauge::PodsHealthy, "kvroute.pods_healthy"),
-    (Gauge::PodsKnown, "kvroute.pods_known"),
-    (Gauge::IndexEntries, "kvroute.index_entries"),
-    (Gauge::PdThresholdTokens, "kvroute.pd.threshold_tokens"),
-    (
+impl Counter {
+    const ALL: [Counter; 15] = [
+        Counter::Routed,
+        Counter::RoutedPrefixHit,
+        Counter::RoutedLoad,
+        Counter::Passthrough,
+        Counter::NoEndpoint,
+        Counter::RoutedSession,
+        Counter::Shed,
+        Counter::BadPriority,
+        Counter::SpoofedHeadersRemoved,
+        Counter::PollFailures,
+        Counter::LeaderChanges,
+        Counter::PdDisaggregated,
+        Counter::PdDecodeOnly,
+        Counter::PdPrefillFailures,
+        Counter::PdPrefillRejected,
+    ];
+
+    /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Routed => "kvroute.requests_routed",
+            Counter::RoutedPrefixHit => "kvroute.routed_prefix_hit",
+            Counter::RoutedLoad => "kvroute.routed_load",
+            Counter::Passthrough => "kvroute.passthrough",
+            Counter::NoEndpoint => "kvroute.no_endpoint",
+            Counter::RoutedSession => "kvroute.routed_session",
+            Counter::Shed => "kvroute.shed",
+            Counter::BadPriority => "kvroute.bad_priority",
+            Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
+            Counter::PollFailures => "kvroute.poll_failures",
+            Counter::LeaderChanges => "kvroute.leader_changes",
+            Counter::PdDisaggregated => "kvroute.pd.disaggregated",
+            Counter::PdDecodeOnly => "kvroute.pd.decode_only",
+            Counter::PdPrefillFailures => "kvroute.pd.prefill_failures",
+            Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected",
+        }
+    }
+}
+
+impl Gauge {
+    const ALL: [Gauge; 5] = [
+        Gauge::PodsHealthy,
+        Gauge::PodsKnown,
+        Gauge::IndexEntries,
         Gauge::PdPrefillPoolQueueX1000,
-        "kvroute.pd.prefill_pool_queue_x1000",
-    ),
-    (
         Gauge::PdDecodePoolQueueX1000,
-        "kvroute.pd.decode_pool_queue_x1000",
-    ),
-];
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Gauge::PodsHealthy => "kvroute.pods_healthy",
+            Gauge::PodsKnown => "kvroute.pods_known",
+            Gauge::IndexEntries => "kvroute.index_entries",
+            Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",
+            Gauge::PdDecodePoolQueueX1000 => "kvroute.pd.decode_pool_queue_x1000",
+        }
+    }
+}
+
+impl Histogram {
+    const ALL: [Histogram; 2] = [Histogram::TtftMs, Histogram::TtftPredictionErrorPct];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Histogram::TtftMs => "kvroute.ttft_ms",
+            Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_pct",
+        }
+    }
+}
+
+/// One pod's learned cost as gauges named after the pod: `kvroute.pod.<ip>_<port>.*`, the
+/// address's dots and colons made underscores so that Envoy's stat tags leave it whole.
+#[derive(Debug, Clone, Copy)]
+struct PodCostIds {
+    overhead_us: Option<u32>,
+    ns_per_token: Option<u32>,
+    fit_samples: Option<u32>,
+}
 
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
-    counters: Vec<Option<u32>>,
-    gauges: Vec<Option<u32>>,
+    ids: HashMap<&'static str, u32>,
+    pods: HashMap<String, PodCostIds>,
 }
 
 impl Stats {
     /// Defines every metric once per VM; a metric the host refuses is skipped, never fatal.
     pub fn define() -> Stats {
+        let names = Counter::ALL
+            .iter()
+            .map(|c| (MetricType::Counter, c.name()))
+            .chain(Gauge::ALL.iter().map(|g| (MetricType::Gauge, g.name())))
+            .chain(
+                Histogram::ALL
+                    .iter()
+                    .map(|h| (MetricType::Histogram, h.name())),
+            );
         Stats {
-            counters: COUNTERS
-                .iter()
-                .map(|(_, name)| hostcalls::define_metric(MetricType::Counter, name).ok())
+            ids: names
+                .filter_map(|(kind, name)| Some((name, hostcalls::define_metric(kind, name).ok()?)))
                 .collect(),
-            gauges: GAUGES
-                .iter()
-                .map(|(_, name)| hostcalls::define_metric(MetricType::Gauge, name).ok())
-                .collect(),
+            pods: HashMap::new(),
         }
     }
 
     pub fn inc(&self, c: Counter) {
-        if let Some(Some(id)) = self.counters.get(c as usize) {
+        if let Some(id) = self.ids.get(c.name()) {
             let _ = hostcalls::increment_metric(*id, 1);
         }
     }
 
     pub fn set(&self, g: Gauge, value: u64) {
-        if let Some(Some(id)) = self.gauges.get(g as usize) {
+        if let Some(id) = self.ids.get(g.name()) {
             let _ = hostcalls::record_metric(*id, value);
+        }
+    }
+
+    pub fn record(&self, h: Histogram, value: u64) {
+        if let Some(id) = self.ids.get(h.name()) {
+            let _ = hostcalls::record_metric(*id, value);
+        }
+    }
+
+    /// Publishes a pod's learned cost (the leader, on its tick; bounded by the pool size).
+    pub fn set_pod_cost(&mut self, addr: &str, cost: &Coefficients, samples: f64) {
+        let ids = match self.pods.get(addr) {
+            Some(ids) => *ids,
+            None => {
+                let base: String = addr
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                    .collect();
+                let gauge = |what: &str| {
+                    let name = format!("kvroute.pod.{base}.{what}");
+                    hostcalls::define_metric(MetricType::Gauge, &name).ok()
+                };
+                let ids = PodCostIds {
+                    overhead_us: gauge("overhead_us"),
+                    ns_per_token: gauge("prefill_ns_per_token"),
+                    fit_samples: gauge("fit_samples"),
+                };
+                self.pods.insert(addr.to_string(), ids);
+                ids
+            }
+        };
+        for (id, value) in [
+            (ids.overhead_us, cost.overhead_ms * 1e3),
+            (ids.ns_per_token, cost.us_per_token * 1e3),
+            (ids.fit_samples, samples),
+        ] {
+            if let Some(id) = id {
+                let _ = hostcalls::record_metric(id, value.max(0.0) as u64);
+            }
         }
     }
 }

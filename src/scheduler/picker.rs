@@ -1,33 +1,43 @@
-//! The picker ranks candidates by total score. Pods within `TIE_BAND` of the best count as equal and
-//! are ordered by rendezvous (highest-random-weight) hashing of the request's first block hash with
-//! the pod address. For a prefix that no candidate holds, the equal set is wider: every pod whose
-//! load is within `rendezvous_load_slack` requests of the least-loaded one. Independent gateway
-//! replicas, which share the pods' load (up to a poll's worth of noise) but not each other's prefix
-//! knowledge, then send the same new prefix to the same pod; a pod joining or leaving moves only the
-//! prefixes it wins. A request with a session goes first to its session's pod unless the affinity
-//! cap calls that pod overloaded (see `super::session`); the ranking behind it stays as scored. The
-//! result is the primary pod plus fallbacks for Envoy's retry policy to walk.
+//! The picker ranks candidates by predicted time to first token, soonest first.
+//!
+//! * **Ties.** Pods whose prediction is within `prediction.tie_band` (relative) of the best, and
+//!   whose load is within `rendezvous_load_slack` requests of the least loaded among them, are
+//!   equal; they are ordered by rendezvous (highest-random-weight) hashing of the request's first
+//!   block hash with the pod address. Gateway replicas share the pods' polled load but not each
+//!   other's boards or prefix knowledge; for a new prefix their predictions agree up to that noise,
+//!   so they send it to the same pod without talking, and a pod joining or leaving moves only the
+//!   prefixes it wins. The load slack keeps a tie from landing on a pod already running more
+//!   streams than the others (its prediction differs by one decode step's share, within the band).
+//! * **Overload guard.** A pod whose load (requests) exceeds the least-loaded candidate's by more
+//!   than `overload_guard.abs_gap` and by more than `rel_gap` times is ranked after every pod that
+//!   is not. The prediction sees the prefill work queued on a pod, but not an engine's cap on
+//!   running sequences (vLLM does not export `max_num_seqs`): a burst beyond it waits for decodes to
+//!   finish, which no prefill term shows. Measured in the real-Envoy test
+//!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
+//! * **Session pin.** A request with a session goes first to its session's pod (rendezvous of the
+//!   session id, see `super::session`) unless that pod is guarded or its prediction is more than
+//!   `session.max_slowdown` times the best pod's; the ranking behind it stays as predicted.
+//!
+//! The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
-use super::scorers::Scores;
-use super::{PodView, Rejection, RouteRequest};
+use super::{PodView, Prediction, Rejection, RouteRequest};
 use crate::config::Config;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-/// Scores closer than this are a tie: metrics noise must not split replicas' choices.
-pub const TIE_BAND: f64 = 0.02;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     pub addr: String,
     pub matched_blocks: usize,
-    pub scores: Scores,
+    pub prediction: Prediction,
+    /// Ranked behind the others by the overload guard.
+    pub guarded: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteReason {
     /// The primary pod holds part of the prompt.
     PrefixHit,
-    /// No useful prefix (or it was capped): chosen by load.
+    /// No pod holds any of it: chosen by the prediction (load) alone.
     Load,
     /// The request's session is pinned to this pod (see `super::session`).
     Session,
@@ -46,72 +56,102 @@ pub fn rendezvous_rank(key: u64, addr: &str) -> u64 {
     xxh3_64_with_seed(addr.as_bytes(), key)
 }
 
+/// The overload guard (see the module header).
+pub fn overloaded(config: &Config, load: f64, min_load: f64) -> bool {
+    let guard = &config.overload_guard;
+    load - min_load > guard.abs_gap && load > guard.rel_gap * min_load
+}
+
+struct Entry {
+    index: usize,
+    ttft: f64,
+    rank: u64,
+    guarded: bool,
+    tied: bool,
+}
+
 pub fn pick(
     config: &Config,
     pods: &[&PodView<'_>],
-    scores: &[Scores],
+    predictions: &[Prediction],
     request: &RouteRequest<'_>,
 ) -> Decision {
-    let mut order: Vec<(f64, u64, usize)> = pods
-        .iter()
-        .zip(scores)
-        .enumerate()
-        .map(|(i, (pod, s))| (s.total, rendezvous_rank(request.affinity_key, pod.addr), i))
-        .collect();
-    let best = order.iter().map(|o| o.0).fold(f64::NEG_INFINITY, f64::max);
-    let new_prefix = scores.iter().all(|s| s.prefix <= 0.0);
     let min_load = pods.iter().map(|p| p.load()).fold(f64::INFINITY, f64::min);
-    let tied = |&(total, _, i): &(f64, u64, usize)| {
-        if new_prefix {
-            pods.get(i)
-                .is_some_and(|p| p.load() - min_load <= config.rendezvous_load_slack)
-        } else {
-            best - total <= TIE_BAND
-        }
-    };
-    // Ties first, by rendezvous; then the rest by score, rendezvous breaking exact equality.
-    order.sort_by(|a, b| {
-        let a_tied = tied(a);
-        let b_tied = tied(b);
-        b_tied
-            .cmp(&a_tied)
+    let mut entries: Vec<Entry> = pods
+        .iter()
+        .zip(predictions)
+        .enumerate()
+        .map(|(index, (pod, p))| Entry {
+            index,
+            ttft: p.ttft_ms,
+            rank: rendezvous_rank(request.affinity_key, pod.addr),
+            guarded: overloaded(config, pod.load(), min_load),
+            tied: false,
+        })
+        .collect();
+    let best = entries
+        .iter()
+        .filter(|e| !e.guarded)
+        .map(|e| e.ttft)
+        .fold(f64::INFINITY, f64::min);
+    let band = best * (1.0 + config.prediction.tie_band);
+    let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
+    let min_load_in_band = entries
+        .iter()
+        .filter(|e| !e.guarded && e.ttft <= band)
+        .map(|e| load_of(e.index))
+        .fold(f64::INFINITY, f64::min);
+    for e in &mut entries {
+        e.tied = !e.guarded
+            && e.ttft <= band
+            && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
+    }
+    // Unguarded before guarded; ties first, by rendezvous; then the rest by prediction, rendezvous
+    // breaking exact equality.
+    entries.sort_by(|a, b| {
+        a.guarded
+            .cmp(&b.guarded)
+            .then_with(|| b.tied.cmp(&a.tied))
             .then_with(|| {
-                if a_tied && b_tied {
+                if a.tied && b.tied {
                     std::cmp::Ordering::Equal
                 } else {
-                    b.0.total_cmp(&a.0)
+                    a.ttft.total_cmp(&b.ttft)
                 }
             })
-            .then_with(|| b.1.cmp(&a.1))
+            .then_with(|| b.rank.cmp(&a.rank))
     });
     let pinned = request.hints.session.and_then(|key| {
-        let (i, pod) = pods
+        let (i, _) = pods
             .iter()
             .enumerate()
             .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
-        (!super::scorers::overloaded(config, pod.load(), min_load)).then_some(i)
+        let e = entries.iter().find(|e| e.index == i)?;
+        let slow = e.ttft > best * config.session.max_slowdown;
+        (!e.guarded && !slow).then_some(i)
     });
     if let Some(i) = pinned {
-        if let Some(at) = order.iter().position(|o| o.2 == i) {
-            let entry = order.remove(at);
-            order.insert(0, entry);
+        if let Some(at) = entries.iter().position(|e| e.index == i) {
+            let entry = entries.remove(at);
+            entries.insert(0, entry);
         }
     }
-    let ranked: Vec<Choice> = order
+    let ranked: Vec<Choice> = entries
         .iter()
         .take(config.max_endpoints_in_header)
-        .filter_map(|&(_, _, i)| {
-            let pod = pods.get(i)?;
+        .filter_map(|e| {
+            let pod = pods.get(e.index)?;
             Some(Choice {
                 addr: pod.addr.to_string(),
                 matched_blocks: pod.matched_blocks,
-                scores: scores.get(i).copied().unwrap_or_default(),
+                prediction: predictions.get(e.index).copied().unwrap_or_default(),
+                guarded: e.guarded,
             })
         })
         .collect();
     let reason = match ranked.first() {
         _ if pinned.is_some() => RouteReason::Session,
-        Some(c) if c.matched_blocks > 0 && c.scores.prefix > 0.0 => RouteReason::PrefixHit,
+        Some(c) if c.matched_blocks > 0 => RouteReason::PrefixHit,
         _ => RouteReason::Load,
     };
     if ranked.is_empty() {

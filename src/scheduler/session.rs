@@ -3,9 +3,10 @@
 //!
 //! The session's pod is chosen by rendezvous hashing of the session id over the candidate pods, not
 //! remembered: every worker VM and every gateway replica computes the same pod without sharing any
-//! state, and when that pod leaves only its own sessions move. A pinned pod that the affinity cap
-//! calls overloaded (the same gaps that stop a prefix from burying a pod) loses the pin for that
-//! request; the weighted scores then decide, and the session comes back once the pod has caught up.
+//! state, and when that pod leaves only its own sessions move. A pinned pod that the overload guard
+//! calls overloaded, or whose predicted time to first token is more than `max_slowdown` times the
+//! best pod's, loses the pin for that request; the prediction then decides, and the session comes
+//! back once the pod has caught up.
 
 use serde::Deserialize;
 
@@ -14,12 +15,15 @@ use serde::Deserialize;
 pub struct SessionConfig {
     /// Request header carrying the session id; empty turns session affinity off.
     pub header: String,
+    /// The pin yields when the pinned pod's predicted TTFT exceeds the best pod's this many times.
+    pub max_slowdown: f64,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
             header: "x-session-id".to_string(),
+            max_slowdown: 4.0,
         }
     }
 }
@@ -31,6 +35,9 @@ impl SessionConfig {
                 "session.header",
                 format!("`{}` is not a lower-case HTTP header name", self.header),
             ));
+        }
+        if !(self.max_slowdown.is_finite() && self.max_slowdown >= 1.0) {
+            return Err(("session.max_slowdown", "must be a number ≥ 1".to_string()));
         }
         Ok(())
     }

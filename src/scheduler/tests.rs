@@ -11,6 +11,9 @@ fn pod(addr: &'static str) -> PodView<'static> {
         running: 0.0,
         kv_usage: 0.0,
         inflight: 0.0,
+        queued_tokens: 0.0,
+        queued_requests: 0.0,
+        cost: crate::cost::Coefficients::default(),
         models: &[],
         matched_blocks: 0,
     }
@@ -21,7 +24,10 @@ fn request(hashes: &[u64]) -> RouteRequest<'_> {
         model: "m",
         roles: &[Role::Aggregated],
         block_hashes: hashes,
+        prompt_tokens: hashes.len() as u64 * 16,
+        tokens_per_block: 16,
         affinity_key: hashes.first().copied().unwrap_or(7),
+        typical_tokens: 512.0,
         hints: Hints::default(),
     }
 }
@@ -84,14 +90,18 @@ fn a_new_prefix_goes_where_rendezvous_says_and_spreads() {
 }
 
 #[test]
-fn a_buried_pod_loses_its_affinity() {
+fn the_holder_keeps_a_prefix_until_recomputing_it_elsewhere_is_faster() {
     let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     pods[0].matched_blocks = 100;
-    pods[0].running = 32.0;
-    pods[0].waiting = 10.0;
-    pods[1].running = 1.0;
-    let hashes: Vec<u64> = (1..=100).collect();
+    // Waiting behind 1,000 queued tokens beats recomputing 1,600 elsewhere ...
+    pods[0].queued_tokens = 1000.0;
+    pods[0].queued_requests = 2.0;
+    pods[0].inflight = 2.0;
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    // ... waiting behind 5,000 does not: the prefix is replicated to another pod.
+    pods[0].queued_tokens = 5000.0;
     let d = decide(&cfg, &pods, &request(&hashes));
     assert_ne!(primary(&d), ADDRS[0]);
     let Decision::Route { ranked, reason } = d else {
@@ -99,7 +109,49 @@ fn a_buried_pod_loses_its_affinity() {
     };
     assert_eq!(reason, RouteReason::Load);
     assert_eq!(ranked.len(), 3, "primary plus two fallbacks");
-    // Within the gap the affinity holds.
+    assert!(ranked[0].prediction.ttft_ms < 210.0 - 1.0);
+}
+
+#[test]
+fn a_faster_pod_gets_the_request_a_slower_one_would_finish_later() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=200).collect();
+    let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
+    pods[1].cost.us_per_token *= 2.0;
+    // The fast pod has a queue as long as this prompt, the slow one none: still equal-ish? No:
+    // fast = 10 + 0.04 × 6400 = 266 ms, slow = 10 + 0.08 × 3200 = 266 ms. One token less ahead
+    // on the fast pod tips it.
+    pods[0].queued_tokens = 3199.0;
+    pods[0].queued_requests = 1.0;
+    pods[0].inflight = 1.0;
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+        panic!()
+    };
+    assert!(
+        (ranked[0].prediction.ttft_ms - ranked[1].prediction.ttft_ms).abs() < 1.0,
+        "{ranked:?}"
+    );
+    pods[0].queued_tokens = 6000.0;
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[1]);
+}
+
+#[test]
+fn a_buried_pod_is_guarded_whatever_its_prefix() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    pods[0].matched_blocks = 100;
+    pods[0].running = 32.0;
+    pods[0].waiting = 10.0;
+    pods[0].queued_requests = 10.0;
+    pods[1].running = 1.0;
+    let hashes: Vec<u64> = (1..=100).collect();
+    let d = decide(&cfg, &pods, &request(&hashes));
+    let Decision::Route { ranked, .. } = d else {
+        unreachable!()
+    };
+    assert_ne!(ranked[0].addr, ADDRS[0]);
+    assert!(!ranked[0].guarded);
+    // Within the gap the prefix holds.
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     pods[0].matched_blocks = 100;
     pods[0].running = 6.0;
@@ -107,14 +159,41 @@ fn a_buried_pod_loses_its_affinity() {
 }
 
 #[test]
-fn in_flight_counts_steer_before_metrics_catch_up() {
+fn in_flight_work_steers_before_metrics_catch_up() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     let hashes = [42u64];
     let first = primary(&decide(&cfg, &pods, &request(&hashes))).to_string();
     let i = ADDRS.iter().position(|a| *a == first).unwrap();
+    pods[i].inflight = 1.0;
+    pods[i].queued_requests = 1.0;
+    pods[i].queued_tokens = 2000.0;
+    assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), first);
+    // Requests decoding there (past their first byte) count too, beyond the load slack.
+    pods[i].queued_requests = 0.0;
+    pods[i].queued_tokens = 0.0;
     pods[i].inflight = 3.0;
     assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), first);
+}
+
+#[test]
+fn other_replicas_waiting_requests_count_at_the_typical_size() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=10).collect();
+    let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
+    pods[0].matched_blocks = 10;
+    pods[0].waiting = 4.0; // none of them ours
+    let r = request(&hashes);
+    let p = predict::predict(&pods[0], &r);
+    assert_eq!(p.tokens_ahead, 4.0 * 512.0);
+    assert_eq!(p.uncached_tokens, 0.0);
+    assert_eq!(primary(&decide(&cfg, &pods, &r)), ADDRS[1]);
+    // Waiting requests the board accounts for are not counted twice.
+    pods[0].queued_requests = 4.0;
+    pods[0].queued_tokens = 100.0;
+    pods[0].inflight = 4.0;
+    assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 100.0);
+    assert_eq!(predict::predict(&pods[0], &r).decoding, 0.0);
 }
 
 #[test]
@@ -158,19 +237,25 @@ fn filters_explain_why_nothing_is_routable() {
 }
 
 #[test]
-fn scores_stay_in_unit_range() {
-    let cfg = Config::default();
-    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
-    pods[0].kv_usage = 3.0;
-    pods[1].matched_blocks = 500;
-    pods[2].inflight = 9.0;
+fn predictions_grow_with_every_term_and_survive_garbage() {
     let hashes: Vec<u64> = (1..=10).collect();
-    let candidates: Vec<&PodView> = pods.iter().collect();
-    for s in scorers::score(&cfg, &candidates, hashes.len()) {
-        for v in [s.prefix, s.queue, s.kv_cache, s.inflight, s.total] {
-            assert!((0.0..=1.0).contains(&v), "{s:?}");
-        }
-    }
+    let r = request(&hashes);
+    let base = predict::predict(&pod(ADDRS[0]), &r).ttft_ms;
+    let mut p = pod(ADDRS[0]);
+    p.queued_tokens = 10.0;
+    assert!(predict::predict(&p, &r).ttft_ms > base);
+    let mut p = pod(ADDRS[0]);
+    p.running = 4.0;
+    assert!(predict::predict(&p, &r).ttft_ms > base);
+    let mut p = pod(ADDRS[0]);
+    p.matched_blocks = 5;
+    assert!(predict::predict(&p, &r).ttft_ms < base);
+    p.matched_blocks = 500; // claims more than the prompt
+    assert_eq!(predict::predict(&p, &r).uncached_tokens, 0.0);
+    let mut p = pod(ADDRS[0]);
+    p.waiting = -3.0;
+    p.queued_tokens = -1.0;
+    assert_eq!(predict::predict(&p, &r).ttft_ms, base);
 }
 
 #[test]
@@ -235,7 +320,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         primary(&decide(&cfg, &pods, &request(&[1, 2]))),
         ADDRS[other]
     );
-    // Overloaded (beyond the affinity cap): the pin yields to the scores.
+    // Overloaded (beyond the guard): the pin yields to the prediction.
     pods[me].running = 20.0;
     assert_ne!(
         primary(&decide(
@@ -245,6 +330,22 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         )),
         pinned
     );
+    // Far slower than the best pod (a long queue of prefill work): the pin yields too.
+    pods[me].running = 1.0;
+    pods[me].inflight = 1.0;
+    pods[me].queued_requests = 1.0;
+    pods[me].queued_tokens = 20_000.0;
+    assert_ne!(
+        primary(&decide(
+            &cfg,
+            &pods,
+            &with_hints(&[1, 2], Some("chat-42"), 0)
+        )),
+        pinned
+    );
+    pods[me].inflight = 0.0;
+    pods[me].queued_requests = 0.0;
+    pods[me].queued_tokens = 0.0;
     // A dead pinned pod: its sessions move, and only its sessions.
     pods[me].running = 0.0;
     let sessions: Vec<String> = (0..64).map(|i| format!("s{i}")).collect();

@@ -1,4 +1,5 @@
-//! The in-flight board: every VM's unfinished requests per pod, in one shared-data key.
+//! The in-flight board: every VM's unfinished requests per pod, and the prefill work among them,
+//! in one shared-data key.
 //!
 //! Why a board and not reports to the leader: the affinity cap and the load scorers must see the
 //! requests other worker VMs sent a moment ago. A burst on one hot prefix arrives within
@@ -8,9 +9,18 @@
 //! Readers sum the other rows written within a time to live: a VM that crashed or was replaced stops
 //! refreshing its row, and its requests stop counting.
 //!
-//! Encoding, one row per line: `<vm id hex> <written ms> <addr>=<count> ...`. Decoding skips lines it
-//! does not understand, so a foreign or truncated value costs counts, never a panic. The key stays
-//! bounded: one row per live VM, one entry per pod with requests in flight.
+//! Work, not only counts: each entry also carries the uncached prompt tokens of the VM's requests to
+//! that pod that have not yet produced their first response byte (their prefill is still queued or
+//! running) and how many requests those are. That is the queue term of the TTFT prediction
+//! (`crate::scheduler`): the gateway routed that work, so it knows it a poll interval before the
+//! pod's metrics do, and in tokens rather than requests.
+//!
+//! Encoding: a format line `kvroute-board/2`, then one row per line: `<vm id hex> <written ms>
+//! <addr>=<inflight>/<prefill tokens>/<prefill requests> ...`. A value without the format line (a
+//! module of another version writing the same key during a rolling update) decodes as empty;
+//! decoding skips lines and entries it does not understand, so a foreign or truncated value costs
+//! counts, never a panic. The key stays bounded: one row per live VM, one entry per pod with
+//! requests in flight.
 //!
 //! Cost: each routed request reads the key once and rewrites it twice (start and end), decoding
 //! every row each time, and all VMs' writes contend on the one key. At a handful of workers that is
@@ -19,11 +29,37 @@
 
 use hashbrown::HashMap;
 
+/// The format line every board value starts with.
+const FORMAT: &str = "kvroute-board/2";
+
+/// One VM's unfinished work on one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PodWork {
+    /// Requests sent and not finished.
+    pub inflight: u32,
+    /// Uncached prompt tokens of those still waiting for their first byte.
+    pub prefill_tokens: u64,
+    /// How many requests those tokens belong to.
+    pub prefill_requests: u32,
+}
+
+impl PodWork {
+    fn is_empty(&self) -> bool {
+        self.inflight == 0 && self.prefill_tokens == 0 && self.prefill_requests == 0
+    }
+
+    fn add(&mut self, other: &PodWork) {
+        self.inflight = self.inflight.saturating_add(other.inflight);
+        self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
+        self.prefill_requests = self.prefill_requests.saturating_add(other.prefill_requests);
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Row {
     vm: u64,
     written_ms: u64,
-    counts: Vec<(String, u32)>,
+    counts: Vec<(String, PodWork)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -34,48 +70,72 @@ pub struct Board {
 impl Board {
     pub fn decode(bytes: &[u8]) -> Board {
         let text = String::from_utf8_lossy(bytes);
-        let rows = text.lines().filter_map(parse_row).collect();
+        let mut lines = text.lines();
+        if lines.next() != Some(FORMAT) {
+            return Board::default();
+        }
+        let rows = lines.filter_map(parse_row).collect();
         Board { rows }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = String::new();
+        use std::fmt::Write as _;
+        let mut out = String::from(FORMAT);
+        out.push('\n');
         for row in &self.rows {
-            out.push_str(&format!("{:x} {}", row.vm, row.written_ms));
-            for (addr, n) in &row.counts {
-                out.push_str(&format!(" {addr}={n}"));
+            let _ = write!(out, "{:x} {}", row.vm, row.written_ms);
+            for (addr, w) in &row.counts {
+                let _ = write!(
+                    out,
+                    " {addr}={}/{}/{}",
+                    w.inflight, w.prefill_tokens, w.prefill_requests
+                );
             }
             out.push('\n');
         }
         out.into_bytes()
     }
 
-    /// Replaces `vm`'s row with `counts` (zero counts left out) and drops rows older than `ttl_ms`.
-    pub fn put_row(&mut self, vm: u64, now_ms: u64, counts: &[(String, u32)], ttl_ms: u64) {
+    /// Replaces `vm`'s row with `counts` (empty entries left out) and drops rows older than
+    /// `ttl_ms`.
+    pub fn put_row(&mut self, vm: u64, now_ms: u64, counts: &[(String, PodWork)], ttl_ms: u64) {
         self.rows
             .retain(|r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms);
         self.rows.push(Row {
             vm,
             written_ms: now_ms,
-            counts: counts.iter().filter(|(_, n)| *n > 0).cloned().collect(),
+            counts: counts
+                .iter()
+                .filter(|(_, w)| !w.is_empty())
+                .cloned()
+                .collect(),
         });
         self.rows.sort_by_key(|r| r.vm);
     }
 
-    /// Requests in flight per pod from every VM but `vm`, counting rows younger than `ttl_ms`.
-    pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, u32> {
-        let mut sums: HashMap<String, u32> = HashMap::new();
+    /// Work per pod from every VM but `vm`, counting rows younger than `ttl_ms`.
+    pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, PodWork> {
+        let mut sums: HashMap<String, PodWork> = HashMap::new();
         for row in &self.rows {
             if row.vm == vm || now_ms.saturating_sub(row.written_ms) > ttl_ms {
                 continue;
             }
-            for (addr, n) in &row.counts {
-                let sum = sums.entry_ref(addr.as_str()).or_insert(0);
-                *sum = sum.saturating_add(*n);
+            for (addr, w) in &row.counts {
+                sums.entry_ref(addr.as_str()).or_default().add(w);
             }
         }
         sums
     }
+}
+
+fn parse_work(value: &str) -> Option<PodWork> {
+    let mut parts = value.split('/');
+    let work = PodWork {
+        inflight: parts.next()?.parse().ok()?,
+        prefill_tokens: parts.next()?.parse().ok()?,
+        prefill_requests: parts.next()?.parse().ok()?,
+    };
+    parts.next().is_none().then_some(work)
 }
 
 fn parse_row(line: &str) -> Option<Row> {
@@ -84,8 +144,8 @@ fn parse_row(line: &str) -> Option<Row> {
     let written_ms = fields.next()?.parse().ok()?;
     let counts = fields
         .filter_map(|f| {
-            let (addr, n) = f.rsplit_once('=')?;
-            Some((addr.to_string(), n.parse().ok()?))
+            let (addr, w) = f.rsplit_once('=')?;
+            Some((addr.to_string(), parse_work(w)?))
         })
         .collect();
     Some(Row {
@@ -99,8 +159,20 @@ fn parse_row(line: &str) -> Option<Row> {
 mod tests {
     use super::*;
 
-    fn counts(pairs: &[(&str, u32)]) -> Vec<(String, u32)> {
-        pairs.iter().map(|(a, n)| (a.to_string(), *n)).collect()
+    fn counts(pairs: &[(&str, u32)]) -> Vec<(String, PodWork)> {
+        pairs
+            .iter()
+            .map(|(a, n)| {
+                (
+                    a.to_string(),
+                    PodWork {
+                        inflight: *n,
+                        prefill_tokens: u64::from(*n) * 100,
+                        prefill_requests: *n,
+                    },
+                )
+            })
+            .collect()
     }
 
     #[test]
@@ -116,8 +188,12 @@ mod tests {
         b.put_row(3, 120, &counts(&[("10.0.0.1:8000", 4)]), 3000);
         let b = Board::decode(&b.encode());
         let others = b.others(3, 200, 3000);
-        assert_eq!(others.get("10.0.0.1:8000"), Some(&5));
-        assert_eq!(others.get("10.0.0.2:8000"), Some(&1));
+        let a = others.get("10.0.0.1:8000").unwrap();
+        assert_eq!(
+            (a.inflight, a.prefill_tokens, a.prefill_requests),
+            (5, 500, 5)
+        );
+        assert_eq!(others.get("10.0.0.2:8000").unwrap().inflight, 1);
     }
 
     #[test]
@@ -126,26 +202,30 @@ mod tests {
         b.put_row(1, 0, &counts(&[("a:1", 7)]), 3000);
         b.put_row(2, 0, &counts(&[("a:1", 1)]), 3000);
         b.put_row(2, 10, &counts(&[("a:1", 2)]), 3000);
-        assert_eq!(b.others(9, 10, 3000).get("a:1"), Some(&9));
+        assert_eq!(b.others(9, 10, 3000).get("a:1").unwrap().inflight, 9);
         assert_eq!(
-            b.others(9, 3005, 3000).get("a:1"),
-            Some(&2),
+            b.others(9, 3005, 3000).get("a:1").unwrap().inflight,
+            2,
             "vm 1 went silent"
         );
         b.put_row(2, 3005, &counts(&[("a:1", 0)]), 3000);
         assert_eq!(b.rows.len(), 1, "expired row dropped on write");
         assert!(
             b.others(9, 3005, 3000).is_empty(),
-            "zero counts are not stored"
+            "empty entries are not stored"
         );
     }
 
     #[test]
-    fn garbage_decodes_to_what_can_be_read() {
-        let b = Board::decode(b"zz nope\n1 5 a:1=2 b:2=x\n\xff\xfe\n2 6 c:3=1");
+    fn garbage_and_other_formats_decode_to_what_can_be_read() {
+        let b = Board::decode(
+            b"kvroute-board/2\nzz nope\n1 5 a:1=2/10/1 b:2=x\n\xff\xfe\n2 6 c:3=1/0/0 d:4=1/2/3/4",
+        );
         let others = b.others(0, 6, 100);
-        assert_eq!(others.get("a:1"), Some(&2));
-        assert_eq!(others.get("c:3"), Some(&1));
+        assert_eq!(others.get("a:1").unwrap().prefill_tokens, 10);
+        assert_eq!(others.get("c:3").unwrap().inflight, 1);
         assert_eq!(others.len(), 2);
+        // The previous module version's rows (no format line) are not misread as work.
+        assert!(Board::decode(b"1 5 a:1=2\n").others(0, 6, 100).is_empty());
     }
 }

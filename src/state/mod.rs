@@ -8,12 +8,14 @@
 //! |-------------------------------|---------|-------------------------------------------------------|
 //! | `kvroute.lease`               | any VM  | [`lease::Lease`]: who polls, until when (CAS)          |
 //! | `kvroute.load`                | leader  | [`load::LoadTable`] JSON: members, metrics, freshness  |
-//! | `kvroute.inflight`            | any VM  | [`inflight::Board`]: each VM's own row of requests per pod (CAS) |
+//! | `kvroute.inflight`            | any VM  | [`inflight::Board`]: each VM's row of requests and queued prefill tokens per pod (CAS) |
+//! | `kvroute.fits`                | any VM  | [`fits::FitBoard`]: each VM's row of learned TTFT models per pod (CAS) |
 //! | `kvroute.queue`               | leader  | id of the shared queue workers send [`messages`] to   |
 //! | `kvroute.idx.head`            | leader  | sequence number of the newest delta page              |
 //! | `kvroute.idx.page.<0..RING>`  | leader  | a delta page: observations "pod P holds blocks h…"    |
 //! | `kvroute.idx.snapshot`        | leader  | every pod's blocks, for VMs that fell behind the ring |
 
+pub mod fits;
 pub mod inflight;
 pub mod lease;
 pub mod load;
@@ -22,6 +24,7 @@ pub mod messages;
 pub const LEASE_KEY: &str = "kvroute.lease";
 pub const LOAD_KEY: &str = "kvroute.load";
 pub const INFLIGHT_KEY: &str = "kvroute.inflight";
+pub const FITS_KEY: &str = "kvroute.fits";
 pub const QUEUE_ID_KEY: &str = "kvroute.queue";
 pub const QUEUE_NAME: &str = "kvroute.observations";
 pub const PAGE_HEAD_KEY: &str = "kvroute.idx.head";

@@ -1,0 +1,369 @@
+//! What a pod's first token costs, learned from what the gateway observes.
+//!
+//! The model, per pod: time to first token = `overhead + per_token × (prefill tokens queued ahead +
+//! this prompt's uncached tokens) + per_decoding × (sequences decoding there)`. The three
+//! coefficients are learned online from every streamed response: the gateway knows what it put on
+//! the pod (the uncached tokens of the requests ahead, from the work board, and this prompt's own),
+//! and it sees the first response byte arrive. Pods need not be alike: each has its own fit, so a
+//! pool mixing GPU generations is ranked by what each pod actually does.
+//!
+//! The fit is a ridge regression with exponential forgetting: decayed sums of the features'
+//! outer products (a 3×3 matrix and a 3-vector, 12 numbers per pod whatever the traffic), solved on
+//! every sample, regularised toward a configured prior worth `prior_samples` samples at a typical
+//! request, so a pod with no history predicts by the prior and a pod with history by its own
+//! observations. Old samples fade with `1/FORGET_SAMPLES` per new one, so a pod that slows down
+//! (thermal throttling, a noisy neighbour) is re-learned within tens of requests. Robust to
+//! outliers: once a fit has `ROBUST_AFTER` samples, an observation is clamped to within
+//! `OUTLIER_FACTOR` of the current prediction before it is added (a winsorised update), so one
+//! request that waited on a pod-side hiccup moves the fit by a bounded amount.
+//!
+//! Time is in milliseconds of wall clock. Nothing here knows the engine: vLLM with a prefill
+//! stalling decodes, chunked prefill, SGLang or a simulator at 20× speed all fit the same three
+//! numbers; what they do not capture (a step's decode-batch cost that grows with context, slot
+//! limits) is absorbed by the overhead or guarded against elsewhere (see `crate::scheduler`).
+
+use serde::Deserialize;
+
+/// A sample's weight decays by `1 - 1/FORGET_SAMPLES` with every newer one.
+const FORGET_SAMPLES: f64 = 64.0;
+/// Samples before observations are clamped to the current prediction's neighbourhood.
+const ROBUST_AFTER: f64 = 8.0;
+/// An observation is clamped to [prediction / F, prediction × F].
+const OUTLIER_FACTOR: f64 = 4.0;
+/// The typical request the prior's strength is measured at: this many tokens, this many decoding.
+const PRIOR_TOKENS: f64 = 1000.0;
+const PRIOR_DECODING: f64 = 8.0;
+
+/// Coefficients of the TTFT model, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Coefficients {
+    /// Fixed time of a request's first step (scheduling, the step's base cost, the network).
+    pub overhead_ms: f64,
+    /// Prefill time per uncached prompt token, in microseconds.
+    pub us_per_token: f64,
+    /// Extra first-token time per sequence decoding on the pod, in microseconds.
+    pub us_per_decoding: f64,
+}
+
+impl Default for Coefficients {
+    /// A prior between published single-GPU fits (Llama-3.1-8B on one H100: 5.8 ms per step + 17 µs
+    /// per prefill token + 6 µs per decode token; Llama-3.3-70B on 4 H100: 12.6 ms + 76 µs + 67 µs;
+    /// llm-d's inference-sim `defaults.yaml`). Each pod's own observations replace it within a few
+    /// requests.
+    fn default() -> Self {
+        Coefficients {
+            overhead_ms: 10.0,
+            us_per_token: 40.0,
+            us_per_decoding: 30.0,
+        }
+    }
+}
+
+impl Coefficients {
+    pub fn validate(&self, field: &str) -> Result<(), (String, String)> {
+        for (name, v) in [
+            ("overhead_ms", self.overhead_ms),
+            ("us_per_token", self.us_per_token),
+            ("us_per_decoding", self.us_per_decoding),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err((
+                    format!("{field}.{name}"),
+                    "must be a finite number ≥ 0".into(),
+                ));
+            }
+        }
+        if self.us_per_token <= 0.0 {
+            return Err((
+                format!("{field}.us_per_token"),
+                "must be positive: prefill is never free".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Predicted milliseconds to first token for `tokens` of prefill (queued ahead + own) with
+    /// `decoding` sequences running beside it.
+    pub fn predict_ms(&self, tokens: f64, decoding: f64) -> f64 {
+        self.overhead_ms
+            + self.us_per_token * tokens.max(0.0) / 1e3
+            + self.us_per_decoding * decoding.max(0.0) / 1e3
+    }
+
+    fn as_vector(&self) -> [f64; 3] {
+        [
+            self.overhead_ms,
+            self.us_per_token / 1e3,
+            self.us_per_decoding / 1e3,
+        ]
+    }
+
+    fn from_vector(v: [f64; 3]) -> Coefficients {
+        let [o, t, d] = v;
+        Coefficients {
+            overhead_ms: o.max(0.0),
+            // Prefill is never free: a fit that says so is noise, not information.
+            us_per_token: (t * 1e3).max(0.01),
+            us_per_decoding: (d * 1e3).max(0.0),
+        }
+    }
+}
+
+/// One pod's online fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostFit {
+    /// Σ w·φφᵀ (φ = [1, tokens, decoding]) and Σ w·φ·y, decayed.
+    xx: [[f64; 3]; 3],
+    xy: [f64; 3],
+    /// Σ w: the effective number of samples.
+    samples: f64,
+    current: Coefficients,
+}
+
+/// The learning settings every fit shares.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostConfig {
+    /// The model of a pod with no history.
+    pub prior: Coefficients,
+    /// How many samples at a typical request (1,000 tokens, 8 decoding) the prior is worth.
+    pub prior_samples: f64,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            prior: Coefficients::default(),
+            prior_samples: 2.0,
+        }
+    }
+}
+
+impl CostConfig {
+    pub fn validate(&self, field: &str) -> Result<(), (String, String)> {
+        self.prior.validate(&format!("{field}.prior"))?;
+        if !(self.prior_samples.is_finite() && self.prior_samples > 0.0) {
+            return Err((
+                format!("{field}.prior_samples"),
+                "must be a positive number".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl CostFit {
+    pub fn new(config: &CostConfig) -> CostFit {
+        CostFit {
+            xx: [[0.0; 3]; 3],
+            xy: [0.0; 3],
+            samples: 0.0,
+            current: config.prior,
+        }
+    }
+
+    pub fn coefficients(&self) -> Coefficients {
+        self.current
+    }
+
+    /// Effective samples behind the fit (decayed).
+    pub fn samples(&self) -> f64 {
+        self.samples
+    }
+
+    /// Adds one observation: `tokens` of prefill (ahead + own) and `decoding` sequences at routing
+    /// time, first byte `observed_ms` later.
+    pub fn observe(&mut self, config: &CostConfig, tokens: f64, decoding: f64, observed_ms: f64) {
+        if !(observed_ms.is_finite() && observed_ms >= 0.0 && tokens.is_finite()) {
+            return;
+        }
+        let predicted = self.current.predict_ms(tokens, decoding);
+        let y = if self.samples >= ROBUST_AFTER && predicted > 0.0 {
+            observed_ms.clamp(predicted / OUTLIER_FACTOR, predicted * OUTLIER_FACTOR)
+        } else {
+            observed_ms
+        };
+        let keep = 1.0 - 1.0 / FORGET_SAMPLES;
+        let phi = [1.0, tokens.max(0.0), decoding.max(0.0)];
+        for (row, pi) in self.xx.iter_mut().zip(phi) {
+            for (cell, pj) in row.iter_mut().zip(phi) {
+                *cell = *cell * keep + pi * pj;
+            }
+        }
+        for (cell, pi) in self.xy.iter_mut().zip(phi) {
+            *cell = *cell * keep + pi * y;
+        }
+        self.samples = self.samples * keep + 1.0;
+        if let Some(solved) = self.solve(config) {
+            self.current = Coefficients::from_vector(solved);
+        }
+    }
+
+    /// Ridge solution: (XᵀX + Λ)θ = Xᵀy + Λθ₀, Λ = n₀·diag(1, T², D²) at the typical request.
+    fn solve(&self, config: &CostConfig) -> Option<[f64; 3]> {
+        let n0 = config.prior_samples;
+        let scale = [1.0, PRIOR_TOKENS, PRIOR_DECODING];
+        let prior = config.prior.as_vector();
+        let mut a = self.xx;
+        let mut b = self.xy;
+        for (i, ((row, bi), (s, p))) in a
+            .iter_mut()
+            .zip(b.iter_mut())
+            .zip(scale.iter().zip(prior))
+            .enumerate()
+        {
+            let lambda = n0 * s * s;
+            if let Some(diagonal) = row.get_mut(i) {
+                *diagonal += lambda;
+            }
+            *bi += lambda * p;
+        }
+        solve3(a, b)
+    }
+}
+
+/// Cramer's rule on a symmetric positive definite 3×3 system; `None` when (nearly) singular.
+fn solve3(a: [[f64; 3]; 3], b: [f64; 3]) -> Option<[f64; 3]> {
+    let det = |m: [[f64; 3]; 3]| {
+        let [[a, b, c], [d, e, f], [g, h, i]] = m;
+        a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
+    };
+    let d = det(a);
+    if !d.is_finite() || d.abs() < 1e-300 {
+        return None;
+    }
+    let with_column = |col: usize| {
+        let mut m = a;
+        for (row, bv) in m.iter_mut().zip(b) {
+            if let Some(cell) = row.get_mut(col) {
+                *cell = bv;
+            }
+        }
+        det(m) / d
+    };
+    let x = [with_column(0), with_column(1), with_column(2)];
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// Combines fits published by several VMs (each learned from its own requests) into one model:
+/// the sample-weighted mean of their coefficients; the prior when nobody has samples.
+pub fn merge(
+    prior: Coefficients,
+    fits: impl IntoIterator<Item = (Coefficients, f64)>,
+) -> Coefficients {
+    let (mut o, mut t, mut d, mut n) = (0.0, 0.0, 0.0, 0.0);
+    for (c, samples) in fits {
+        if !(samples.is_finite() && samples > 0.0) {
+            continue;
+        }
+        o += c.overhead_ms * samples;
+        t += c.us_per_token * samples;
+        d += c.us_per_decoding * samples;
+        n += samples;
+    }
+    if n <= 0.0 {
+        return prior;
+    }
+    Coefficients {
+        overhead_ms: o / n,
+        us_per_token: t / n,
+        us_per_decoding: d / n,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn truth(tokens: f64, decoding: f64) -> f64 {
+        // A pod at 20 µs per token, 3 ms overhead, 0.5 ms per decoding sequence.
+        3.0 + 0.020 * tokens + 0.5 * decoding
+    }
+
+    #[test]
+    fn without_history_the_prior_predicts() {
+        let cfg = CostConfig::default();
+        let fit = CostFit::new(&cfg);
+        assert_eq!(fit.coefficients(), cfg.prior);
+        assert!((fit.coefficients().predict_ms(1000.0, 0.0) - 50.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_pod_is_learned_from_its_observations() {
+        let cfg = CostConfig::default();
+        let mut fit = CostFit::new(&cfg);
+        let mut x = 17u64;
+        for _ in 0..200 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let tokens = (x >> 33) as f64 % 8000.0;
+            let decoding = ((x >> 20) % 32) as f64;
+            fit.observe(&cfg, tokens, decoding, truth(tokens, decoding));
+        }
+        let c = fit.coefficients();
+        assert!((c.us_per_token - 20.0).abs() < 1.0, "{c:?}");
+        assert!((c.overhead_ms - 3.0).abs() < 1.0, "{c:?}");
+        assert!((c.us_per_decoding - 500.0).abs() < 100.0, "{c:?}");
+        let p = c.predict_ms(5000.0, 4.0);
+        assert!(
+            (p - truth(5000.0, 4.0)).abs() / truth(5000.0, 4.0) < 0.05,
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn one_outlier_moves_a_settled_fit_a_bounded_amount() {
+        let cfg = CostConfig::default();
+        let mut fit = CostFit::new(&cfg);
+        for i in 0..100 {
+            let tokens = (i % 10) as f64 * 800.0;
+            fit.observe(&cfg, tokens, 0.0, truth(tokens, 0.0));
+        }
+        let before = fit.coefficients().predict_ms(4000.0, 0.0);
+        fit.observe(&cfg, 4000.0, 0.0, 60_000.0); // one request stuck a minute
+        let after = fit.coefficients().predict_ms(4000.0, 0.0);
+        assert!(after / before < 1.2, "{before} -> {after}");
+    }
+
+    #[test]
+    fn a_pod_that_slows_down_is_relearned() {
+        let cfg = CostConfig::default();
+        let mut fit = CostFit::new(&cfg);
+        for i in 0..100 {
+            let tokens = (i % 10) as f64 * 800.0;
+            fit.observe(&cfg, tokens, 0.0, truth(tokens, 0.0));
+        }
+        for i in 0..150 {
+            let tokens = (i % 10) as f64 * 800.0;
+            fit.observe(&cfg, tokens, 0.0, 2.0 * truth(tokens, 0.0));
+        }
+        let c = fit.coefficients();
+        assert!((c.us_per_token - 40.0).abs() < 4.0, "{c:?}");
+    }
+
+    #[test]
+    fn garbage_observations_are_ignored_and_merge_weighs_by_samples() {
+        let cfg = CostConfig::default();
+        let mut fit = CostFit::new(&cfg);
+        fit.observe(&cfg, f64::NAN, 0.0, 10.0);
+        fit.observe(&cfg, 10.0, 0.0, -1.0);
+        fit.observe(&cfg, 10.0, 0.0, f64::INFINITY);
+        assert_eq!(fit.samples(), 0.0);
+        let a = Coefficients {
+            overhead_ms: 1.0,
+            us_per_token: 10.0,
+            us_per_decoding: 0.0,
+        };
+        let b = Coefficients {
+            overhead_ms: 4.0,
+            us_per_token: 40.0,
+            us_per_decoding: 0.0,
+        };
+        let m = merge(cfg.prior, [(a, 1.0), (b, 3.0), (a, f64::NAN)]);
+        assert!((m.us_per_token - 32.5).abs() < 1e-9);
+        assert_eq!(merge(cfg.prior, []), cfg.prior);
+    }
+}

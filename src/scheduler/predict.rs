@@ -1,0 +1,90 @@
+//! The predictor: each candidate's time to first token for this request, in milliseconds.
+//!
+//! `ttft = overhead + per_token × (tokens ahead + uncached) + per_decoding × decoding`, with the
+//! pod's learned coefficients (`crate::cost`) and:
+//!
+//! * **uncached** — the prompt's tokens minus the leading blocks the index believes the pod holds:
+//!   what this pod would compute for this prompt. Prefix affinity is this term.
+//! * **tokens ahead** — the uncached tokens of the requests this gateway sent the pod that have not
+//!   yet produced their first byte (the work board), plus, for requests the pod reports waiting
+//!   beyond those (another gateway replica's traffic, invisible on our board), the typical request
+//!   size. Hot-spot avoidance is this term: a hot prefix's holder fills up until recomputing the
+//!   prefix on another pod is faster than waiting, and then the prefix is replicated there.
+//! * **decoding** — sequences decoding on the pod (polled, or the gateway's own count of requests
+//!   past their first byte if larger): an engine that runs prefill and decode in one step pays for
+//!   the decode batch in every step, the first token's included.
+
+use super::{PodView, RouteRequest};
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Prediction {
+    pub ttft_ms: f64,
+    pub uncached_tokens: f64,
+    pub tokens_ahead: f64,
+    pub decoding: f64,
+}
+
+/// Prompt tokens a pod holding `matched_blocks` leading blocks would still compute.
+pub fn uncached_tokens(prompt_tokens: u64, matched_blocks: usize, tokens_per_block: u32) -> f64 {
+    prompt_tokens.saturating_sub(matched_blocks as u64 * u64::from(tokens_per_block)) as f64
+}
+
+pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
+    let uncached = uncached_tokens(
+        request.prompt_tokens,
+        pod.matched_blocks,
+        request.tokens_per_block,
+    );
+    let unseen_waiting = (pod.waiting - pod.queued_requests).max(0.0);
+    let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
+    // The engine counts a request still prefilling as running; the board knows which those are.
+    let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
+    Prediction {
+        ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding),
+        uncached_tokens: uncached,
+        tokens_ahead,
+        decoding,
+    }
+}
+
+/// `prediction` in the configuration: the prior every pod's cost fit starts from and how close two
+/// predictions must be to count as a tie.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PredictionConfig {
+    pub prior: crate::cost::Coefficients,
+    /// How many typical requests the prior is worth against a pod's own observations.
+    pub prior_samples: f64,
+    /// Predictions within this fraction of the best are equal (rendezvous decides among them).
+    pub tie_band: f64,
+}
+
+impl Default for PredictionConfig {
+    fn default() -> Self {
+        let learning = crate::cost::CostConfig::default();
+        PredictionConfig {
+            prior: learning.prior,
+            prior_samples: learning.prior_samples,
+            // Replicas' views of a pod differ by their own in-flight work and a poll's noise; a
+            // few percent of a prediction is well inside what one request more or less changes.
+            tie_band: 0.05,
+        }
+    }
+}
+
+impl PredictionConfig {
+    pub fn learning(&self) -> crate::cost::CostConfig {
+        crate::cost::CostConfig {
+            prior: self.prior,
+            prior_samples: self.prior_samples,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        self.learning().validate("prediction")?;
+        if !(self.tie_band.is_finite() && (0.0..=1.0).contains(&self.tie_band)) {
+            return Err(("prediction.tie_band".into(), "must be in [0, 1]".into()));
+        }
+        Ok(())
+    }
+}

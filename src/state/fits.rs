@@ -1,0 +1,160 @@
+//! The fits board: each VM's learned TTFT model per pod (`crate::cost`), in one shared-data key.
+//!
+//! Every VM learns from the requests it routed itself; with several workers each sees only its
+//! share. Publishing the fits lets every VM predict with everyone's samples: a reader combines the
+//! rows by sample weight (`crate::cost::merge`). Unlike the in-flight board this changes slowly, so
+//! it is written once per heartbeat and read on the tick, never on the request path.
+//!
+//! Encoding: the format line `kvroute-fits/1`, then one row per VM: `<vm id hex> <written ms>
+//! <addr>=<overhead ms>/<µs per token>/<µs per decoding>/<samples> ...`. Values of another format
+//! decode as empty; unreadable entries are skipped. Bounded: one row per live VM, one entry per pod.
+
+use crate::cost::Coefficients;
+use hashbrown::HashMap;
+
+const FORMAT: &str = "kvroute-fits/1";
+
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    vm: u64,
+    written_ms: u64,
+    fits: Vec<(String, Coefficients, f64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FitBoard {
+    rows: Vec<Row>,
+}
+
+impl FitBoard {
+    pub fn decode(bytes: &[u8]) -> FitBoard {
+        let text = String::from_utf8_lossy(bytes);
+        let mut lines = text.lines();
+        if lines.next() != Some(FORMAT) {
+            return FitBoard::default();
+        }
+        FitBoard {
+            rows: lines.filter_map(parse_row).collect(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        use std::fmt::Write as _;
+        let mut out = String::from(FORMAT);
+        out.push('\n');
+        for row in &self.rows {
+            let _ = write!(out, "{:x} {}", row.vm, row.written_ms);
+            for (addr, c, n) in &row.fits {
+                let _ = write!(
+                    out,
+                    " {addr}={:.3}/{:.4}/{:.3}/{:.2}",
+                    c.overhead_ms, c.us_per_token, c.us_per_decoding, n
+                );
+            }
+            out.push('\n');
+        }
+        out.into_bytes()
+    }
+
+    /// Replaces `vm`'s row and drops rows older than `ttl_ms`.
+    pub fn put_row(
+        &mut self,
+        vm: u64,
+        now_ms: u64,
+        fits: Vec<(String, Coefficients, f64)>,
+        ttl_ms: u64,
+    ) {
+        self.rows
+            .retain(|r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms);
+        self.rows.push(Row {
+            vm,
+            written_ms: now_ms,
+            fits,
+        });
+        self.rows.sort_by_key(|r| r.vm);
+    }
+
+    /// Every other live VM's fits, per pod.
+    pub fn others(
+        &self,
+        vm: u64,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> HashMap<String, Vec<(Coefficients, f64)>> {
+        let mut out: HashMap<String, Vec<(Coefficients, f64)>> = HashMap::new();
+        for row in &self.rows {
+            if row.vm == vm || now_ms.saturating_sub(row.written_ms) > ttl_ms {
+                continue;
+            }
+            for (addr, c, n) in &row.fits {
+                out.entry_ref(addr.as_str()).or_default().push((*c, *n));
+            }
+        }
+        out
+    }
+}
+
+fn parse_row(line: &str) -> Option<Row> {
+    let mut fields = line.split(' ');
+    let vm = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let written_ms = fields.next()?.parse().ok()?;
+    let fits = fields
+        .filter_map(|f| {
+            let (addr, v) = f.rsplit_once('=')?;
+            let mut parts = v.split('/').map(|p| p.parse::<f64>().ok());
+            let c = Coefficients {
+                overhead_ms: parts.next()??,
+                us_per_token: parts.next()??,
+                us_per_decoding: parts.next()??,
+            };
+            let n = parts.next()??;
+            let sane = [c.overhead_ms, c.us_per_token, c.us_per_decoding, n]
+                .iter()
+                .all(|v| v.is_finite() && *v >= 0.0);
+            (sane && parts.next().is_none()).then(|| (addr.to_string(), c, n))
+        })
+        .collect();
+    Some(Row {
+        vm,
+        written_ms,
+        fits,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn c(t: f64) -> Coefficients {
+        Coefficients {
+            overhead_ms: 2.0,
+            us_per_token: t,
+            us_per_decoding: 0.5,
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_and_own_row_is_left_out() {
+        let mut b = FitBoard::default();
+        b.put_row(1, 10, vec![("a:1".into(), c(20.0), 5.0)], 3000);
+        b.put_row(2, 11, vec![("a:1".into(), c(40.0), 1.0)], 3000);
+        let b = FitBoard::decode(&b.encode());
+        let others = b.others(2, 20, 3000);
+        assert_eq!(others["a:1"], vec![(c(20.0), 5.0)]);
+        assert!(b.others(9, 5000, 3000).is_empty(), "silent rows expire");
+    }
+
+    #[test]
+    fn lies_and_foreign_formats_are_not_trusted() {
+        let b = FitBoard::decode(
+            b"kvroute-fits/1\n1 5 a:1=NaN/1/1/1 b:1=1/-4/0/1 c:1=1/2/3/4 d:1=1/2\nzz\n",
+        );
+        let o = b.others(0, 5, 100);
+        assert_eq!(o.len(), 1);
+        assert!(o.contains_key("c:1"));
+        assert!(FitBoard::decode(b"1 5 c:1=1/2/3/4")
+            .others(0, 5, 100)
+            .is_empty());
+    }
+}
