@@ -134,6 +134,7 @@ pub struct Config {
     pub pd: crate::pd::PdConfig,
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
+    pub slo: crate::scheduler::slo::SloConfig,
 }
 
 impl Default for Config {
@@ -161,6 +162,7 @@ impl Default for Config {
             pd: crate::pd::PdConfig::default(),
             session: Default::default(),
             shedding: Default::default(),
+            slo: Default::default(),
         }
     }
 }
@@ -205,6 +207,8 @@ impl Config {
         // Envoy keeps header names lower-cased; `X-Session-Id` in a config means `x-session-id`.
         config.session.header.make_ascii_lowercase();
         config.shedding.priority_header.make_ascii_lowercase();
+        config.slo.ttft_header.make_ascii_lowercase();
+        config.slo.tpot_header.make_ascii_lowercase();
         config.validate()?;
         Ok(config)
     }
@@ -263,6 +267,9 @@ impl Config {
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         self.session
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
+        self.slo
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         self.prediction

@@ -11,6 +11,7 @@ use crate::pd::local_cost_ms;
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
 use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
+use crate::state::fits::PodFit;
 use crate::state::inflight::PodWork;
 use crate::state::load::LoadTable;
 use crate::state::messages::{Observation, Page};
@@ -56,9 +57,11 @@ pub struct Router {
     /// This VM's own cost fits, learned from its own requests' first bytes.
     fits: HashMap<String, CostFit>,
     /// Every other VM's fits, from the fits board.
-    others_fits: HashMap<String, Vec<(Coefficients, f64)>>,
+    others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of the uncached tokens of the requests this VM routed.
     typical_tokens: Option<f64>,
+    /// Running mean of each pod's inter-token latency, from the streams this VM timed.
+    itl_ms: HashMap<String, f64>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -135,6 +138,8 @@ pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
 const DEFAULT_TYPICAL_TOKENS: f64 = 512.0;
 /// Weight of the newest request in the running mean of request sizes.
 const TYPICAL_TOKENS_ALPHA: f64 = 0.05;
+/// Weight of the newest stream in a pod's running mean of inter-token latency.
+const ITL_ALPHA: f64 = 0.1;
 /// A prefill with no first byte seen counts as done after its predicted TTFT times this (plus
 /// `PENDING_MARGIN_MS`): a non-streaming response only shows its first byte when it is complete.
 const PENDING_SLACK: f64 = 2.0;
@@ -179,6 +184,8 @@ impl Router {
             }
         }
         self.fits
+            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
+        self.itl_ms
             .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
         for pod in &table.pods {
             let slot = match self.slot_of.get(&pod.addr) {
@@ -292,12 +299,44 @@ impl Router {
         w
     }
 
-    /// The cost model `addr` is predicted with: every VM's fit, weighted by samples; the prior
-    /// (plus the split overhead for a prefill pod) where nobody has samples.
+    /// The cost model `addr` is predicted with: every VM's fit, weighted by samples. A pod nobody
+    /// has timed yet predicts like the timed pods of its role on average (pods of one pool are
+    /// usually alike, and a prior far from them would make an untimed pod look much faster or
+    /// slower than it is until its first requests); with no timed pod at all, the configured prior
+    /// (plus the split overhead for a prefill pod).
     pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
+        let (own, samples) = self.own_cost(addr);
+        if samples > 0.0 {
+            return own;
+        }
+        let role = self
+            .load
+            .pods
+            .iter()
+            .find(|p| p.addr == addr)
+            .map(|p| p.role);
+        let peers = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| Some(p.role) == role && p.addr != addr)
+            .map(|p| self.own_cost(&p.addr))
+            .filter(|(_, n)| *n > 0.0);
+        cost::merge(self.prior_of(config, addr), peers)
+    }
+
+    /// `addr`'s own model from every VM's samples, and how many samples that is.
+    fn own_cost(&self, addr: &str) -> (Coefficients, f64) {
         let own = self.fits.get(addr).map(|f| (f.coefficients(), f.samples()));
-        let others = self.others_fits.get(addr).into_iter().flatten().copied();
-        cost::merge(self.prior_of(config, addr), own.into_iter().chain(others))
+        let others = self
+            .others_fits
+            .get(addr)
+            .into_iter()
+            .flatten()
+            .map(|f| (f.cost, f.samples));
+        let fits: Vec<(Coefficients, f64)> = own.into_iter().chain(others).collect();
+        let samples = fits.iter().map(|(_, n)| n).sum();
+        (cost::merge(Coefficients::default(), fits), samples)
     }
 
     fn prior_of(&self, config: &Config, addr: &str) -> Coefficients {
@@ -341,6 +380,7 @@ impl Router {
                     queued_tokens: work.prefill_tokens as f64,
                     queued_requests: f64::from(work.prefill_requests),
                     cost: self.cost_of(config, &p.addr),
+                    itl_ms: self.itl_of(&p.addr),
                     models: &p.metrics.models,
                     matched_blocks: self
                         .slot_of
@@ -405,6 +445,7 @@ impl Router {
         let prefill_hints = Hints {
             priority: 0,
             session: None,
+            ..hints
         };
         let prefill = match self.route(
             config,
@@ -502,6 +543,34 @@ impl Router {
             .observe(&learning, first.tokens, first.decoding, observed_ms);
     }
 
+    /// `addr`'s inter-token latency: the mean of what this VM and the others timed.
+    fn itl_of(&self, addr: &str) -> Option<f64> {
+        let values: Vec<f64> = self
+            .itl_ms
+            .get(addr)
+            .copied()
+            .into_iter()
+            .chain(
+                self.others_fits
+                    .get(addr)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.itl_ms),
+            )
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    }
+
+    /// A stream on `addr` delivered its tokens `itl_ms` apart on average.
+    pub fn observe_itl(&mut self, addr: &str, itl_ms: f64) {
+        let known = self.slot_of.contains_key(addr);
+        if !(itl_ms.is_finite() && itl_ms >= 0.0 && known) {
+            return;
+        }
+        let mean = self.itl_ms.entry_ref(addr).or_insert(itl_ms);
+        *mean = *mean * (1.0 - ITL_ALPHA) + itl_ms * ITL_ALPHA;
+    }
+
     /// This VM's unfinished work per pod, for its row on the work board.
     pub fn own_work(&mut self) -> Vec<(String, PodWork)> {
         self.local_inflight.retain(|_, n| *n > 0);
@@ -525,14 +594,29 @@ impl Router {
         self.others_work = others;
     }
 
-    /// This VM's fits, for its row on the fits board.
-    pub fn own_fits(&self) -> Vec<(String, Coefficients, f64)> {
-        let mut out: Vec<(String, Coefficients, f64)> = self
+    /// This VM's fits and inter-token latencies, for its row on the fits board.
+    pub fn own_fits(&self) -> Vec<PodFit> {
+        let mut out: Vec<PodFit> = self
             .fits
             .iter()
-            .map(|(a, f)| (a.clone(), f.coefficients(), f.samples()))
+            .map(|(a, f)| PodFit {
+                addr: a.clone(),
+                cost: f.coefficients(),
+                samples: f.samples(),
+                itl_ms: self.itl_ms.get(a).copied(),
+            })
             .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        for (addr, itl) in &self.itl_ms {
+            if !self.fits.contains_key(addr) {
+                out.push(PodFit {
+                    addr: addr.clone(),
+                    cost: Coefficients::default(),
+                    samples: 0.0,
+                    itl_ms: Some(*itl),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.addr.cmp(&b.addr));
         out
     }
 
@@ -544,12 +628,12 @@ impl Router {
             .get(addr)
             .into_iter()
             .flatten()
-            .map(|(_, n)| *n)
+            .map(|f| f.samples)
             .sum();
         own + others
     }
 
-    pub fn set_others_fits(&mut self, others: HashMap<String, Vec<(Coefficients, f64)>>) {
+    pub fn set_others_fits(&mut self, others: HashMap<String, Vec<PodFit>>) {
         self.others_fits = others;
     }
 }

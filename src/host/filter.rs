@@ -13,6 +13,7 @@ use crate::request::{self, Endpoint};
 use crate::router::{Blocks, FirstToken, PdOutcome, PdPlan, Plan, Router};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
+use crate::scheduler::slo::{parse_objective, Slo};
 use crate::scheduler::{Choice, Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use proxy_wasm::hostcalls;
@@ -51,6 +52,12 @@ pub struct Filter {
     prefill: Option<PendingPrefill>,
     awaiting: Option<Awaiting>,
     response_ok: bool,
+    /// Streamed responses: body chunks seen and when the first and last arrived (µs), for the
+    /// pod's inter-token latency.
+    chunks: u32,
+    first_chunk_us: u64,
+    last_chunk_us: u64,
+    streamed: bool,
     hints: Hints,
 }
 
@@ -77,8 +84,9 @@ fn send_error(status: u32, kind: &str, message: &str, reason: &str) {
     let _ = hostcalls::send_http_response(status, headers, Some(body.to_string().as_bytes()));
 }
 
-/// The session and priority headers, when configured and present.
-fn read_hints(config: &crate::config::Config) -> Result<Hints, String> {
+/// The session, priority and SLO headers, when configured and present. An unreadable value is
+/// refused with its counter and reason code.
+fn read_hints(config: &crate::config::Config) -> Result<Hints, (String, Counter, &'static str)> {
     let header = |name: &str| {
         if name.is_empty() {
             None
@@ -91,25 +99,53 @@ fn read_hints(config: &crate::config::Config) -> Result<Hints, String> {
         .map(|id| session_key(&id));
     let priority = match header(&config.shedding.priority_header) {
         Some(value) => parse_priority(&value).map_err(|reason| {
-            format!(
-                "kvroute: header `{}` {reason}",
-                config.shedding.priority_header
+            (
+                format!(
+                    "kvroute: header `{}` {reason}",
+                    config.shedding.priority_header
+                ),
+                Counter::BadPriority,
+                "bad_priority",
             )
         })?,
         None => 0,
     };
-    Ok(Hints { session, priority })
+    let objective = |name: &str| -> Result<Option<f64>, (String, Counter, &'static str)> {
+        header(name)
+            .map(|value| {
+                parse_objective(&value).map_err(|reason| {
+                    (
+                        format!("kvroute: header `{name}` {reason}"),
+                        Counter::BadSlo,
+                        "bad_slo",
+                    )
+                })
+            })
+            .transpose()
+    };
+    let slo = Slo {
+        ttft_ms: objective(&config.slo.ttft_header)?,
+        tpot_ms: objective(&config.slo.tpot_header)?,
+    };
+    Ok(Hints {
+        session,
+        priority,
+        slo,
+    })
 }
 
 fn debug_line(
     vm: &Vm,
     blocks: &Blocks,
-    primary: &Choice,
-    fallbacks: &[&str],
+    ranked: &[Choice],
     reason: RouteReason,
     pd: Option<&PdPlan>,
 ) -> String {
     use std::fmt::Write as _;
+    let Some(primary) = ranked.first() else {
+        return String::new();
+    };
+    let fallbacks: Vec<&str> = ranked.iter().skip(1).map(|c| c.addr.as_str()).collect();
     let p = &primary.prediction;
     let mut line = format!(
         "pod={}; reason={}; matched_blocks={}/{}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
@@ -136,6 +172,15 @@ fn debug_line(
             .map(|(a, n)| format!("{a}/{n}"))
             .unwrap_or_default(),
     );
+    // Every ranked pod's prediction, in rank order: why the primary won.
+    let predictions: Vec<String> = ranked
+        .iter()
+        .map(|c| format!("{}/{:.1}", c.addr, c.prediction.ttft_ms))
+        .collect();
+    let _ = write!(line, "; predictions={}", predictions.join(","));
+    if let Some(slo) = primary.meets_slo {
+        let _ = write!(line, "; meets_slo={slo}");
+    }
     if let Some(pd) = pd {
         let outcome = match pd.outcome {
             PdOutcome::Disaggregated => "disaggregated",
@@ -172,6 +217,10 @@ impl Filter {
             prefill: None,
             awaiting: None,
             response_ok: false,
+            chunks: 0,
+            first_chunk_us: 0,
+            last_chunk_us: 0,
+            streamed: false,
             hints: Hints::default(),
         }
     }
@@ -197,6 +246,9 @@ impl Filter {
             let config = vm.config.clone();
             vm.router.learn(&config, &awaiting.first, observed_ms);
             vm.stats.record(Histogram::TtftMs, observed_ms as u64);
+            if self.hints.slo.ttft_ms.is_some_and(|slo| observed_ms > slo) {
+                vm.stats.inc(Counter::SloTtftMissed);
+            }
             if observed_ms > 0.0 {
                 let error = (awaiting.first.predicted_ms - observed_ms).abs() / observed_ms;
                 vm.stats
@@ -246,6 +298,17 @@ impl Filter {
         let Plan { decision, pd } = plan;
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
+            Decision::NoEndpoint(Rejection::SloUnattainable) => {
+                vm.stats.inc(Counter::Shed);
+                let message = format!(
+                    "kvroute: {} (model `{}`, priority {})",
+                    Rejection::SloUnattainable.as_str(),
+                    view.model,
+                    self.hints.priority
+                );
+                send_error(429, "RateLimitError", &message, "slo_unattainable");
+                return Action::Pause;
+            }
             Decision::NoEndpoint(Rejection::Saturated) => {
                 // Shedding is what the client's priority asked for: never failed open.
                 vm.stats.inc(Counter::Shed);
@@ -282,20 +345,16 @@ impl Filter {
             return Action::Continue;
         }
         vm.stats.inc(Counter::Routed);
+        if primary.meets_slo == Some(false) {
+            vm.stats.inc(Counter::SloPredictedMiss);
+        }
         vm.stats.inc(match reason {
             RouteReason::PrefixHit => Counter::RoutedPrefixHit,
             RouteReason::Load => Counter::RoutedLoad,
             RouteReason::Session => Counter::RoutedSession,
         });
         if vm.config.debug_header {
-            self.debug = Some(debug_line(
-                vm,
-                &blocks,
-                primary,
-                header.get(1..).unwrap_or_default(),
-                reason,
-                pd.as_ref(),
-            ));
+            self.debug = Some(debug_line(vm, &blocks, &ranked, reason, pd.as_ref()));
         }
         vm.router.inflight_start(&primary.addr);
         if let Some(first) = first_token {
@@ -307,6 +366,7 @@ impl Filter {
                 learnable: view.stream,
             });
         }
+        self.streamed = view.stream;
         vm.write_inflight_row(now);
         self.routed_to = Some(primary.addr.clone());
         let prefill_pod = pd
@@ -478,10 +538,10 @@ impl HttpContext for Filter {
             Some(ep) if method == "POST" && !too_large && !end_of_stream => {
                 match read_hints(&vm.config) {
                     Ok(hints) => self.hints = hints,
-                    Err(message) => {
+                    Err((message, counter, reason)) => {
                         log::debug!("{message}");
-                        vm.stats.inc(Counter::BadPriority);
-                        send_error(400, "BadRequestError", &message, "bad_priority");
+                        vm.stats.inc(counter);
+                        send_error(400, "BadRequestError", &message, reason);
                         return Action::Pause;
                     }
                 }
@@ -526,7 +586,7 @@ impl HttpContext for Filter {
         if let Some(debug) = &self.debug {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, DEBUG, Some(debug));
         }
-        if self.awaiting.is_some() {
+        if self.routed_to.is_some() {
             self.response_ok = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
                 .ok()
                 .flatten()
@@ -542,15 +602,30 @@ impl HttpContext for Filter {
         if self.awaiting.is_some() && (body_size > 0 || end_of_stream) {
             self.first_byte();
         }
+        if self.streamed && body_size > 0 {
+            let now = super::now_us();
+            if self.chunks == 0 {
+                self.first_chunk_us = now;
+            }
+            self.last_chunk_us = now;
+            self.chunks = self.chunks.saturating_add(1);
+        }
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        // Reset, timeout or a local reply before any response byte: the prefill stops counting.
+        // Reset, timeout or a local reply before any response byte: the prefill stops counting,
+        // and teaches nothing.
+        let completed = self.response_ok;
         self.response_ok = false;
         self.first_byte();
         if let (Some(addr), Some(vm)) = (self.routed_to.take(), &self.vm) {
             if let Ok(mut vm) = vm.try_borrow_mut() {
+                if completed && self.chunks >= 3 {
+                    let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
+                    let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
+                    vm.router.observe_itl(&addr, itl_ms);
+                }
                 vm.router.inflight_end(&addr);
                 vm.write_inflight_row(super::now_ms());
             }

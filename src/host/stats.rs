@@ -40,6 +40,12 @@ pub enum Counter {
     PdPrefillFailures,
     /// Inline prefill calls the prefill pod refused with a 4xx (returned to the client as is).
     PdPrefillRejected,
+    /// Requests refused with 400: an SLO header was not a positive number.
+    BadSlo,
+    /// Requests with latency objectives routed although no pod was predicted to meet them.
+    SloPredictedMiss,
+    /// Requests with a TTFT objective whose first byte came later than it.
+    SloTtftMissed,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +72,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    const ALL: [Counter; 15] = [
+    const ALL: [Counter; 18] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -82,6 +88,9 @@ impl Counter {
         Counter::PdDecodeOnly,
         Counter::PdPrefillFailures,
         Counter::PdPrefillRejected,
+        Counter::BadSlo,
+        Counter::SloPredictedMiss,
+        Counter::SloTtftMissed,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -102,6 +111,9 @@ impl Counter {
             Counter::PdDecodeOnly => "kvroute.pd.decode_only",
             Counter::PdPrefillFailures => "kvroute.pd.prefill_failures",
             Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected",
+            Counter::BadSlo => "kvroute.bad_slo",
+            Counter::SloPredictedMiss => "kvroute.slo.predicted_miss",
+            Counter::SloTtftMissed => "kvroute.slo.ttft_missed",
         }
     }
 }

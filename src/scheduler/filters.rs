@@ -14,6 +14,8 @@ pub enum Rejection {
     UnknownModel,
     /// Every candidate is saturated and the request's priority is negative (shed).
     Saturated,
+    /// No pod is predicted to meet the request's latency objectives and its priority is negative.
+    SloUnattainable,
 }
 
 impl Rejection {
@@ -26,6 +28,9 @@ impl Rejection {
             Rejection::UnknownModel => "no healthy pod serves the requested model",
             Rejection::Saturated => {
                 "every pod that serves this model is saturated; requests of negative priority are shed, retry later"
+            }
+            Rejection::SloUnattainable => {
+                "no pod is predicted to meet the request's latency objectives; requests of negative priority are shed, retry later"
             }
         }
     }

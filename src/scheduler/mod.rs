@@ -21,6 +21,7 @@ mod picker;
 pub mod predict;
 pub mod saturation;
 pub mod session;
+pub mod slo;
 
 pub use filters::{filter, Rejection};
 pub use picker::{rendezvous_rank, Choice, Decision, RouteReason};
@@ -48,6 +49,8 @@ pub struct PodView<'a> {
     pub queued_requests: f64,
     /// The pod's learned first-token cost.
     pub cost: Coefficients,
+    /// Recently observed inter-token latency of its streams (ms), if any were timed.
+    pub itl_ms: Option<f64>,
     /// Models the pod reports; empty means unknown (no model filtering).
     pub models: &'a [String],
     /// Leading blocks of the request that the index believes the pod holds.
@@ -83,12 +86,14 @@ pub struct RouteRequest<'a> {
 }
 
 /// What the client asked for beyond the body: a session to stick to, a priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Hints {
     /// [`session::session_key`] of the session header, when present.
     pub session: Option<u64>,
     /// From the priority header; absent = 0. Negative = may be shed under saturation.
     pub priority: i32,
+    /// Latency objectives from the SLO headers (see `slo`).
+    pub slo: slo::Slo,
 }
 
 /// Runs filters → (shedding) → predictor → picker.

@@ -18,6 +18,9 @@
 //!   session id, see `super::session`) unless that pod is guarded or its prediction is more than
 //!   `session.max_slowdown` times the best pod's; the ranking behind it stays as predicted.
 //!
+//! * **Objectives.** With SLO headers, the pods predicted to meet them go first, most-cached first
+//!   (see `super::slo`); none meeting them: the ranking stands (or a negative priority is shed).
+//!
 //! The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
 use super::{PodView, Prediction, Rejection, RouteRequest};
@@ -31,6 +34,8 @@ pub struct Choice {
     pub prediction: Prediction,
     /// Ranked behind the others by the overload guard.
     pub guarded: bool,
+    /// With latency objectives: whether this pod is predicted to meet them.
+    pub meets_slo: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +73,8 @@ struct Entry {
     rank: u64,
     guarded: bool,
     tied: bool,
+    meets_slo: bool,
+    matched: usize,
 }
 
 pub fn pick(
@@ -87,6 +94,8 @@ pub fn pick(
             rank: rendezvous_rank(request.affinity_key, pod.addr),
             guarded: overloaded(config, pod.load(), min_load),
             tied: false,
+            meets_slo: request.hints.slo.met_by(p.ttft_ms, pod.itl_ms),
+            matched: pod.matched_blocks,
         })
         .collect();
     let best = entries
@@ -121,6 +130,25 @@ pub fn pick(
             })
             .then_with(|| b.rank.cmp(&a.rank))
     });
+    let slo = request.hints.slo;
+    if slo.is_set() {
+        if entries.iter().any(|e| e.meets_slo && !e.guarded) {
+            // Meeting pods first, most-cached first; the order within equal matches stands.
+            entries.sort_by(|a, b| {
+                (b.meets_slo && !b.guarded)
+                    .cmp(&(a.meets_slo && !a.guarded))
+                    .then_with(|| {
+                        if a.meets_slo && b.meets_slo {
+                            b.matched.cmp(&a.matched)
+                        } else {
+                            std::cmp::Ordering::Equal
+                        }
+                    })
+            });
+        } else if request.hints.priority < 0 {
+            return Decision::NoEndpoint(Rejection::SloUnattainable);
+        }
+    }
     let pinned = request.hints.session.and_then(|key| {
         let (i, _) = pods
             .iter()
@@ -128,7 +156,8 @@ pub fn pick(
             .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
         let e = entries.iter().find(|e| e.index == i)?;
         let slow = e.ttft > best * config.session.max_slowdown;
-        (!e.guarded && !slow).then_some(i)
+        let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
+        (!e.guarded && !slow && !misses).then_some(i)
     });
     if let Some(i) = pinned {
         if let Some(at) = entries.iter().position(|e| e.index == i) {
@@ -146,6 +175,7 @@ pub fn pick(
                 matched_blocks: pod.matched_blocks,
                 prediction: predictions.get(e.index).copied().unwrap_or_default(),
                 guarded: e.guarded,
+                meets_slo: slo.is_set().then_some(e.meets_slo),
             })
         })
         .collect();

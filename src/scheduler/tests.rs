@@ -14,6 +14,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         queued_tokens: 0.0,
         queued_requests: 0.0,
         cost: crate::cost::Coefficients::default(),
+        itl_ms: None,
         models: &[],
         matched_blocks: 0,
     }
@@ -280,6 +281,7 @@ fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> Ro
         hints: Hints {
             session: session.map(session::session_key),
             priority,
+            slo: Default::default(),
         },
         ..request(hashes)
     }
@@ -388,4 +390,61 @@ fn negative_priority_is_shed_only_when_every_candidate_is_saturated() {
             Decision::Route { .. }
         ));
     }
+}
+
+#[test]
+fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_priorities() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    // Pod 0 holds the prompt but has work queued; the others are idle and cold.
+    pods[0].matched_blocks = 100;
+    pods[0].queued_tokens = 2500.0;
+    pods[0].queued_requests = 1.0;
+    pods[0].inflight = 1.0;
+    let slo = |ttft: f64, priority: i32| RouteRequest {
+        hints: Hints {
+            slo: slo::Slo {
+                ttft_ms: Some(ttft),
+                tpot_ms: None,
+            },
+            priority,
+            session: None,
+        },
+        ..request(&hashes)
+    };
+    // Without an objective the fastest wins: cold idle pods (74 ms) beat the holder (110 ms).
+    assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    // A loose objective both meet: the cache hit, which saves the pool 1,600 tokens of prefill.
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &slo(200.0, 0)) else {
+        panic!()
+    };
+    assert_eq!(ranked[0].addr, ADDRS[0]);
+    assert_eq!(ranked[0].meets_slo, Some(true));
+    // A tight one only the idle pods meet.
+    assert_ne!(primary(&decide(&cfg, &pods, &slo(90.0, 0))), ADDRS[0]);
+    // One nobody meets: the fastest, flagged; with a negative priority, shed.
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &slo(5.0, 0)) else {
+        panic!()
+    };
+    assert_eq!(ranked[0].meets_slo, Some(false));
+    assert_eq!(
+        decide(&cfg, &pods, &slo(5.0, -1)),
+        Decision::NoEndpoint(Rejection::SloUnattainable)
+    );
+    // The per-token objective uses the pods' observed inter-token latency.
+    for p in pods.iter_mut().skip(1) {
+        p.itl_ms = Some(50.0);
+    }
+    let tpot = RouteRequest {
+        hints: Hints {
+            slo: slo::Slo {
+                ttft_ms: None,
+                tpot_ms: Some(30.0),
+            },
+            ..Hints::default()
+        },
+        ..request(&hashes)
+    };
+    assert_eq!(primary(&decide(&cfg, &pods, &tpot)), ADDRS[0]);
 }

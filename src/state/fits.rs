@@ -6,19 +6,30 @@
 //! it is written once per heartbeat and read on the tick, never on the request path.
 //!
 //! Encoding: the format line `kvroute-fits/1`, then one row per VM: `<vm id hex> <written ms>
-//! <addr>=<overhead ms>/<µs per token>/<µs per decoding>/<samples> ...`. Values of another format
-//! decode as empty; unreadable entries are skipped. Bounded: one row per live VM, one entry per pod.
+//! <addr>=<overhead ms>/<µs per token>/<µs per decoding>/<samples>/<inter-token ms or -> ...`. Values
+//! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
+//! one entry per pod.
 
 use crate::cost::Coefficients;
 use hashbrown::HashMap;
 
 const FORMAT: &str = "kvroute-fits/1";
 
+/// One VM's knowledge of one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodFit {
+    pub addr: String,
+    pub cost: Coefficients,
+    pub samples: f64,
+    /// Mean inter-token latency of the pod's streams this VM timed, ms.
+    pub itl_ms: Option<f64>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Row {
     vm: u64,
     written_ms: u64,
-    fits: Vec<(String, Coefficients, f64)>,
+    fits: Vec<PodFit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -44,12 +55,19 @@ impl FitBoard {
         out.push('\n');
         for row in &self.rows {
             let _ = write!(out, "{:x} {}", row.vm, row.written_ms);
-            for (addr, c, n) in &row.fits {
+            for f in &row.fits {
+                let c = &f.cost;
                 let _ = write!(
                     out,
-                    " {addr}={:.3}/{:.4}/{:.3}/{:.2}",
-                    c.overhead_ms, c.us_per_token, c.us_per_decoding, n
+                    " {}={:.3}/{:.4}/{:.3}/{:.2}/",
+                    f.addr, c.overhead_ms, c.us_per_token, c.us_per_decoding, f.samples
                 );
+                match f.itl_ms {
+                    Some(itl) => {
+                        let _ = write!(out, "{itl:.3}");
+                    }
+                    None => out.push('-'),
+                }
             }
             out.push('\n');
         }
@@ -57,13 +75,7 @@ impl FitBoard {
     }
 
     /// Replaces `vm`'s row and drops rows older than `ttl_ms`.
-    pub fn put_row(
-        &mut self,
-        vm: u64,
-        now_ms: u64,
-        fits: Vec<(String, Coefficients, f64)>,
-        ttl_ms: u64,
-    ) {
+    pub fn put_row(&mut self, vm: u64, now_ms: u64, fits: Vec<PodFit>, ttl_ms: u64) {
         self.rows
             .retain(|r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms);
         self.rows.push(Row {
@@ -75,45 +87,52 @@ impl FitBoard {
     }
 
     /// Every other live VM's fits, per pod.
-    pub fn others(
-        &self,
-        vm: u64,
-        now_ms: u64,
-        ttl_ms: u64,
-    ) -> HashMap<String, Vec<(Coefficients, f64)>> {
-        let mut out: HashMap<String, Vec<(Coefficients, f64)>> = HashMap::new();
+    pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, Vec<PodFit>> {
+        let mut out: HashMap<String, Vec<PodFit>> = HashMap::new();
         for row in &self.rows {
             if row.vm == vm || now_ms.saturating_sub(row.written_ms) > ttl_ms {
                 continue;
             }
-            for (addr, c, n) in &row.fits {
-                out.entry_ref(addr.as_str()).or_default().push((*c, *n));
+            for f in &row.fits {
+                out.entry_ref(f.addr.as_str()).or_default().push(f.clone());
             }
         }
         out
     }
 }
 
+fn parse_fit(field: &str) -> Option<PodFit> {
+    let (addr, value) = field.rsplit_once('=')?;
+    let parts: Vec<&str> = value.split('/').collect();
+    let [o, t, d, n, itl] = parts.as_slice() else {
+        return None;
+    };
+    let number = |text: &str| {
+        text.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let itl_ms = match *itl {
+        "-" => None,
+        text => Some(number(text)?),
+    };
+    Some(PodFit {
+        addr: addr.to_string(),
+        cost: Coefficients {
+            overhead_ms: number(o)?,
+            us_per_token: number(t)?,
+            us_per_decoding: number(d)?,
+        },
+        samples: number(n)?,
+        itl_ms,
+    })
+}
+
 fn parse_row(line: &str) -> Option<Row> {
     let mut fields = line.split(' ');
     let vm = u64::from_str_radix(fields.next()?, 16).ok()?;
     let written_ms = fields.next()?.parse().ok()?;
-    let fits = fields
-        .filter_map(|f| {
-            let (addr, v) = f.rsplit_once('=')?;
-            let mut parts = v.split('/').map(|p| p.parse::<f64>().ok());
-            let c = Coefficients {
-                overhead_ms: parts.next()??,
-                us_per_token: parts.next()??,
-                us_per_decoding: parts.next()??,
-            };
-            let n = parts.next()??;
-            let sane = [c.overhead_ms, c.us_per_token, c.us_per_decoding, n]
-                .iter()
-                .all(|v| v.is_finite() && *v >= 0.0);
-            (sane && parts.next().is_none()).then(|| (addr.to_string(), c, n))
-        })
-        .collect();
+    let fits = fields.filter_map(parse_fit).collect();
     Some(Row {
         vm,
         written_ms,
@@ -126,34 +145,40 @@ fn parse_row(line: &str) -> Option<Row> {
 mod tests {
     use super::*;
 
-    fn c(t: f64) -> Coefficients {
-        Coefficients {
-            overhead_ms: 2.0,
-            us_per_token: t,
-            us_per_decoding: 0.5,
+    fn fit(addr: &str, t: f64, n: f64, itl: Option<f64>) -> PodFit {
+        PodFit {
+            addr: addr.into(),
+            cost: Coefficients {
+                overhead_ms: 2.0,
+                us_per_token: t,
+                us_per_decoding: 0.5,
+            },
+            samples: n,
+            itl_ms: itl,
         }
     }
 
     #[test]
     fn rows_round_trip_and_own_row_is_left_out() {
         let mut b = FitBoard::default();
-        b.put_row(1, 10, vec![("a:1".into(), c(20.0), 5.0)], 3000);
-        b.put_row(2, 11, vec![("a:1".into(), c(40.0), 1.0)], 3000);
+        b.put_row(1, 10, vec![fit("a:1", 20.0, 5.0, Some(1.5))], 3000);
+        b.put_row(2, 11, vec![fit("a:1", 40.0, 1.0, None)], 3000);
         let b = FitBoard::decode(&b.encode());
         let others = b.others(2, 20, 3000);
-        assert_eq!(others["a:1"], vec![(c(20.0), 5.0)]);
+        assert_eq!(others["a:1"], vec![fit("a:1", 20.0, 5.0, Some(1.5))]);
+        assert_eq!(b.others(1, 20, 3000)["a:1"][0].itl_ms, None);
         assert!(b.others(9, 5000, 3000).is_empty(), "silent rows expire");
     }
 
     #[test]
     fn lies_and_foreign_formats_are_not_trusted() {
         let b = FitBoard::decode(
-            b"kvroute-fits/1\n1 5 a:1=NaN/1/1/1 b:1=1/-4/0/1 c:1=1/2/3/4 d:1=1/2\nzz\n",
+            b"kvroute-fits/1\n1 5 a:1=NaN/1/1/1/- b:1=1/-4/0/1/- c:1=1/2/3/4/- d:1=1/2 e:1=1/2/3/4/-1 f:1=1/2/3/4/x g:1=1/2/3/4\nzz\n",
         );
         let o = b.others(0, 5, 100);
-        assert_eq!(o.len(), 1);
+        assert_eq!(o.len(), 1, "{o:?}");
         assert!(o.contains_key("c:1"));
-        assert!(FitBoard::decode(b"1 5 c:1=1/2/3/4")
+        assert!(FitBoard::decode(b"1 5 c:1=1/2/3/4/-")
             .others(0, 5, 100)
             .is_empty());
     }

@@ -1,0 +1,312 @@
+//! Work-aware scheduling through real Envoy: the prediction decides between waiting behind a
+//! prefix holder's queue and recomputing the prefix elsewhere, a slower pod is learned and given
+//! less, latency objectives steer, and the work board empties when the work is done.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Duration;
+use wasm_tests::harness::{plugin_config, Envoy, EnvoyOptions, Lb, Sim};
+
+/// The predictions of the ranked pods in a debug header: `addr/ms,addr/ms,…`.
+fn predictions(r: &Reply) -> HashMap<String, f64> {
+    r.debug_field("predictions")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| {
+            let (addr, ms) = p.rsplit_once('/')?;
+            Some((addr.to_string(), ms.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A few unique prompts so that every pod has been timed (its cost fit has samples).
+async fn warm_up(url: &str, n: usize) {
+    for i in 0..n {
+        let r = post(
+            &fresh_client(),
+            url,
+            &chat(&system_prompt(&format!("warm{i}-"), 400), "go", 2, true),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_is_faster() {
+    // A slower simulator clock than the other tests: the prefills below must still be running
+    // when the next request is routed, so that their work is on the board.
+    let sim = Sim::start(2, &["--time-scale", "0.25"]).unwrap();
+    let options = EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, json!({}))),
+    );
+    let envoy = Envoy::start(&options).await.unwrap();
+    wait_healthy(&envoy, 2).await;
+    let url = envoy.url("/v1/chat/completions");
+    warm_up(&url, 6).await;
+
+    // The shared context (2,000 words), cached on one pod only.
+    let context = system_prompt("agent-context-", 2000);
+    let first = post(
+        &fresh_client(),
+        &url,
+        &chat(&context, "start", 2, true),
+        &[],
+    )
+    .await;
+    let holder = first.pod.clone().unwrap();
+    let other = sim.pods.iter().find(|p| **p != holder).unwrap().clone();
+
+    // Calls that each bring 1,200 new words on top of the context, sent 40 ms apart: while their
+    // prefills run, each one's work is on the board when the next is routed.
+    let mut calls = Vec::new();
+    for i in 0..4 {
+        let body = chat(
+            &context,
+            &system_prompt(&format!("tool-result-{i}-"), 1200),
+            2,
+            true,
+        );
+        let url = url.clone();
+        calls.push(tokio::spawn(async move {
+            post(&fresh_client(), &url, &body, &[]).await
+        }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let mut replies = Vec::new();
+    for c in calls {
+        replies.push(c.await.unwrap());
+    }
+    for r in &replies {
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let pods: Vec<&str> = replies.iter().map(|r| r.pod.as_deref().unwrap()).collect();
+    // The first call waits for nobody: the holder, whose cache saves the context's prefill.
+    assert_eq!(pods[0], holder, "{:?}", replies[0].debug);
+    assert_eq!(replies[0].debug_field("reason").as_deref(), Some("prefix"));
+    // Later ones find the holder's queue growing; once waiting behind it is slower than computing
+    // the whole context on the idle pod, the context is replicated there.
+    let moved = replies
+        .iter()
+        .position(|r| r.pod.as_deref() == Some(&other));
+    let Some(moved) = moved else {
+        panic!(
+            "every call waited behind the holder: {:?}",
+            replies.iter().map(|r| &r.debug).collect::<Vec<_>>()
+        );
+    };
+    let at_move = &replies[moved];
+    let p = predictions(at_move);
+    assert!(
+        p[&other] <= p[&holder],
+        "the move was predicted faster: {:?}",
+        at_move.debug
+    );
+    let ahead: f64 = at_move
+        .debug_field("tokens_ahead")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        ahead < 1.0,
+        "the idle pod had nothing queued: {:?}",
+        at_move.debug
+    );
+
+    // All done: the board is empty again, for every pod.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = post(
+        &fresh_client(),
+        &url,
+        &chat(&context, "one more", 2, true),
+        &[],
+    )
+    .await;
+    assert_eq!(after.debug_field("tokens_ahead").as_deref(), Some("0"));
+    assert_eq!(after.debug_field("decoding").as_deref(), Some("0"));
+    let histograms = reqwest::get(format!("http://{}/stats?filter=kvroute.ttft", envoy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        histograms.contains("wasmcustom.kvroute.ttft_ms: P0")
+            && histograms.contains("wasmcustom.kvroute.ttft_prediction_error_pct: P0"),
+        "the TTFT and prediction-error histograms are exported:\n{histograms}"
+    );
+    drop(sim);
+}
+
+/// Two simulator processes in one pool: `fast` with the defaults, `slow` at half their speed.
+async fn mixed_pool(extra: serde_json::Value) -> (Sim, Sim, Envoy) {
+    let fast = Sim::start(1, &["--time-scale", TIME_SCALE]).unwrap();
+    let slow = Sim::start(
+        1,
+        &[
+            "--time-scale",
+            TIME_SCALE,
+            "--prefill-overhead-ms",
+            "80",
+            "--prefill-us-per-token",
+            "800",
+            "--decode-base-ms",
+            "30",
+            "--decode-us-per-seq",
+            "1000",
+        ],
+    )
+    .unwrap();
+    let pods: Vec<String> = fast.pods.iter().chain(&slow.pods).cloned().collect();
+    let options = EnvoyOptions::new(&pods, Lb::OverrideHost, Some(plugin_config(&pods, extra)));
+    let envoy = Envoy::start(&options).await.unwrap();
+    wait_healthy(&envoy, 2).await;
+    (fast, slow, envoy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slower_pod_is_learned_and_given_less_work() {
+    let (fast, slow, envoy) = mixed_pool(json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    warm_up(&url, 8).await;
+    // Four clients, each sending unique 800-word prompts back to back.
+    let per_client = 20;
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut pods = Vec::new();
+                for i in 0..per_client {
+                    let body = chat(
+                        &system_prompt(&format!("c{c}-r{i}-"), 800),
+                        "answer",
+                        4,
+                        true,
+                    );
+                    let r = post(&fresh_client(), &url, &body, &[]).await;
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    pods.push(r.pod.unwrap());
+                }
+                pods
+            })
+        })
+        .collect();
+    let mut on_fast = 0;
+    let mut total = 0;
+    for c in clients {
+        for pod in c.await.unwrap() {
+            total += 1;
+            if pod == fast.pods[0] {
+                on_fast += 1;
+            }
+        }
+    }
+    let share = f64::from(on_fast) / f64::from(total);
+    println!("fast pod's share of {total} requests: {share:.2}");
+    assert!(
+        share >= 0.6,
+        "the pod twice as fast took {on_fast} of {total}"
+    );
+    // The learned costs are exported per pod, and the slow pod's is the larger.
+    let stats = envoy.stats().await.unwrap();
+    let cost = |pod: &str| {
+        let key = format!(
+            "wasmcustom.kvroute.pod.{}.prefill_ns_per_token",
+            pod.replace(['.', ':'], "_")
+        );
+        stats.get(&key).copied().unwrap_or(0)
+    };
+    assert!(
+        cost(&slow.pods[0]) > cost(&fast.pods[0]) && cost(&fast.pods[0]) > 0,
+        "fast {} ns/token, slow {} ns/token",
+        cost(&fast.pods[0]),
+        cost(&slow.pods[0])
+    );
+    drop((fast, slow));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_objectives_steer_and_unattainable_ones_are_answered_clearly() {
+    let (fast, slow, envoy) = mixed_pool(json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    // Streams long enough to time the pods' inter-token latency, until both pods have streamed
+    // (an untimed pod is given the benefit of the doubt).
+    let mut streamed = std::collections::HashSet::new();
+    for i in 0..40 {
+        let r = post(
+            &fresh_client(),
+            &url,
+            &chat(&system_prompt(&format!("itl{i}-"), 50), "go", 40, true),
+            &[("x-session-id", &format!("warm-{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        streamed.insert(r.pod.unwrap());
+        if streamed.len() == 2 && i >= 7 {
+            break;
+        }
+    }
+    assert_eq!(streamed.len(), 2, "both pods streamed");
+    // Each worker VM publishes what it timed once a second; let every VM hear from the others.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Fast: (15 ms + 0.5 ms) × 0.05 ≈ 0.8 ms per token; slow: twice that. An objective between
+    // them leaves only the fast pod.
+    let mut on_fast = 0;
+    for i in 0..12 {
+        let r = post(
+            &fresh_client(),
+            &url,
+            &chat(&system_prompt(&format!("slo{i}-"), 50), "go", 8, true),
+            &[("x-slo-tpot-ms", "1.2")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.pod.as_deref() == Some(fast.pods[0].as_str()) {
+            on_fast += 1;
+        } else {
+            panic!("routed to the slow pod: {:?}", r.debug);
+        }
+    }
+    assert_eq!(on_fast, 12);
+    // Nobody can give a first token in a microsecond: routed anyway and counted ...
+    let r = post(
+        &fresh_client(),
+        &url,
+        &chat("hi", "go", 2, false),
+        &[("x-slo-ttft-ms", "0.001")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.debug_field("meets_slo").as_deref(), Some("false"));
+    assert!(envoy.stat("wasmcustom.kvroute.slo.predicted_miss").await >= 1);
+    // ... or, with a negative priority, refused at once with a reason.
+    let shed = post(
+        &fresh_client(),
+        &url,
+        &chat("hi", "go", 2, false),
+        &[("x-slo-ttft-ms", "0.001"), ("x-kvroute-priority", "-1")],
+    )
+    .await;
+    assert_eq!(shed.status, 429, "{}", shed.body);
+    assert!(shed.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("latency objectives"));
+    let bad = post(
+        &fresh_client(),
+        &url,
+        &chat("hi", "go", 2, false),
+        &[("x-slo-ttft-ms", "soon")],
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.contains("x-slo-ttft-ms"), "{}", bad.body);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_slo").await, 1);
+    drop((fast, slow));
+}
