@@ -108,6 +108,33 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets that the pod in `slot` holds `hashes` (it evicted them).
+    pub fn forget(&mut self, slot: usize, hashes: &[u64]) {
+        let Some(pod) = self.pods.get_mut(slot) else {
+            return;
+        };
+        // Their queue entries go stale and are skipped (lazy deletion).
+        let gone: Vec<u64> = hashes
+            .iter()
+            .copied()
+            .filter(|h| pod.latest.remove(h).is_some())
+            .collect();
+        self.unmark(slot, &gone);
+    }
+
+    /// The slot's blocks touched at or before `stamp`, oldest first: what an LRU that dropped the
+    /// block with that stamp has dropped too.
+    pub fn blocks_not_newer_than(&self, slot: usize, stamp: u64) -> Vec<u64> {
+        let Some(pod) = self.pods.get(slot) else {
+            return Vec::new();
+        };
+        pod.queue
+            .iter()
+            .filter(|(h, s)| *s <= stamp && pod.latest.get(h) == Some(s))
+            .map(|(h, _)| *h)
+            .collect()
+    }
+
     /// Forgets everything about a slot (the pod left the pool or restarted).
     pub fn clear_slot(&mut self, slot: usize) {
         let Some(pod) = self.pods.get_mut(slot) else {
@@ -145,6 +172,19 @@ impl PrefixIndex {
         lengths
     }
 
+    /// When `hash` was last touched in `slot` (the index's own clock), if the slot holds it.
+    pub fn stamp_of(&self, slot: usize, hash: u64) -> Option<u64> {
+        self.pods.get(slot)?.latest.get(&hash).copied()
+    }
+
+    /// How many of the slot's blocks were touched after `stamp`: what a pod still holds if its LRU
+    /// dropped everything up to the block that had that stamp.
+    pub fn blocks_newer_than(&self, slot: usize, stamp: u64) -> usize {
+        self.pods
+            .get(slot)
+            .map_or(0, |pod| pod.latest.values().filter(|&&s| s > stamp).count())
+    }
+
     pub fn blocks_held(&self, slot: usize) -> usize {
         self.pods.get(slot).map_or(0, PodLru::len)
     }
@@ -176,6 +216,29 @@ mod tests {
             idx.set_capacity(s, capacity);
         }
         idx
+    }
+
+    #[test]
+    fn stamps_tell_what_an_lru_keeps_after_an_eviction() {
+        let mut idx = index(1, 100);
+        idx.observe(0, &[1, 2, 3]);
+        idx.observe(0, &[7, 8]);
+        let old = idx.stamp_of(0, 3).unwrap();
+        assert!(
+            idx.stamp_of(0, 1).unwrap() > old,
+            "leading blocks are the newest"
+        );
+        assert_eq!(idx.blocks_newer_than(0, old), 4);
+        assert_eq!(idx.blocks_newer_than(0, idx.stamp_of(0, 7).unwrap()), 0);
+        assert_eq!(idx.stamp_of(0, 99), None);
+        assert_eq!(idx.blocks_newer_than(5, 0), 0);
+        let lost = idx.blocks_not_newer_than(0, old);
+        assert_eq!(lost, vec![3]);
+        idx.forget(0, &lost);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 1)[0], 2);
+        assert_eq!(idx.blocks_held(0), 4);
+        idx.observe(0, &[3]);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 1)[0], 3, "learned again");
     }
 
     #[test]

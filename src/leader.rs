@@ -13,7 +13,13 @@ struct PodRecord {
     metrics: PodMetrics,
     metrics_at_ms: u64,
     failing: bool,
+    /// The latest capacity hint from a worker and when it came.
+    capacity_hint: Option<(u32, u64)>,
 }
+
+/// A capacity hint holds this long unless renewed: a pod whose cache was squeezed by a burst gets
+/// its full index capacity back once the burst has passed.
+pub const CAPACITY_HINT_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Default)]
 pub struct Leader {
@@ -61,6 +67,7 @@ impl Leader {
                 metrics: PodMetrics::default(),
                 metrics_at_ms: 0,
                 failing: false,
+                capacity_hint: None,
             });
             record.role = role;
         }
@@ -125,6 +132,13 @@ impl Leader {
         }
     }
 
+    /// A worker saw `addr` keep fewer blocks than the index believed.
+    pub fn on_capacity_hint(&mut self, addr: &str, blocks: u32, now_ms: u64) {
+        if let Some(record) = self.pods.get_mut(addr) {
+            record.capacity_hint = Some((blocks, now_ms));
+        }
+    }
+
     /// The table to publish, with a new version.
     pub fn table(&mut self, now_ms: u64) -> LoadTable {
         self.version += 1;
@@ -137,6 +151,10 @@ impl Leader {
                 metrics_at_ms: r.metrics_at_ms,
                 failing: r.failing,
                 metrics: r.metrics.clone(),
+                capacity_hint_blocks: r
+                    .capacity_hint
+                    .filter(|(_, at)| now_ms.saturating_sub(*at) <= CAPACITY_HINT_TTL_MS)
+                    .map(|(blocks, _)| blocks),
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));

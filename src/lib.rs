@@ -18,6 +18,7 @@ pub mod scheduler;
 pub mod state;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
+pub mod usage;
 
 #[cfg(target_arch = "wasm32")]
 mod host;

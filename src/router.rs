@@ -131,6 +131,35 @@ impl Plan {
     }
 }
 
+/// What the index expects a pod's response to report as cached, taken when the request is routed
+/// (before the routing is observed), to be checked against the response's `usage`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheExpectation {
+    pub addr: String,
+    pub matched_blocks: usize,
+    pub total_blocks: usize,
+    /// Index stamps of the matched blocks, in prompt order (at most `MAX_STAMPS`).
+    stamps: Vec<u64>,
+}
+
+/// What a response's `usage` said about the index's belief.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CacheVerdict {
+    /// The pod had what the index expected (or more).
+    Confirmed,
+    /// The pod had lost blocks the index believed it held: these (`lost`, now forgotten here);
+    /// it keeps about `blocks` of ours.
+    Evicted { blocks: u32, lost: Vec<u64> },
+}
+
+/// Matched blocks whose stamps a request keeps for the check (bounded memory per request).
+const MAX_STAMPS: usize = 2048;
+/// A report counts as an eviction when it is short of the expectation by at least this share of
+/// the prompt and at least `EVICTION_MIN_BLOCKS` blocks (the engine's tokens and ours differ a
+/// little, and its last partial block is never cached).
+const EVICTION_MIN_SHARE: f64 = 0.1;
+const EVICTION_MIN_BLOCKS: f64 = 2.0;
+
 /// Longest prompt, in blocks, that is hashed: bounds per-request work on huge prompts.
 pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
 /// Before any request was routed, requests a pod reports waiting that the board does not show are
@@ -220,7 +249,17 @@ impl Router {
         for o in &page.observations {
             self.observe(o);
         }
+        for e in &page.evictions {
+            self.forget(e);
+        }
         self.applied_page = page.seq;
+    }
+
+    /// A pod no longer holds these blocks.
+    pub fn forget(&mut self, eviction: &Observation) {
+        if let Some(&slot) = self.slot_of.get(&eviction.addr) {
+            self.index.forget(slot, &eviction.hashes);
+        }
     }
 
     /// Replaces the index with a snapshot (a page whose observations are each pod's blocks, oldest
@@ -247,7 +286,11 @@ impl Router {
         for o in &mut observations {
             o.hashes.reverse();
         }
-        Page { seq, observations }
+        Page {
+            seq,
+            observations,
+            evictions: Vec::new(),
+        }
     }
 
     pub fn blocks(
@@ -561,6 +604,71 @@ impl Router {
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     }
 
+    /// What the index expects `addr`, routed `blocks` of which it holds `matched` leading ones, to
+    /// report as cached; `None` when it expects nothing (a report can only confirm what routing
+    /// observes anyway).
+    pub fn expect_cache(
+        &self,
+        addr: &str,
+        blocks: &Blocks,
+        matched: usize,
+    ) -> Option<CacheExpectation> {
+        let slot = *self.slot_of.get(addr)?;
+        if matched == 0 {
+            return None;
+        }
+        let stamps = blocks
+            .hashes
+            .iter()
+            .take(matched.min(MAX_STAMPS))
+            .filter_map(|h| self.index.stamp_of(slot, *h))
+            .collect();
+        Some(CacheExpectation {
+            addr: addr.to_string(),
+            matched_blocks: matched,
+            total_blocks: blocks.hashes.len(),
+            stamps,
+        })
+    }
+
+    /// Checks a response's report (`cached` of `prompt` engine tokens) against the expectation.
+    /// Blocks lost from the middle of an LRU mean everything older went too: the pod keeps about
+    /// the blocks touched since the first one it lost, and its index capacity is capped to that
+    /// here at once (the caller tells the leader, which publishes it for every VM).
+    pub fn on_cache_report(
+        &mut self,
+        expected: &CacheExpectation,
+        cached: u64,
+        prompt: u64,
+    ) -> CacheVerdict {
+        if prompt == 0 || expected.total_blocks == 0 {
+            return CacheVerdict::Confirmed;
+        }
+        let total = expected.total_blocks as f64;
+        let expected_share = expected.matched_blocks as f64 / total;
+        let reported_share = (cached as f64 / prompt as f64).min(1.0);
+        let missing = expected_share - reported_share;
+        if missing < EVICTION_MIN_SHARE || missing * total < EVICTION_MIN_BLOCKS {
+            return CacheVerdict::Confirmed;
+        }
+        let kept = (reported_share * total) as usize;
+        let first_lost = expected
+            .stamps
+            .get(kept)
+            .or(expected.stamps.last())
+            .copied();
+        let Some((slot, stamp)) = self.slot_of.get(&expected.addr).copied().zip(first_lost) else {
+            return CacheVerdict::Confirmed;
+        };
+        let blocks = self.index.blocks_newer_than(slot, stamp).max(1);
+        let lost = self.index.blocks_not_newer_than(slot, stamp);
+        self.index.forget(slot, &lost);
+        CacheVerdict::Evicted {
+            blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+            lost,
+        }
+    }
+
     /// A stream on `addr` delivered its tokens `itl_ms` apart on average.
     pub fn observe_itl(&mut self, addr: &str, itl_ms: f64) {
         let known = self.slot_of.contains_key(addr);
@@ -662,6 +770,7 @@ mod tests {
                         num_gpu_blocks: Some(1024),
                         ..PodMetrics::default()
                     },
+                    capacity_hint_blocks: None,
                 })
                 .collect(),
         }
@@ -851,6 +960,69 @@ mod tests {
     }
 
     #[test]
+    fn a_reported_miss_trims_what_the_pod_evidently_lost() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+        let older = Router::blocks(&cfg, &chat(&"older tenant ".repeat(200), "q"), None);
+        let newer = Router::blocks(&cfg, &chat(&"newer tenant ".repeat(200), "q"), None);
+        for b in [&older, &newer] {
+            r.observe(&Observation {
+                addr: "a:1".into(),
+                hashes: b.hashes.clone(),
+            });
+        }
+        let slot = r.slot_of("a:1").unwrap();
+        let matched = r.index().match_lengths(&newer.hashes, 64)[slot];
+        let expected = r.expect_cache("a:1", &newer, matched).unwrap();
+        assert_eq!(expected.matched_blocks, newer.hashes.len());
+        assert!(
+            r.expect_cache("b:1", &newer, 0).is_none(),
+            "b holds nothing"
+        );
+        // Routing observes the prompt again (the pod recomputes it) ...
+        r.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: newer.hashes.clone(),
+        });
+        // ... a report that matches changes nothing ...
+        let prompt = newer.prompt_tokens;
+        assert_eq!(
+            r.on_cache_report(&expected, prompt - 10, prompt),
+            CacheVerdict::Confirmed
+        );
+        assert_eq!(
+            r.index().match_lengths(&older.hashes, 64)[slot],
+            older.hashes.len()
+        );
+        // ... but "nothing cached" means the pod's LRU dropped the newer prompt, so the older one
+        // is surely gone too; what was touched since (this request's own blocks) stays.
+        let CacheVerdict::Evicted { blocks, lost } = r.on_cache_report(&expected, 0, prompt) else {
+            panic!("not detected")
+        };
+        assert_eq!(blocks, newer.hashes.len() as u32);
+        let mut lost_sorted = lost.clone();
+        lost_sorted.sort();
+        let mut older_sorted = older.hashes.clone();
+        older_sorted.sort();
+        older_sorted.dedup();
+        assert_eq!(
+            lost_sorted, older_sorted,
+            "exactly the older prompt's blocks"
+        );
+        assert_eq!(r.index().match_lengths(&older.hashes, 64)[slot], 0);
+        assert_eq!(
+            r.index().match_lengths(&newer.hashes, 64)[slot],
+            newer.hashes.len()
+        );
+        // The leader publishes the hint; every VM's index capacity follows it.
+        let mut t = table(&["a:1", "b:1"], 100);
+        t.pods[0].capacity_hint_blocks = Some(5);
+        r.apply_load_table(&cfg, t);
+        assert_eq!(r.index().blocks_held(slot), 5);
+    }
+
+    #[test]
     fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         let cfg = Config::default();
         let mut r = Router::new();
@@ -948,6 +1120,7 @@ mod tests {
         let page = Page {
             seq: 1,
             observations: vec![observation],
+            evictions: vec![],
         }
         .encode();
         w2.apply_page(&Page::decode(&page).unwrap());
@@ -1031,6 +1204,7 @@ mod pd_tests {
                         },
                         ..PodMetrics::default()
                     },
+                    capacity_hint_blocks: None,
                 });
             }
         }

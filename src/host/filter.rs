@@ -10,7 +10,9 @@ use crate::config::NoEndpointPolicy;
 use crate::headers::{DEBUG, DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
 use crate::pd::{self, PdMode};
 use crate::request::{self, Endpoint};
-use crate::router::{Blocks, FirstToken, PdOutcome, PdPlan, Plan, Router};
+use crate::router::{
+    Blocks, CacheExpectation, CacheVerdict, FirstToken, PdOutcome, PdPlan, Plan, Router,
+};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
 use crate::scheduler::slo::{parse_objective, Slo};
@@ -58,8 +60,15 @@ pub struct Filter {
     first_chunk_us: u64,
     last_chunk_us: u64,
     streamed: bool,
+    /// What the index expects the response's `usage` to report, until it does.
+    cache_check: Option<CacheExpectation>,
+    /// The tail of the previous response chunk, so a `usage` object split across two is read.
+    carry: Vec<u8>,
     hints: Hints,
 }
+
+/// Bytes of a chunk kept for the next one: more than a usage object's keys and numbers.
+const CARRY_BYTES: usize = 256;
 
 fn request_header(name: &str) -> Option<String> {
     hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
@@ -221,7 +230,47 @@ impl Filter {
             first_chunk_us: 0,
             last_chunk_us: 0,
             streamed: false,
+            cache_check: None,
+            carry: Vec::new(),
             hints: Hints::default(),
+        }
+    }
+
+    /// Looks for the response's `usage` in this chunk (and the end of the last one); once found,
+    /// checks the index's expectation against it.
+    fn read_usage(&mut self, body_size: usize) {
+        let chunk = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        self.carry.extend_from_slice(&chunk);
+        let Some((cached, prompt)) = crate::usage::cache_report(&self.carry) else {
+            let keep = self.carry.len().saturating_sub(CARRY_BYTES);
+            self.carry.drain(..keep);
+            return;
+        };
+        self.carry = Vec::new();
+        let (Some(expected), Some(vm_rc)) = (self.cache_check.take(), self.vm.clone()) else {
+            return;
+        };
+        let Ok(mut vm) = vm_rc.try_borrow_mut() else {
+            return;
+        };
+        let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
+        vm.stats.add(
+            Counter::CachePredictedTokens,
+            (share.min(1.0) * prompt as f64) as u64,
+        );
+        vm.stats.add(Counter::CacheReportedTokens, cached);
+        if let CacheVerdict::Evicted { blocks, lost } =
+            vm.router.on_cache_report(&expected, cached, prompt)
+        {
+            log::debug!(
+                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {blocks} blocks",
+                expected.addr
+            );
+            vm.stats.inc(Counter::CacheEvictionsDetected);
+            vm.report_eviction(expected.addr.clone(), blocks, lost);
         }
     }
 
@@ -367,6 +416,12 @@ impl Filter {
             });
         }
         self.streamed = view.stream;
+        // A split request's decode pod reports the pulled KV as cached too: only check the rest.
+        if pd.as_ref().is_none_or(|p| p.prefill.is_none()) {
+            self.cache_check =
+                vm.router
+                    .expect_cache(&primary.addr, &blocks, primary.matched_blocks);
+        }
         vm.write_inflight_row(now);
         self.routed_to = Some(primary.addr.clone());
         let prefill_pod = pd
@@ -601,6 +656,9 @@ impl HttpContext for Filter {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.awaiting.is_some() && (body_size > 0 || end_of_stream) {
             self.first_byte();
+        }
+        if self.cache_check.is_some() && self.response_ok && body_size > 0 {
+            self.read_usage(body_size);
         }
         if self.streamed && body_size > 0 {
             let now = super::now_us();

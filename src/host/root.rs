@@ -70,6 +70,7 @@ struct LeaderState {
     polls: HashMap<u32, String>,
     admin_call: Option<u32>,
     pending: Vec<Observation>,
+    pending_evictions: Vec<Observation>,
     head: u64,
     snapshot_seq: u64,
     published_pods: Option<Vec<PodLoad>>,
@@ -139,11 +140,31 @@ impl Vm {
     /// Records a routing decision locally and tells the leader.
     pub fn observe(&mut self, observation: Observation) {
         self.router.observe(&observation);
-        let message = Message::Observation {
+        self.tell_leader(Message::Observation {
             vm: self.id,
             observation,
-        }
-        .encode();
+        });
+    }
+
+    /// Tells the leader what a response showed a pod had lost (already applied here): the blocks,
+    /// for every VM's index, and how many of ours the pod evidently keeps.
+    pub fn report_eviction(&mut self, addr: String, blocks: u32, lost: Vec<u64>) {
+        self.tell_leader(Message::Eviction {
+            vm: self.id,
+            eviction: Observation {
+                addr: addr.clone(),
+                hashes: lost,
+            },
+        });
+        self.tell_leader(Message::CapacityHint {
+            vm: self.id,
+            addr,
+            blocks,
+        });
+    }
+
+    fn tell_leader(&mut self, message: Message) {
+        let message = message.encode();
         match self.resolve_queue() {
             Some(queue) => {
                 shared::enqueue(queue, &message);
@@ -223,6 +244,7 @@ impl Vm {
             polls: HashMap::new(),
             admin_call: None,
             pending: Vec::new(),
+            pending_evictions: Vec::new(),
             head,
             snapshot_seq: 0,
             published_pods: None,
@@ -251,6 +273,13 @@ impl Vm {
                 Some(Message::Observation { observation, .. }) => {
                     self.router.observe(&observation);
                     st.pending.push(observation);
+                }
+                Some(Message::CapacityHint { addr, blocks, .. }) => {
+                    st.book.on_capacity_hint(&addr, blocks, now);
+                }
+                Some(Message::Eviction { eviction, .. }) => {
+                    self.router.forget(&eviction);
+                    st.pending_evictions.push(eviction);
                 }
                 None => log::debug!("kvroute: dropped an undecodable queue message"),
             }
@@ -338,6 +367,7 @@ impl Vm {
                     .get(start..end)
                     .map(<[Observation]>::to_vec)
                     .unwrap_or_default(),
+                evictions: Vec::new(),
             };
             // Page before head: a reader that sees the new head finds its page.
             shared::set(&page_key(st.head), &page.encode());
@@ -345,6 +375,17 @@ impl Vm {
             start = end;
         }
         st.pending.clear();
+        if !st.pending_evictions.is_empty() {
+            // Rare (a response reported a miss the index did not expect): one page of their own.
+            st.head += 1;
+            let page = Page {
+                seq: st.head,
+                observations: Vec::new(),
+                evictions: std::mem::take(&mut st.pending_evictions),
+            };
+            shared::set(&page_key(st.head), &page.encode());
+            shared::set_u64(PAGE_HEAD_KEY, st.head);
+        }
         self.router.applied_page = st.head;
         if st.head >= st.snapshot_seq + SNAPSHOT_EVERY_PAGES
             || (st.snapshot_seq == 0 && st.head > 0)

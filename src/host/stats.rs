@@ -46,6 +46,13 @@ pub enum Counter {
     SloPredictedMiss,
     /// Requests with a TTFT objective whose first byte came later than it.
     SloTtftMissed,
+    /// Prompt tokens the index expected cached, for responses that reported `cached_tokens`
+    /// (counted in the engine's tokens: the expected share of its reported prompt).
+    CachePredictedTokens,
+    /// Prompt tokens those responses reported cached.
+    CacheReportedTokens,
+    /// Responses whose pod had evidently evicted blocks the index believed it held.
+    CacheEvictionsDetected,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +79,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    const ALL: [Counter; 18] = [
+    const ALL: [Counter; 21] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -91,6 +98,9 @@ impl Counter {
         Counter::BadSlo,
         Counter::SloPredictedMiss,
         Counter::SloTtftMissed,
+        Counter::CachePredictedTokens,
+        Counter::CacheReportedTokens,
+        Counter::CacheEvictionsDetected,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -114,6 +124,9 @@ impl Counter {
             Counter::BadSlo => "kvroute.bad_slo",
             Counter::SloPredictedMiss => "kvroute.slo.predicted_miss",
             Counter::SloTtftMissed => "kvroute.slo.ttft_missed",
+            Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens",
+            Counter::CacheReportedTokens => "kvroute.cache.reported_tokens",
+            Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected",
         }
     }
 }
@@ -185,8 +198,12 @@ impl Stats {
     }
 
     pub fn inc(&self, c: Counter) {
+        self.add(c, 1);
+    }
+
+    pub fn add(&self, c: Counter, n: u64) {
         if let Some(id) = self.ids.get(c.name()) {
-            let _ = hostcalls::increment_metric(*id, 1);
+            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -14,6 +14,11 @@ pub struct PodLoad {
     /// The last poll failed (refused, timed out, non-200 or unparsable).
     pub failing: bool,
     pub metrics: PodMetrics,
+    /// How many of our blocks the pod evidently keeps, when its responses reported fewer cached
+    /// tokens than the index expected (see `crate::router::Router::on_cache_report`): the index
+    /// capacity is capped by it until the hint expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_hint_blocks: Option<u32>,
 }
 
 impl PodLoad {
@@ -36,9 +41,13 @@ impl PodLoad {
             }
             _ => None,
         };
+        let hint = self
+            .capacity_hint_blocks
+            .map_or(u64::MAX, |h| u64::from(h).max(1));
         reported
             .unwrap_or(u64::from(default_blocks))
-            .min(u64::from(max_blocks)) as usize
+            .min(u64::from(max_blocks))
+            .min(hint) as usize
     }
 }
 
@@ -86,6 +95,7 @@ mod tests {
             metrics_at_ms: 1000,
             failing: false,
             metrics: PodMetrics::default(),
+            capacity_hint_blocks: None,
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));
@@ -99,6 +109,12 @@ mod tests {
             p.capacity_blocks(16, 500, 1000),
             1000,
             "bounded by configuration"
+        );
+        p.capacity_hint_blocks = Some(300);
+        assert_eq!(
+            p.capacity_blocks(16, 500, 1000),
+            300,
+            "a pod that evicts early"
         );
         let t = LoadTable {
             version: 3,

@@ -6,7 +6,12 @@
 //! message  = tag:u8 vm:u64 body
 //!   tag 1  observation: addr:str n:u32 hash:u64 × n        ("pod addr now holds these blocks")
 //!   (tag 2, in-flight reports, is retired: in-flight counts live on the board, `super::inflight`)
-//! page     = seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n
+//!   tag 3  capacity hint: addr:str blocks:u32              ("pod addr evidently keeps only this
+//!          many of our blocks": its response reported fewer cached tokens than the index expected)
+//!   tag 4  eviction: addr:str n:u32 hash:u64 × n           ("pod addr no longer holds these")
+//! page     = seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n  [m:u32 (addr:str n:u32 hash:u64 × n) × m]
+//!            the optional tail is the page's evictions, applied after its observations (a module
+//!            without them reads the head and ignores the tail; a page without a tail has none)
 //! str      = len:u16 bytes
 //! ```
 
@@ -19,6 +24,8 @@ pub struct Observation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Observation { vm: u64, observation: Observation },
+    CapacityHint { vm: u64, addr: String, blocks: u32 },
+    Eviction { vm: u64, eviction: Observation },
 }
 
 /// A delta page or a snapshot: a sequence number and observations in application order.
@@ -26,6 +33,8 @@ pub enum Message {
 pub struct Page {
     pub seq: u64,
     pub observations: Vec<Observation>,
+    /// Blocks pods were found not to hold any more (applied after the observations).
+    pub evictions: Vec<Observation>,
 }
 
 struct Reader<'a> {
@@ -89,6 +98,17 @@ impl Message {
                 out.extend_from_slice(&vm.to_le_bytes());
                 put_observation(&mut out, observation);
             }
+            Message::Eviction { vm, eviction } => {
+                out.push(4);
+                out.extend_from_slice(&vm.to_le_bytes());
+                put_observation(&mut out, eviction);
+            }
+            Message::CapacityHint { vm, addr, blocks } => {
+                out.push(3);
+                out.extend_from_slice(&vm.to_le_bytes());
+                put_str(&mut out, addr);
+                out.extend_from_slice(&blocks.to_le_bytes());
+            }
         }
         out
     }
@@ -101,6 +121,15 @@ impl Message {
             1 => Some(Message::Observation {
                 vm,
                 observation: r.observation()?,
+            }),
+            4 => Some(Message::Eviction {
+                vm,
+                eviction: r.observation()?,
+            }),
+            3 => Some(Message::CapacityHint {
+                vm,
+                addr: r.str()?,
+                blocks: r.u32()?,
             }),
             _ => None,
         }
@@ -115,6 +144,12 @@ impl Page {
         for o in &self.observations {
             put_observation(&mut out, o);
         }
+        if !self.evictions.is_empty() {
+            out.extend_from_slice(&(self.evictions.len() as u32).to_le_bytes());
+            for e in &self.evictions {
+                put_observation(&mut out, e);
+            }
+        }
         out
     }
 
@@ -128,7 +163,22 @@ impl Page {
         let observations = (0..n)
             .map(|_| r.observation())
             .collect::<Option<Vec<_>>>()?;
-        Some(Page { seq, observations })
+        let evictions = if r.bytes.is_empty() {
+            Vec::new()
+        } else {
+            let m = r.u32()? as usize;
+            if m > r.bytes.len() {
+                return None;
+            }
+            (0..m)
+                .map(|_| r.observation())
+                .collect::<Option<Vec<_>>>()?
+        };
+        Some(Page {
+            seq,
+            observations,
+            evictions,
+        })
     }
 }
 
@@ -150,11 +200,38 @@ mod tests {
             observation: obs("10.0.0.1:8000", &[1, u64::MAX]),
         };
         assert_eq!(Message::decode(&m.encode()), Some(m));
+        let h = Message::CapacityHint {
+            vm: 3,
+            addr: "10.0.0.2:8000".into(),
+            blocks: 1234,
+        };
+        assert_eq!(Message::decode(&h.encode()), Some(h.clone()));
+        let bytes = h.encode();
+        for cut in 0..bytes.len() {
+            assert_eq!(Message::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
         let p = Page {
             seq: 12,
             observations: vec![obs("a:1", &[5]), obs("b:2", &[])],
+            evictions: vec![],
         };
-        assert_eq!(Page::decode(&p.encode()), Some(p));
+        assert_eq!(Page::decode(&p.encode()), Some(p.clone()));
+        let e = Message::Eviction {
+            vm: 2,
+            eviction: obs("a:1", &[7, 8]),
+        };
+        assert_eq!(Message::decode(&e.encode()), Some(e));
+        let with_evictions = Page {
+            evictions: vec![obs("a:1", &[5])],
+            ..p.clone()
+        };
+        let bytes = with_evictions.encode();
+        assert_eq!(Page::decode(&bytes), Some(with_evictions));
+        // A page's head alone (what a module without evictions writes) still decodes.
+        assert_eq!(Page::decode(&p.encode()).unwrap().evictions, vec![]);
+        for cut in p.encode().len() + 1..bytes.len() {
+            assert_eq!(Page::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
     }
 
     #[test]

@@ -310,3 +310,88 @@ async fn latency_objectives_steer_and_unattainable_ones_are_answered_clearly() {
     assert_eq!(envoy.stat("wasmcustom.kvroute.bad_slo").await, 1);
     drop((fast, slow));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_evicted_a_prefix_stops_attracting_what_it_lost() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let older = system_prompt("older-tenant-", 800);
+    let newer = system_prompt("newer-tenant-", 800);
+    // Both tenants' prompts on one pod (a session keeps them together), the older one first.
+    let mut holder = None;
+    for system in [&older, &newer] {
+        let r = post(
+            &fresh_client(),
+            &url,
+            &chat(system, "q", 2, false),
+            &[("x-session-id", "both-tenants")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(holder.is_none() || holder == r.pod, "one pod");
+        holder = r.pod;
+    }
+    let holder = holder.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // every VM has the pages
+
+    // The pod drops its whole prefix cache (vLLM's reset_prefix_cache; here the simulator's).
+    let reset = reqwest::Client::new()
+        .post(format!("http://{holder}/sim/reset"))
+        .send()
+        .await
+        .unwrap();
+    assert!(reset.status().is_success());
+    // The next request for the newer tenant still goes there (the index cannot know yet), and
+    // its response reports nothing cached ...
+    let miss = post(&fresh_client(), &url, &chat(&newer, "after", 2, false), &[]).await;
+    assert_eq!(
+        miss.pod.as_deref(),
+        Some(holder.as_str()),
+        "{:?}",
+        miss.debug
+    );
+    assert_eq!(
+        miss.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    wasm_tests::harness::wait_for(Duration::from_secs(5), "the eviction counted", || async {
+        envoy
+            .stat("wasmcustom.kvroute.cache.evictions_detected")
+            .await
+            >= 1
+    })
+    .await
+    .unwrap();
+    assert!(
+        envoy
+            .stat("wasmcustom.kvroute.cache.predicted_tokens")
+            .await
+            > 0
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // the leader's hint reaches every VM
+                                                          // ... so the older tenant, which went out of that cache before the newer one, is no longer
+                                                          // believed to be there, whichever worker decides.
+    let first = post(&fresh_client(), &url, &chat(&older, "later", 2, false), &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.debug_field("reason").as_deref(),
+        Some("load"),
+        "no pod is believed to hold it any more: {:?}",
+        first.debug
+    );
+    assert_eq!(first.debug_field("longest").as_deref(), Some(""));
+    // Whoever took it computed it: the next ones are hits there, on every worker.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..4 {
+        let r = post(
+            &fresh_client(),
+            &url,
+            &chat(&older, &format!("later {i}"), 2, false),
+            &[],
+        )
+        .await;
+        assert_eq!(r.pod, first.pod, "{:?}", r.debug);
+        assert_eq!(r.debug_field("reason").as_deref(), Some("prefix"));
+    }
+    drop(sim);
+}
