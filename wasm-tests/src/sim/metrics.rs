@@ -104,6 +104,8 @@ pub struct Counters {
     pub generation_tokens: u64,
     pub success: u64,
     pub aborted: u64,
+    /// Running requests preempted for KV space (vLLM's `vllm:num_preemptions`).
+    pub preemptions: u64,
 }
 
 /// Everything `/metrics` shows, copied out of the engine under its lock.
@@ -254,6 +256,11 @@ pub fn render(cfg: &SimConfig, snap: &Snapshot) -> String {
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed.",
                 c.generation_tokens,
+            );
+            w.counter(
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+                c.preemptions,
             );
             w.header(
                 "vllm:request_success_total",
