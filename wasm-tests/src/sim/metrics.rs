@@ -55,6 +55,12 @@ impl Histogram {
         }
     }
 
+    /// Sum of the observed values.
+    #[cfg(test)]
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
     pub fn observe(&mut self, value: f64) {
         let slot = self.bounds.iter().take_while(|b| value > **b).count();
         if let Some(c) = self.counts.get_mut(slot) {

@@ -225,7 +225,9 @@ mod tests {
     /// decodes, a pure decode batch of 32, and a single 2,048-token prefill chunk.
     #[test]
     fn fitted_step_times_follow_the_published_formula() {
-        let cases: &[(&str, [(usize, usize, f64); 3])] = &[
+        /// (prefill tokens, decode tokens, µs)
+        type Batch = (usize, usize, f64);
+        let cases: &[(&str, [Batch; 3])] = &[
             (
                 "llama-3.1-8b-h100",
                 [
