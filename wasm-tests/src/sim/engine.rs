@@ -584,7 +584,16 @@ impl State {
     fn start_transfer(&mut self, cfg: &SimConfig, mut s: Seq, start: Instant) {
         let time = cfg.transfer_time(s.transferred);
         if cfg.kv_link_gbps.is_some() {
-            let start = self.link_clock.map_or(start, |c| c.max(start));
+            // An idle link starts the pull when it was admitted (the loop may have woken later); a
+            // busy one cannot share time it has already accounted for.
+            let busy = self.transferring.iter().any(|t| !t.pull_done());
+            let start = match self.link_clock {
+                Some(c) if busy => c.max(start),
+                _ => start,
+            };
+            if !busy {
+                self.link_clock = Some(start);
+            }
             self.advance_link(cfg, start);
             s.xfer_left = time.as_secs_f64();
             s.ready_at = start;
@@ -795,6 +804,10 @@ impl State {
                 let start = boundary.map_or(s.queued_at, |b| b.max(s.queued_at));
                 self.start_transfer(cfg, s, start);
             } else {
+                // Nothing to pull (all cached here): the producer may free its blocks now.
+                if let Some(src) = s.spec.pull_source.take() {
+                    self.pulled.push(src);
+                }
                 if prefill_remaining > 0 {
                     s.sched_prefill = want;
                     budget -= want;
