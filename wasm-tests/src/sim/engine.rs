@@ -693,6 +693,7 @@ impl State {
         }
 
         let mut used = self.used_blocks(cfg);
+        let preemptions_before = self.counters.preemptions;
         let mut i = 0;
         while i < self.running.len() {
             let s = &mut self.running[i];
@@ -728,7 +729,10 @@ impl State {
             i += 1;
         }
 
-        while self.running.len() < cfg.max_num_seqs && (budget > 0 || !counts_decodes) {
+        // vLLM schedules no waiting request in a step that had to preempt.
+        let preempted = self.counters.preemptions > preemptions_before;
+        while !preempted && self.running.len() < cfg.max_num_seqs && (budget > 0 || !counts_decodes)
+        {
             let Some(front) = self.waiting.front() else {
                 break;
             };
@@ -1148,6 +1152,34 @@ mod tests {
             0,
             "hits counted once, at first admission"
         );
+    }
+
+    #[test]
+    fn a_preempted_request_goes_back_to_the_front_of_the_queue() {
+        let cfg = fitted(8, 0);
+        let eng = Engine::new(cfg.clone());
+        let t0 = Instant::now();
+        let _a = push(&eng, spec(1, 48, 40), t0);
+        let _b = push(&eng, spec(2, 48, 40), t0);
+        for _ in 0..17 {
+            step(&eng, t0);
+        }
+        assert_eq!(eng.lock().used_blocks(&cfg), 8);
+        // C (one block) arrives while the pool is full; B's preemption puts B ahead of it.
+        let _c = push(&eng, spec(3, 15, 1), t0);
+        assert_eq!(step(&eng, t0).2, 1);
+        {
+            let st = eng.lock();
+            assert_eq!(st.counters.preemptions, 1);
+            assert_eq!(st.waiting.len(), 2, "B at the front, C behind it");
+            assert_eq!(
+                st.waiting[0].spec.block_hashes,
+                spec(2, 48, 40).block_hashes
+            );
+        }
+        // Next step: B (front) does not fit, and FIFO holds C back behind it although C would fit.
+        step(&eng, t0);
+        assert_eq!(eng.lock().waiting.len(), 2);
     }
 
     #[test]
