@@ -106,7 +106,11 @@ async fn a_full_pool_preempts_and_every_request_still_completes() {
         let r = a.await.expect("task");
         assert_eq!(r["usage"]["completion_tokens"], 40);
     }
-    assert!(metric(&pod.url(), "vllm:num_preemptions_total").await >= 1.0);
+    let preempted = metric(&pod.url(), "vllm:num_preemptions_total").await;
+    assert!(preempted >= 1.0);
+    let stats = pod.stats();
+    assert_eq!(stats.preemptions_total as f64, preempted);
+    assert!(stats.profile.starts_with("llama-3.1-8b-h100: BLIS fit"));
     assert_eq!(metric(&pod.url(), "vllm:kv_cache_usage_perc").await, 0.0);
 }
 

@@ -61,6 +61,12 @@ pub struct SimStats {
     /// Prompt tokens whose KV was pulled from a prefill pod instead of computed.
     pub transferred_tokens_total: u64,
     pub generation_tokens_total: u64,
+    /// Running requests preempted for KV space (`vllm:num_preemptions_total`).
+    #[serde(default)]
+    pub preemptions_total: u64,
+    /// The engine profile and its source (`SimConfig::describe`).
+    #[serde(default)]
+    pub profile: String,
     /// Requests decoded here with KV prefilled elsewhere (body `kv_transfer_params` or sidecar).
     pub disaggregated_decodes: u64,
     /// Requests this pod prefilled for a remote decoder (`do_remote_decode`).
@@ -273,6 +279,8 @@ impl Pod {
             cached_tokens_total: snap.counters.prefix_hits,
             transferred_tokens_total: snap.counters.transferred_tokens,
             generation_tokens_total: snap.counters.generation_tokens,
+            preemptions_total: snap.counters.preemptions,
+            profile: self.cfg.describe(),
             disaggregated_decodes: c.disaggregated_decodes,
             prefills_for_remote_decode: c.prefills_for_remote_decode,
             sidecar_prefills: c.sidecar_prefills,
