@@ -28,9 +28,11 @@
 //! request, not the batch. When it completes the prefill pod is told, and only then frees the blocks
 //! it held for the pull (or after `kv_hold_timeout_s`).
 //!
-//! Per-request overheads of a fitted profile: α0 + α1 · input length from arrival until the request
-//! is queued, and α2 per output token on its delivery (host-side output processing, pipelined per
-//! request, not on the GPU's step).
+//! Per-request overheads of a fitted profile, applied as BLIS applies them: α0 + α1 · input length
+//! from arrival until the request is queued, and α2 per output token on its way to the client
+//! (BLIS's `OutputTokenProcessingTime`: every inter-token latency is the step plus α2, so a request
+//! sees α2 per output token in its E2E). The GPU's steps and the request's KV blocks do not wait
+//! for it: the engine frees a finished request at its last step.
 //!
 //! Time: step durations are simulated and slept scaled by `time_scale`. Deadlines chain from the
 //! previous step's deadline rather than from "now", so timer granularity (~1 ms) does not accumulate
@@ -943,9 +945,15 @@ fn emit_token(
     latencies: &mut Latencies,
 ) {
     let index = s.generated;
-    // Host-side output processing (α2) is a per-request pipeline after the step.
-    let delivered =
-        s.last_token.map_or(at, |prev| prev.max(at)) + cfg.to_wall(cfg.output_token_time());
+    // Output processing (α2 per token, BLIS's OutputTokenProcessingTime) adds to every token's
+    // observed latency: token k reaches the client (k + 1) · α2 after its step, never before the
+    // token ahead of it.
+    let behind = cfg
+        .to_wall(cfg.output_token_time())
+        .mul_f64((index + 1) as f64);
+    let delivered = s
+        .last_token
+        .map_or(at + behind, |prev| prev.max(at + behind));
     if index == 0 {
         // The first sampled token means the whole prompt's KV exists (including a last token that
         // rode along with the decode batch).
@@ -1316,5 +1324,17 @@ mod tests {
         let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
         assert!(matches!(first, Ok(Some(SeqEvent::Token { index: 0 }))));
         assert!(Instant::now() >= step_end + cfg.output_token_time());
+        // BLIS: each inter-token latency is the decode step plus α2.
+        {
+            let mut st = eng.lock();
+            let Plan::Step { sim, .. } = st.plan(&cfg, step_end, Some(step_end)) else {
+                panic!("the decode step");
+            };
+            assert_eq!(sim, us(&cfg, 0, 1));
+            st.finish_step(&cfg, step_end + sim);
+        }
+        let itl = eng.lock().latencies.itl.sum() * 1e6;
+        let want = 5752.705191348184 + 5.999143920128404 + 3357.4400353290152;
+        assert!((itl - want).abs() < 2.0, "ITL {itl} us, want {want}");
     }
 }

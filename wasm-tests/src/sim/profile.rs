@@ -16,7 +16,8 @@
 //! - `QueueingTime` = α0 + α1 · (input length), in µs, from arrival until the request is queued in
 //!   the scheduler (API-server processing: parsing, tokenisation).
 //! - `OutputTokenProcessingTime` = α2 µs per output token, added to each token's observed latency
-//!   (detokenisation and streaming on the host), not to the engine's step.
+//!   (`req.ITL = step + α2`, E2E = TTFT + ΣITL: detokenisation and streaming on the host), not to
+//!   the engine's step.
 //!
 //! The KV geometry (layers, KV heads, head dimension, dtype) gives the bytes a token's KV occupies,
 //! which a P/D transfer moves: 2 (K and V) × layers × KV heads × head dim × bytes per element, from
