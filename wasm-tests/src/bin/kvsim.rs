@@ -1,15 +1,16 @@
 //! kvsim: starts N simulated vLLM/SGLang pods on loopback and prints their addresses.
 //!
 //! Contract with the harness and the benchmark: exactly one line on stdout,
-//! `{"pods":["127.0.0.1:PORT",...]}`, once every pod is listening; logs go to stderr; the process
-//! serves until it is killed (SIGTERM / SIGINT end it cleanly, SIGKILL works too).
+//! `{"pods":["127.0.0.1:PORT",...],"profile":"NAME","profile_source":"..."}`, once every pod is
+//! listening; logs go to stderr; the process serves until it is killed (SIGTERM / SIGINT end it
+//! cleanly, SIGKILL works too).
 
 use std::io::Write as _;
 use std::net::IpAddr;
 
 use anyhow::{Context as _, Result};
-use clap::Parser;
-use wasm_tests::sim::{spawn_pods, EngineKind, Role, SimConfig};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser};
+use wasm_tests::sim::{parse_link_gbps, profile, spawn_pods, EngineKind, Role, SimConfig};
 
 #[derive(Debug, Parser)]
 #[command(name = "kvsim", about = "vLLM-compatible LLM model-server simulator")]
@@ -26,15 +27,21 @@ struct Args {
     /// Served model name; repeat the flag or give a comma-separated list for several.
     #[arg(long = "model", value_delimiter = ',', default_value = "sim-model")]
     models: Vec<String>,
+    /// Engine profile: step-time fit, per-request overheads and KV capacity (list below).
+    #[arg(long, default_value = "seed-demo", value_parser = profile_name)]
+    profile: String,
     /// Wall seconds per simulated second (0.05 = everything 20x faster).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
-    #[arg(long, default_value_t = 32)]
-    max_num_seqs: usize,
-    #[arg(long, default_value_t = 4096)]
-    num_gpu_blocks: usize,
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
+    /// Running-sequence cap (default: the profile's).
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// KV blocks per pod (default: the profile's).
+    #[arg(long)]
+    num_gpu_blocks: Option<usize>,
+    /// Tokens per KV block (default: the profile's, 16).
+    #[arg(long)]
+    block_size: Option<usize>,
     #[arg(long, default_value_t = 40.0)]
     prefill_overhead_ms: f64,
     #[arg(long, default_value_t = 400.0)]
@@ -45,9 +52,22 @@ struct Args {
     decode_us_per_seq: f64,
     #[arg(long, default_value_t = 20.0)]
     kv_transfer_us_per_token: f64,
-    /// Prefill token budget per engine step (0 = whole prefill in one step).
-    #[arg(long, default_value_t = 0)]
-    chunked_prefill_tokens: usize,
+    /// Token budget per step (default: the profile's). seed-demo: prefill tokens only, 0 = whole
+    /// prefills; fitted profiles: vLLM's max_num_batched_tokens, shared with decodes.
+    #[arg(long, alias = "max-num-batched-tokens")]
+    chunked_prefill_tokens: Option<usize>,
+    /// Per-pod speed factors (step time is divided by it; 0.5 = half as fast): one for all pods
+    /// or one per pod, e.g. 1,1,1,0.5.
+    #[arg(long, value_delimiter = ',')]
+    pod_speed: Vec<f64>,
+    /// KV link into each decode pod, shared by its concurrent pulls: Gb/s, `nvlink` (3600) or
+    /// `100g` (100). Fitted profiles default to 100g; seed-demo keeps its per-token cost.
+    #[arg(long, value_parser = parse_link_gbps)]
+    kv_link_gbps: Option<f64>,
+    /// Simulated seconds a prefill pod holds KV no decoder has pulled (vLLM's
+    /// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480).
+    #[arg(long, default_value_t = wasm_tests::sim::NIXL_ABORT_TIMEOUT_S)]
+    kv_hold_timeout_s: f64,
     /// Longest prompt + completion accepted (vLLM's max_model_len).
     #[arg(long, default_value_t = 131_072)]
     max_model_len: usize,
@@ -55,8 +75,21 @@ struct Args {
     seed: u64,
 }
 
+fn profile_name(s: &str) -> Result<String, String> {
+    match profile::find(s) {
+        Some(p) => Ok(p.name.to_string()),
+        None => Err(format!("known profiles: {}", profile::names().join(", "))),
+    }
+}
+
 impl Args {
     fn config(self) -> SimConfig {
+        let p = profile::find(&self.profile).unwrap_or_else(profile::default_profile);
+        let base = SimConfig {
+            kv_link_gbps: self.kv_link_gbps,
+            ..SimConfig::default()
+        }
+        .with_profile(p);
         SimConfig {
             host: self.host,
             role: self.role,
@@ -68,40 +101,64 @@ impl Args {
                 .filter(|m| !m.is_empty())
                 .collect(),
             time_scale: self.time_scale,
-            max_num_seqs: self.max_num_seqs,
-            num_gpu_blocks: self.num_gpu_blocks,
-            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs.unwrap_or(base.max_num_seqs),
+            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(base.num_gpu_blocks),
+            block_size: self.block_size.unwrap_or(base.block_size),
             prefill_overhead_ms: self.prefill_overhead_ms,
             prefill_us_per_token: self.prefill_us_per_token,
             decode_base_ms: self.decode_base_ms,
             decode_us_per_seq: self.decode_us_per_seq,
             kv_transfer_us_per_token: self.kv_transfer_us_per_token,
-            chunked_prefill_tokens: self.chunked_prefill_tokens,
+            chunked_prefill_tokens: self
+                .chunked_prefill_tokens
+                .unwrap_or(base.chunked_prefill_tokens),
             max_model_len: self.max_model_len,
             seed: self.seed,
+            pod_speed: self.pod_speed,
+            kv_hold_timeout_s: self.kv_hold_timeout_s,
+            ..base
         }
     }
 }
 
+fn profiles_help() -> String {
+    let mut help = String::from("Profiles (--profile):\n");
+    for p in profile::PROFILES {
+        help.push_str(&format!("  {}\n", p.describe()));
+    }
+    help
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
+    let matches = Args::command().after_help(profiles_help()).get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let n = args.pods;
     let cfg = args.config();
     let pods = spawn_pods(cfg.clone(), n).await?;
     let addrs: Vec<String> = pods.iter().map(|p| p.addr.to_string()).collect();
-    let line = serde_json::json!({ "pods": addrs });
+    let line = serde_json::json!({
+        "pods": addrs,
+        "profile": cfg.profile.name,
+        "profile_source": cfg.describe(),
+    });
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{line}").context("writing the pod list")?;
         out.flush().context("flushing the pod list")?;
     }
     eprintln!(
-        "kvsim: {n} {} pod(s), engine {}, models {:?}, time scale {}",
+        "kvsim: {n} {} pod(s), engine {}, models {:?}, time scale {}, profile {}, {} blocks of {}, \
+         budget {}, max {} seqs",
         cfg.role.as_str(),
         cfg.engine.as_str(),
         cfg.models,
-        cfg.time_scale
+        cfg.time_scale,
+        cfg.describe(),
+        cfg.num_gpu_blocks,
+        cfg.block_size,
+        cfg.chunked_prefill_tokens,
+        cfg.max_num_seqs,
     );
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -1,14 +1,38 @@
 //! The simulator's configuration: one struct whose `Default` is the CLI's defaults.
 //!
-//! The latency defaults are chosen so a ~7,500-token uncached prompt takes about 3 s to its first
-//! token (40 ms + 7,500 × 0.4 ms) while the same prompt served from the prefix cache takes well under
-//! one second, the gap a KV-cache-aware router exists to exploit.
+//! The latency defaults (the `seed-demo` profile) are chosen so a ~7,500-token uncached prompt takes
+//! about 3 s to its first token (40 ms + 7,500 × 0.4 ms) while the same prompt served from the prefix
+//! cache takes well under one second, the gap a KV-cache-aware router exists to exploit. Other
+//! profiles ([`super::profile`]) replace the step cost with a published fit of real vLLM.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+
+use super::profile::{self, Profile};
+
+/// NVLink-class KV link: NVLink 4 on H100 SXM moves 900 GB/s in both directions together (NVIDIA
+/// H100 Tensor Core GPU datasheet, "NVLink: 900GB/s"), 450 GB/s = 3,600 Gb/s each way.
+pub const NVLINK_GBPS: f64 = 3600.0;
+/// 100 Gb/s-class KV link: one 100 Gigabit Ethernet / RoCE port (IEEE 802.3 100GBASE line rate).
+pub const ETH_100G_GBPS: f64 = 100.0;
+/// vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT` default (vllm/envs.py, 480 s): how long a prefill pod
+/// keeps KV blocks a decoder has not read.
+pub const NIXL_ABORT_TIMEOUT_S: f64 = 480.0;
+
+/// `--kv-link-gbps` value: a number of Gb/s, `nvlink` or `100g`.
+pub fn parse_link_gbps(s: &str) -> Result<f64, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "nvlink" => Ok(NVLINK_GBPS),
+        "100g" | "100gbe" => Ok(ETH_100G_GBPS),
+        other => match other.parse::<f64>() {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+            _ => Err(format!("expected Gb/s > 0, `nvlink` or `100g`, got {s:?}")),
+        },
+    }
+}
 
 /// Which part of a P/D-disaggregated deployment a pod plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -67,11 +91,27 @@ pub struct SimConfig {
     pub decode_base_ms: f64,
     pub decode_us_per_seq: f64,
     pub kv_transfer_us_per_token: f64,
-    /// Prefill token budget per engine step; 0 = each prefill runs whole in one step.
+    /// Token budget per engine step. Seed model: prefill tokens only, 0 = each prefill runs whole in
+    /// one step. Fitted profiles: vLLM's `max_num_batched_tokens`, shared by decodes and prefill
+    /// chunks (0 = unlimited).
     pub chunked_prefill_tokens: usize,
     /// Longest prompt + completion accepted (vLLM's `max_model_len`); longer requests get a 400.
     pub max_model_len: usize,
     pub seed: u64,
+    /// The engine's cost model (step time, per-request overheads, KV bytes per token).
+    pub profile: &'static Profile,
+    /// Per-pod speed factors, by pod index: a pod's step time is divided by its factor (0.5 = half as
+    /// fast, an older GPU). Empty = every pod 1.0; one value applies to every pod.
+    pub pod_speed: Vec<f64>,
+    /// This pod's factor (set from `pod_speed` when a pod starts).
+    pub speed: f64,
+    /// KV link bandwidth into a decode pod (Gb/s), shared equally by its concurrent pulls; `None`
+    /// = the seed model's fixed `kv_transfer_us_per_token` per request. Needs a profile that knows
+    /// its KV bytes per token.
+    pub kv_link_gbps: Option<f64>,
+    /// Simulated seconds a prefill pod keeps the KV blocks of a remote-decode request that no
+    /// decoder has pulled.
+    pub kv_hold_timeout_s: f64,
 }
 
 impl Default for SimConfig {
@@ -93,11 +133,61 @@ impl Default for SimConfig {
             chunked_prefill_tokens: 0,
             max_model_len: 131_072,
             seed: 1,
+            profile: profile::default_profile(),
+            pod_speed: Vec::new(),
+            speed: 1.0,
+            kv_link_gbps: None,
+            kv_hold_timeout_s: NIXL_ABORT_TIMEOUT_S,
         }
     }
 }
 
 impl SimConfig {
+    /// This configuration with `p`'s capacity, batching limits and cost model (a fitted profile's
+    /// pods pull KV over a 100 Gb/s-class link unless one is set).
+    pub fn with_profile(mut self, p: &'static Profile) -> Self {
+        self.profile = p;
+        self.num_gpu_blocks = p.num_gpu_blocks;
+        self.block_size = p.block_size;
+        self.max_num_seqs = p.max_num_seqs;
+        if let Some(budget) = p.max_num_batched_tokens {
+            self.chunked_prefill_tokens = budget;
+        }
+        if p.kv_bytes_per_token > 0 && self.kv_link_gbps.is_none() {
+            self.kv_link_gbps = Some(ETH_100G_GBPS);
+        }
+        self
+    }
+
+    /// The configuration pod `index` runs with (its speed factor).
+    pub fn for_pod(&self, index: usize) -> Self {
+        let mut cfg = self.clone();
+        cfg.speed = match self.pod_speed.as_slice() {
+            [] => 1.0,
+            [one] => *one,
+            many => many.get(index).copied().unwrap_or(1.0),
+        };
+        cfg
+    }
+
+    /// The profile and its source in one line, for logs and benchmark tables.
+    pub fn describe(&self) -> String {
+        let mut line = self.profile.describe();
+        if !self.pod_speed.is_empty() {
+            let speeds: Vec<String> = self.pod_speed.iter().map(|s| format!("{s}")).collect();
+            line.push_str(&format!("; pod speed {}", speeds.join(",")));
+        }
+        if let Some(gbps) = self.kv_link_gbps {
+            line.push_str(&format!("; KV link {gbps} Gb/s shared per decode pod"));
+        }
+        line
+    }
+
+    /// Decodes take one token each from the step's budget (vLLM V1's `max_num_batched_tokens`).
+    pub fn budget_counts_decodes(&self) -> bool {
+        self.profile.max_num_batched_tokens.is_some()
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             bail!(
@@ -121,11 +211,36 @@ impl SimConfig {
         if costs.iter().any(|c| !(c.is_finite() && *c >= 0.0)) {
             bail!("latency parameters must be non-negative numbers");
         }
+        let speeds = self.pod_speed.iter().chain(std::iter::once(&self.speed));
+        if speeds.clone().any(|s| !(s.is_finite() && *s > 0.0)) {
+            bail!("pod speed factors must be positive numbers");
+        }
+        if let Some(gbps) = self.kv_link_gbps {
+            if !(gbps.is_finite() && gbps > 0.0) {
+                bail!("KV link bandwidth must be a positive number of Gb/s");
+            }
+            if self.profile.kv_bytes_per_token == 0 {
+                bail!(
+                    "profile {} has no KV size per token; a KV link needs a fitted profile",
+                    self.profile.name
+                );
+            }
+        }
+        if !(self.kv_hold_timeout_s.is_finite() && self.kv_hold_timeout_s >= 0.0) {
+            bail!("KV hold timeout must be a non-negative number of seconds");
+        }
         Ok(())
     }
 
-    /// Simulated time of one engine step.
+    /// Simulated time of one engine step holding `prefill_tokens` uncached prompt tokens and
+    /// `decoding_seqs` decodes (one token each), divided by the pod's speed factor.
     pub fn step_time(&self, prefill_tokens: usize, decoding_seqs: usize) -> Duration {
+        if prefill_tokens == 0 && decoding_seqs == 0 {
+            return Duration::ZERO;
+        }
+        if let Some(us) = self.profile.step_us(prefill_tokens, decoding_seqs) {
+            return Duration::from_secs_f64(us / 1e6 / self.speed);
+        }
         let mut ms = 0.0;
         if prefill_tokens > 0 {
             ms +=
@@ -134,12 +249,29 @@ impl SimConfig {
         if decoding_seqs > 0 {
             ms += self.decode_base_ms + self.decode_us_per_seq * decoding_seqs as f64 / 1e3;
         }
-        Duration::from_secs_f64(ms / 1e3)
+        Duration::from_secs_f64(ms / 1e3 / self.speed)
     }
 
-    /// Simulated time to pull `tokens` tokens of KV from a prefill pod.
+    /// Simulated time to pull `tokens` tokens of KV from a prefill pod with the link to itself
+    /// (the seed model's per-token cost when no link is configured).
     pub fn transfer_time(&self, tokens: usize) -> Duration {
-        Duration::from_secs_f64(self.kv_transfer_us_per_token * tokens as f64 / 1e6)
+        match self.kv_link_gbps {
+            Some(gbps) => {
+                let bytes = (tokens * self.profile.kv_bytes_per_token) as f64;
+                Duration::from_secs_f64(bytes * 8.0 / (gbps * 1e9))
+            }
+            None => Duration::from_secs_f64(self.kv_transfer_us_per_token * tokens as f64 / 1e6),
+        }
+    }
+
+    /// Simulated time from arrival to the scheduler's queue (α0 + α1 · input length).
+    pub fn queueing_time(&self, prompt_tokens: usize) -> Duration {
+        Duration::from_secs_f64(self.profile.queueing_us(prompt_tokens) / 1e6)
+    }
+
+    /// Simulated host time per output token (α2), added to each token's delivery.
+    pub fn output_token_time(&self) -> Duration {
+        Duration::from_secs_f64(self.profile.output_token_us() / 1e6)
     }
 
     /// Converts simulated time to wall time.
@@ -167,5 +299,61 @@ mod tests {
         let t = cfg.step_time(7500, 0).as_secs_f64();
         assert!((t - 3.04).abs() < 1e-9, "{t}");
         assert!(cfg.step_time(16, 0).as_secs_f64() < 0.1);
+        assert_eq!(cfg.profile.name, "seed-demo");
+    }
+
+    #[test]
+    fn profiles_set_capacity_and_step_cost_and_speed_divides_it() {
+        let p = profile::find("llama-3.1-8b-h100").expect("profile");
+        let cfg = SimConfig::default().with_profile(p);
+        assert_eq!(cfg.num_gpu_blocks, 29205);
+        assert_eq!(cfg.chunked_prefill_tokens, 8192);
+        assert!(cfg.budget_counts_decodes());
+        // 5752.705191348184 + 17.25086436834028·100 + 5.999143920128404·3 µs
+        let t = cfg.step_time(100, 3).as_secs_f64();
+        assert!((t - 7_495.789_059_942_597e-6).abs() < 1e-9, "{t}");
+        let slow = SimConfig {
+            pod_speed: vec![1.0, 0.5],
+            ..cfg.clone()
+        };
+        assert_eq!(slow.for_pod(0).step_time(100, 3), cfg.step_time(100, 3));
+        let t = slow.for_pod(1).step_time(100, 3).as_secs_f64();
+        assert!((t - 2.0 * 7_495.789_059_942_597e-6).abs() < 1e-9, "{t}");
+        assert_eq!(slow.for_pod(7).speed, 1.0, "unlisted pods run at 1.0");
+        assert_eq!(cfg.step_time(0, 0), Duration::ZERO);
+        assert!(cfg.validate().is_ok());
+        assert!(SimConfig {
+            pod_speed: vec![0.0],
+            ..cfg.clone()
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn kv_link_time_is_bytes_over_bandwidth() {
+        let p = profile::find("llama-3.1-8b-h100").expect("profile");
+        let cfg = SimConfig::default().with_profile(p);
+        assert_eq!(cfg.kv_link_gbps, Some(ETH_100G_GBPS));
+        // 1,000 tokens × 131,072 B × 8 bit / 100e9 bit/s = 10.48576 ms
+        let t = cfg.transfer_time(1000).as_secs_f64();
+        assert!((t - 0.010_485_76).abs() < 1e-9, "{t}");
+        let fast = SimConfig {
+            kv_link_gbps: Some(NVLINK_GBPS),
+            ..cfg
+        };
+        assert!((fast.transfer_time(1000).as_secs_f64() - 0.010_485_76 / 36.0).abs() < 1e-9);
+        assert_eq!(parse_link_gbps("nvlink"), Ok(3600.0));
+        assert_eq!(parse_link_gbps("100g"), Ok(100.0));
+        assert_eq!(parse_link_gbps("400"), Ok(400.0));
+        assert!(parse_link_gbps("-1").is_err());
+        let seed = SimConfig {
+            kv_link_gbps: Some(100.0),
+            ..SimConfig::default()
+        };
+        assert!(
+            seed.validate().is_err(),
+            "seed-demo has no KV size per token"
+        );
     }
 }

@@ -23,9 +23,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::config::Role;
-use super::engine::{Outcome, SeqEvent, SeqSpec};
+use super::engine::{Outcome, PullSource, SeqEvent, SeqSpec};
 use super::metrics;
-use super::pod::{prefiller_target, Faults, Pod};
+use super::pod::{prefiller_target, pull_source, Faults, Pod};
 use super::request::{parse, BadRequest, Endpoint, InferenceRequest};
 use super::tokens::block_hashes;
 
@@ -57,6 +57,7 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/sim/stats", get(sim_stats))
         .route("/sim/fault", post(sim_fault))
         .route("/sim/reset", post(sim_reset))
+        .route("/sim/kv-pulled", post(sim_kv_pulled))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(pod.clone(), pod_layer))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -170,13 +171,15 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         Some(salt) => format!("{model}\u{0}{salt}"),
         None => model.clone(),
     };
-    let (remote_tokens, report_kv, max_tokens) = plan_disaggregation(pod, headers, &req).await;
+    let (remote_tokens, report_kv, max_tokens, pull_source) =
+        plan_disaggregation(pod, headers, &req).await;
     let spec = SeqSpec {
         prompt_tokens,
         block_hashes: block_hashes(&hash_seed, &req.tokens, cfg.block_size),
         max_tokens,
         remote_tokens,
         report_block_ids: report_kv,
+        pull_source,
     };
     let rx = pod.engine.submit(spec);
     let prefix = match endpoint {
@@ -201,12 +204,13 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
 
 /// Decides how this request's prompt KV comes to be: computed here, pulled from a prefill pod
 /// (sidecar header or `do_remote_prefill` on a decode pod), or computed here for a remote decoder
-/// (`do_remote_decode` on a prefill pod). Returns (remote tokens, report KV handle, max tokens).
+/// (`do_remote_decode` on a prefill pod). Returns (remote tokens, report KV handle, max tokens, the
+/// prefill pod to tell when the pull is done).
 async fn plan_disaggregation(
     pod: &Arc<Pod>,
     headers: &HeaderMap,
     req: &InferenceRequest,
-) -> (usize, bool, usize) {
+) -> (usize, bool, usize, Option<PullSource>) {
     let bs = pod.cfg.block_size;
     if let Some(kv) = &req.kv_transfer {
         pod.counters().last_kv_transfer_params = kv.raw.clone();
@@ -226,8 +230,9 @@ async fn plan_disaggregation(
                 let blocks = kv.remote_block_ids.as_ref().map_or(0, Vec::len);
                 c.sidecar_prefills += 1;
                 c.disaggregated_decodes += 1;
+                let source = pull_source(&kv);
                 c.last_kv_transfer_params = kv.raw;
-                (blocks * bs, false, req.max_tokens)
+                (blocks * bs, false, req.max_tokens, source)
             }
             Err(e) => {
                 // The sidecar contract: a failed prefill falls back to a local full prefill.
@@ -236,7 +241,7 @@ async fn plan_disaggregation(
                     pod.id
                 );
                 c.sidecar_prefill_failures += 1;
-                (0, false, req.max_tokens)
+                (0, false, req.max_tokens, None)
             }
         };
     }
@@ -244,16 +249,16 @@ async fn plan_disaggregation(
         (Some(kv), Role::Decode) if kv.do_remote_prefill => match &kv.remote_block_ids {
             Some(ids) if !ids.is_empty() => {
                 pod.counters().disaggregated_decodes += 1;
-                (ids.len() * bs, false, req.max_tokens)
+                (ids.len() * bs, false, req.max_tokens, pull_source(kv))
             }
-            _ => (0, false, req.max_tokens),
+            _ => (0, false, req.max_tokens, None),
         },
         (Some(kv), Role::Prefill) if kv.do_remote_decode => {
             pod.counters().prefills_for_remote_decode += 1;
             // A prefill for a remote decoder produces exactly one token.
-            (0, true, 1)
+            (0, true, 1, None)
         }
-        _ => (0, false, req.max_tokens),
+        _ => (0, false, req.max_tokens, None),
     }
 }
 
@@ -580,4 +585,21 @@ async fn sim_reset(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     target.apply_faults(Faults::default(), None).await;
     target.engine.reset_cache();
     control_reply(json!({"pod": target.id, "reset": true}))
+}
+
+/// NIXL's read notification: a decode pod has pulled the KV this pod held under the first of
+/// `remote_block_ids`, which it may now free. Body `{"first_block": N}`.
+async fn sim_kv_pulled(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    let first = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("first_block").and_then(Value::as_u64));
+    let Some(first) = first else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "expected {\"first_block\": N}",
+        );
+    };
+    let released = pod.engine.release_held(first);
+    control_reply(json!({"pod": pod.id, "released": released}))
 }

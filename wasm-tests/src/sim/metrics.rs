@@ -55,6 +55,12 @@ impl Histogram {
         }
     }
 
+    /// Sum of the observed values.
+    #[cfg(test)]
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
     pub fn observe(&mut self, value: f64) {
         let slot = self.bounds.iter().take_while(|b| value > **b).count();
         if let Some(c) = self.counts.get_mut(slot) {
@@ -104,6 +110,8 @@ pub struct Counters {
     pub generation_tokens: u64,
     pub success: u64,
     pub aborted: u64,
+    /// Running requests preempted for KV space (vLLM's `vllm:num_preemptions`).
+    pub preemptions: u64,
 }
 
 /// Everything `/metrics` shows, copied out of the engine under its lock.
@@ -254,6 +262,11 @@ pub fn render(cfg: &SimConfig, snap: &Snapshot) -> String {
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed.",
                 c.generation_tokens,
+            );
+            w.counter(
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+                c.preemptions,
             );
             w.header(
                 "vllm:request_success_total",

@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod net;
 mod pod;
+pub mod profile;
 mod request;
 mod tokens;
 
@@ -29,8 +30,11 @@ use anyhow::{Context as _, Result};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{EngineKind, Role, SimConfig};
+pub use config::{
+    parse_link_gbps, EngineKind, Role, SimConfig, ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
+};
 pub use pod::{Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
+pub use profile::{Profile, PROFILES};
 pub use tokens::{block_hashes, render_chat, tokenize, ChatMessage};
 
 use engine::Engine;
@@ -105,6 +109,12 @@ impl Drop for PodHandle {
 /// inside a Tokio runtime; the pods live as long as their handles.
 pub async fn spawn_pods(cfg: SimConfig, n: usize) -> Result<Vec<PodHandle>> {
     cfg.validate()?;
+    if cfg.pod_speed.len() > 1 && cfg.pod_speed.len() != n {
+        anyhow::bail!(
+            "{} pod speed factors for {n} pods (give one, or one per pod)",
+            cfg.pod_speed.len()
+        );
+    }
     let registry = Registry::default();
     (0..n).map(|i| start_pod(&cfg, i, &registry)).collect()
 }
@@ -120,15 +130,9 @@ fn start_pod(cfg: &SimConfig, index: usize, registry: &Registry) -> Result<PodHa
         .with_context(|| format!("binding a port on {}", cfg.host))?;
     let addr = listener.local_addr()?;
     let (listener, refuse) = net::RefusableListener::new(listener)?;
+    let cfg = cfg.for_pod(index);
     let engine = Engine::new(cfg.clone());
-    let pod = Pod::new(
-        cfg.clone(),
-        addr,
-        index,
-        engine.clone(),
-        refuse,
-        registry.clone(),
-    )?;
+    let pod = Pod::new(cfg, addr, index, engine.clone(), refuse, registry.clone())?;
     let engine_task = tokio::spawn(engine.run());
     let app = http::router(pod.clone());
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::config::SimConfig;
-use super::engine::Engine;
+use super::engine::{Engine, PullSource};
 use super::net::RefuseSwitch;
 use super::request::{InferenceRequest, KvTransferParams};
 
@@ -61,6 +61,12 @@ pub struct SimStats {
     /// Prompt tokens whose KV was pulled from a prefill pod instead of computed.
     pub transferred_tokens_total: u64,
     pub generation_tokens_total: u64,
+    /// Running requests preempted for KV space (`vllm:num_preemptions_total`).
+    #[serde(default)]
+    pub preemptions_total: u64,
+    /// The engine profile and its source (`SimConfig::describe`).
+    #[serde(default)]
+    pub profile: String,
     /// Requests decoded here with KV prefilled elsewhere (body `kv_transfer_params` or sidecar).
     pub disaggregated_decodes: u64,
     /// Requests this pod prefilled for a remote decoder (`do_remote_decode`).
@@ -151,7 +157,38 @@ impl Pod {
                 .unwrap_or(0),
         });
         lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));
+        let weak = Arc::downgrade(&pod);
+        pod.engine.set_pull_hook(move |source| {
+            if let Some(pod) = weak.upgrade() {
+                pod.notify_pulled(source);
+            }
+        });
         Ok(pod)
+    }
+
+    /// Tells a prefill pod that its held KV has been read: directly if it runs in this process,
+    /// else over HTTP (`POST /sim/kv-pulled`), as NIXL's decoder notifies its producer. A lost
+    /// notification only means the producer frees the blocks at its timeout.
+    fn notify_pulled(&self, source: PullSource) {
+        if let Some(producer) = lock(&self.siblings)
+            .get(&source.engine_id)
+            .and_then(Weak::upgrade)
+        {
+            producer.engine.release_held(source.first_block);
+            return;
+        }
+        let Some(target) = source.host_port else {
+            return;
+        };
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let _ = client
+                .post(format!("http://{target}/sim/kv-pulled"))
+                .json(&json!({"first_block": source.first_block}))
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+        });
     }
 
     pub(crate) fn counters(&self) -> MutexGuard<'_, HttpCounters> {
@@ -242,6 +279,8 @@ impl Pod {
             cached_tokens_total: snap.counters.prefix_hits,
             transferred_tokens_total: snap.counters.transferred_tokens,
             generation_tokens_total: snap.counters.generation_tokens,
+            preemptions_total: snap.counters.preemptions,
+            profile: self.cfg.describe(),
             disaggregated_decodes: c.disaggregated_decodes,
             prefills_for_remote_decode: c.prefills_for_remote_decode,
             sidecar_prefills: c.sidecar_prefills,
@@ -313,6 +352,28 @@ impl Pod {
         }
         Ok(kv)
     }
+}
+
+/// The prefill pod named by a decode request's `kv_transfer_params`, to tell when its KV is pulled.
+pub fn pull_source(kv: &KvTransferParams) -> Option<PullSource> {
+    let first_block = *kv.remote_block_ids.as_ref()?.first()?;
+    let engine_id = kv
+        .raw
+        .get("remote_engine_id")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let host = kv.raw.get("remote_host").and_then(Value::as_str);
+    let port = kv.raw.get("remote_port").and_then(Value::as_u64);
+    let host_port = match (host, port) {
+        (Some(h), Some(p)) => Some(format!("{h}:{p}")),
+        _ => None,
+    };
+    Some(PullSource {
+        engine_id,
+        host_port,
+        first_block,
+    })
 }
 
 /// The prefiller named by `x-prefiller-host-port`: `None` if absent, `Err` if unusable.
