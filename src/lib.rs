@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod headers;
 pub mod index;
 pub mod leader;
+pub mod metrics;
 pub mod pd;
 pub mod prefix;
 pub mod prom;
@@ -18,7 +19,14 @@ pub mod scheduler;
 pub mod state;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
+
+pub mod flow;
+pub mod port;
 pub mod usage;
+pub mod vm;
+
+#[cfg(test)]
+pub mod testing;
 
 #[cfg(target_arch = "wasm32")]
 mod host;

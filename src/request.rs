@@ -62,8 +62,27 @@ const ROLE_SEP: u8 = 0x1f;
 const MESSAGE_END: u8 = 0x1e;
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestView, ParseError> {
+    parse_object(endpoint, body).map(|(view, _)| view)
+}
+
+/// Parses once and keeps the JSON object too, for what must rewrite the body (inline P/D).
+pub fn parse_object(
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<(RequestView, serde_json::Map<String, Value>), ParseError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
-    let obj = value.as_object().ok_or(ParseError::NotAnObject)?;
+    let Value::Object(object) = value else {
+        return Err(ParseError::NotAnObject);
+    };
+    let view = view_of(endpoint, &object, body.len())?;
+    Ok((view, object))
+}
+
+fn view_of(
+    endpoint: Endpoint,
+    obj: &serde_json::Map<String, Value>,
+    body_len: usize,
+) -> Result<RequestView, ParseError> {
     let model = obj
         .get("model")
         .and_then(Value::as_str)
@@ -78,7 +97,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestView, ParseError>
         .get("cache_salt")
         .and_then(Value::as_str)
         .map(str::to_string);
-    let mut prompt = Vec::with_capacity(body.len());
+    let mut prompt = Vec::with_capacity(body_len);
     match endpoint {
         Endpoint::Completions => render_completion_prompt(obj.get("prompt"), &mut prompt)?,
         Endpoint::ChatCompletions => {

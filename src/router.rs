@@ -7,10 +7,10 @@
 use crate::config::{BlockMode, Config, Role};
 use crate::cost::{self, Coefficients, CostFit};
 use crate::index::{PrefixIndex, MAX_SLOTS};
-use crate::pd::local_cost_ms;
+pub use crate::pd::{PdOutcome, PdPlan};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::request::RequestView;
-use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
+use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
 use crate::state::fits::PodFit;
 use crate::state::inflight::PodWork;
 use crate::state::load::LoadTable;
@@ -64,28 +64,6 @@ pub struct Router {
     itl_ms: HashMap<String, f64>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
-}
-
-/// What `plan` decided about prefill/decode disaggregation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PdOutcome {
-    Disaggregated,
-    /// Prefilling on the decode pod is cheaper (short, cached, or the prefill pool is busier).
-    LocalCheaper,
-    /// No healthy prefill pod serves the model.
-    NoPrefillPod,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct PdPlan {
-    pub prefill: Option<Choice>,
-    pub outcome: PdOutcome,
-    /// Prompt tokens the decode pod does not hold.
-    pub uncached_tokens: f64,
-    /// The two costs compared (ms): decode-pod TTFT + stall of its streams, and the prefill pod's
-    /// predicted TTFT (absent without a prefill pod).
-    pub local_cost_ms: f64,
-    pub split_cost_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -479,42 +457,9 @@ impl Router {
         let Some(decode) = on_decode_pod else {
             return Plan { decision, pd: None };
         };
-        let local = &decode.prediction;
-        let cost = self.cost_of(config, &decode.addr);
-        let prefill_ms = cost.us_per_token * local.uncached_tokens / 1e3;
-        let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
-        // The decode pod already admitted the request: the prefill step is never shed, and a
-        // session pins its decode pod, not its prefill pod.
-        let prefill_hints = Hints {
-            priority: 0,
-            session: None,
-            ..hints
-        };
-        let prefill = match self.route(
-            config,
-            model,
-            &[Role::Prefill],
-            blocks,
-            prefill_hints,
-            now_ms,
-        ) {
-            Decision::Route { ranked, .. } => ranked.into_iter().next(),
-            Decision::NoEndpoint(_) => None,
-        };
-        let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
-        let (prefill, outcome) = match (prefill, split_cost) {
-            (Some(p), Some(c)) if c < local_cost => (Some(p), PdOutcome::Disaggregated),
-            (Some(_), _) => (None, PdOutcome::LocalCheaper),
-            (None, _) => (None, PdOutcome::NoPrefillPod),
-        };
+        let pd = crate::pd::plan_split(self, config, model, blocks, hints, now_ms, decode);
         Plan {
-            pd: Some(PdPlan {
-                prefill,
-                outcome,
-                uncached_tokens: local.uncached_tokens,
-                local_cost_ms: local_cost,
-                split_cost_ms: split_cost,
-            }),
+            pd: Some(pd),
             decision,
         }
     }

@@ -1,25 +1,112 @@
-//! The only module that imports proxy_wasm: Envoy's callbacks in, header writes and shared-data
-//! updates out. Decisions are made by the pure core (`crate::router`, `crate::leader`); this layer
-//! moves bytes and never panics (every host call's error is handled, not unwrapped).
+//! The proxy binding, the only module that imports proxy_wasm: Envoy's callbacks in (`root`,
+//! `filter`), the host port out (`ProxyHost` below: shared data, queues, calls, the clock, stats).
+//! Nothing here decides anything: the callbacks read what a core step needs, call it, and carry
+//! out what it returns. Every host call's error is handled, never unwrapped.
 
 mod filter;
 mod root;
-mod shared;
 mod stats;
 
+use crate::cost::Coefficients;
+use crate::metrics::{Counter, Gauge, Histogram};
+use crate::port::{Host, HttpCall, WriteRefused};
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::RootContext;
-use proxy_wasm::types::LogLevel;
+use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::new()) });
 }}
 
+/// The host port on proxy-wasm; one per VM (it holds the VM's metric ids).
+pub struct ProxyHost {
+    stats: stats::Stats,
+}
+
+impl ProxyHost {
+    fn new() -> ProxyHost {
+        ProxyHost {
+            stats: stats::Stats::define(),
+        }
+    }
+}
+
+impl Host for ProxyHost {
+    fn now_ms(&self) -> u64 {
+        self.now_us() / 1000
+    }
+
+    fn now_us(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn shared_set(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), WriteRefused> {
+        hostcalls::set_shared_data(key, Some(value), cas).map_err(|_| WriteRefused)
+    }
+
+    fn queue_register(&mut self, name: &str) -> Option<u32> {
+        hostcalls::register_shared_queue(name).ok()
+    }
+
+    fn queue_push(&mut self, queue: u32, message: &[u8]) -> bool {
+        hostcalls::enqueue_shared_queue(queue, Some(message)).is_ok()
+    }
+
+    fn queue_pop(&mut self, queue: u32) -> Option<Vec<u8>> {
+        hostcalls::dequeue_shared_queue(queue).ok().flatten()
+    }
+
+    fn http_call(&mut self, call: &HttpCall) -> Option<u32> {
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", call.method),
+            (":path", call.path.as_str()),
+            (":authority", call.authority.as_str()),
+        ];
+        headers.extend(call.headers.iter().map(|(k, v)| (*k, v.as_str())));
+        hostcalls::dispatch_http_call(
+            &call.cluster,
+            headers,
+            call.body.as_deref(),
+            vec![],
+            Duration::from_millis(call.timeout_ms),
+        )
+        .ok()
+    }
+
+    fn count(&mut self, counter: Counter, n: u64) {
+        self.stats.add(counter, n);
+    }
+
+    fn gauge(&mut self, gauge: Gauge, value: u64) {
+        self.stats.set(gauge, value);
+    }
+
+    fn histogram(&mut self, histogram: Histogram, value: u64) {
+        self.stats.record(histogram, value);
+    }
+
+    fn pod_cost(&mut self, addr: &str, cost: &Coefficients, samples: f64) {
+        self.stats.set_pod_cost(addr, cost, samples);
+    }
+}
+
 /// The status (0 when the host gives none) and body of a `dispatch_http_call` answer; a connection
 /// failure or timeout arrives as 503/504 from the host.
 fn call_response(body_size: usize) -> (u32, Vec<u8>) {
-    use proxy_wasm::hostcalls;
-    use proxy_wasm::types::{BufferType, MapType};
     let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
         .ok()
         .flatten()
@@ -30,20 +117,4 @@ fn call_response(body_size: usize) -> (u32, Vec<u8>) {
         .flatten()
         .unwrap_or_default();
     (status, body)
-}
-
-/// Microseconds since the epoch from the host clock (first-byte timing); 0 if the host cannot tell.
-fn now_us() -> u64 {
-    proxy_wasm::hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// Milliseconds since the epoch from the host clock; 0 if the host cannot tell.
-fn now_ms() -> u64 {
-    proxy_wasm::hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64)
 }

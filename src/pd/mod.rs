@@ -19,16 +19,19 @@
 //! threshold (the previous design: 512 uncached tokens scaled by the pools' queue ratio) only
 //! approximated.
 //!
-//! Execution, in either of two modes:
+//! Execution (`crate::flow` carries out what is decided here), in either of two modes:
 //! * `sidecar` — the llm-d contract: route to the decode pod with `x-prefiller-host-port`; the
 //!   routing sidecar in the decode pod calls the prefiller, then its local decoder.
 //! * `inline` — no sidecar: kvroute itself sends the request to the prefill pod with `max_tokens: 1`,
 //!   `stream: false` and `kv_transfer_params.do_remote_decode = true`, copies the `kv_transfer_params`
-//!   of its answer into the original body, and routes that to the decode pod.
+//!   of its answer into the original body, and routes that to the decode pod (`inline`).
 
-use crate::config::Role;
+pub mod inline;
+
+use crate::config::{Config, Role};
+use crate::router::{Blocks, Router};
+use crate::scheduler::{Choice, Decision, Hints};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -93,37 +96,73 @@ pub fn local_cost_ms(ttft_ms: f64, prefill_ms: f64, decoding: f64) -> f64 {
     ttft_ms + decoding.max(1.0) * prefill_ms.max(0.0)
 }
 
-/// The body sent to the prefill pod (inline mode): the client's request, asked for one token,
-/// non-streaming, with the NixlConnector's "prefill for a remote decoder" parameters.
-pub fn prefill_body(original: &Map<String, Value>) -> Vec<u8> {
-    let mut body = original.clone();
-    body.insert("max_tokens".into(), json!(1));
-    if body.contains_key("max_completion_tokens") {
-        body.insert("max_completion_tokens".into(), json!(1));
+/// What `plan` decided about prefill/decode disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdOutcome {
+    Disaggregated,
+    /// Prefilling on the decode pod is cheaper (short, cached, or the prefill pool is busier).
+    LocalCheaper,
+    /// No healthy prefill pod serves the model.
+    NoPrefillPod,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PdPlan {
+    pub prefill: Option<Choice>,
+    pub outcome: PdOutcome,
+    /// Prompt tokens the decode pod does not hold.
+    pub uncached_tokens: f64,
+    /// The two costs compared (ms): decode-pod TTFT + stall of its streams, and the prefill pod's
+    /// predicted TTFT (absent without a prefill pod).
+    pub local_cost_ms: f64,
+    pub split_cost_ms: Option<f64>,
+}
+
+/// Whether and where to prefill a request whose decode pod is `decode` (see the module header).
+pub fn plan_split(
+    router: &Router,
+    config: &Config,
+    model: &str,
+    blocks: &Blocks,
+    hints: Hints,
+    now_ms: u64,
+    decode: &Choice,
+) -> PdPlan {
+    let local = &decode.prediction;
+    let cost = router.cost_of(config, &decode.addr);
+    let prefill_ms = cost.us_per_token * local.uncached_tokens / 1e3;
+    let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
+    // The decode pod already admitted the request: the prefill step is never shed, and a
+    // session pins its decode pod, not its prefill pod.
+    let prefill_hints = Hints {
+        priority: 0,
+        session: None,
+        ..hints
+    };
+    let prefill = match router.route(
+        config,
+        model,
+        &[Role::Prefill],
+        blocks,
+        prefill_hints,
+        now_ms,
+    ) {
+        Decision::Route { ranked, .. } => ranked.into_iter().next(),
+        Decision::NoEndpoint(_) => None,
+    };
+    let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
+    let (prefill, outcome) = match (prefill, split_cost) {
+        (Some(p), Some(c)) if c < local_cost => (Some(p), PdOutcome::Disaggregated),
+        (Some(_), _) => (None, PdOutcome::LocalCheaper),
+        (None, _) => (None, PdOutcome::NoPrefillPod),
+    };
+    PdPlan {
+        prefill,
+        outcome,
+        uncached_tokens: local.uncached_tokens,
+        local_cost_ms: local_cost,
+        split_cost_ms: split_cost,
     }
-    body.insert("stream".into(), json!(false));
-    body.remove("stream_options");
-    body.insert(
-        "kv_transfer_params".into(),
-        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-    );
-    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
-}
-
-/// The `kv_transfer_params` object of a prefill pod's answer, if it has one.
-pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
-    let v: Value = serde_json::from_slice(prefill_response).ok()?;
-    v.get("kv_transfer_params")
-        .filter(|p| p.is_object())
-        .cloned()
-}
-
-/// The client's body with the prefill's `kv_transfer_params` written in, for the decode pod.
-pub fn decode_body(original: &Map<String, Value>, params: Value) -> Vec<u8> {
-    let mut body = original.clone();
-    body.insert("kv_transfer_params".into(), params);
-    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -150,31 +189,5 @@ mod tests {
         ];
         assert_eq!(mean_load(&pods, Role::Prefill), 3.0);
         assert_eq!(mean_load(&pods, Role::Aggregated), 0.0);
-    }
-
-    #[test]
-    fn bodies_follow_the_nixl_protocol() {
-        let original: Map<String, Value> = serde_json::from_str(
-            r#"{"model":"m","prompt":"p","max_tokens":100,"max_completion_tokens":100,"stream":true,"stream_options":{"include_usage":true}}"#,
-        )
-        .unwrap();
-        let p: Value = serde_json::from_slice(&prefill_body(&original)).unwrap();
-        assert_eq!(p["max_tokens"], 1);
-        assert_eq!(p["max_completion_tokens"], 1);
-        assert_eq!(p["stream"], false);
-        assert!(p.get("stream_options").is_none());
-        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
-        assert_eq!(p["kv_transfer_params"]["remote_block_ids"], Value::Null);
-        let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_host":"10.0.0.1","remote_port":5600}}"#;
-        let params = transfer_params(answer).unwrap();
-        let d: Value = serde_json::from_slice(&decode_body(&original, params)).unwrap();
-        assert_eq!(
-            d["max_tokens"], 100,
-            "the decode request is the client's own"
-        );
-        assert_eq!(d["stream"], true);
-        assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
-        assert_eq!(transfer_params(b"{\"choices\":[]}"), None);
-        assert_eq!(transfer_params(b"garbage"), None);
     }
 }

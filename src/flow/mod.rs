@@ -1,0 +1,653 @@
+//! One request through kvroute, from its headers to its last response byte: the whole request
+//! path's policy, written against the host port so it runs natively in tests. The proxy binding
+//! (`crate::host::filter`) only reads what a step needs, calls the step, and carries out the
+//! outcome it gets back.
+//!
+//! 1. [`RequestFlow::on_request_headers`]: an inference `POST` with a body and readable hint headers
+//!    waits for its body; a bad hint header gets a 400; anything else passes through.
+//! 2. [`RequestFlow::on_request_body`]: parse once, catch up with the shared state, plan (the
+//!    scheduler, then P/D), and answer with one [`BodyOutcome`]: pass through, a local reply (an
+//!    OpenAI-style error with a stable code), or a route (destinations, the prefiller header, or the
+//!    inline prefill call to make first). The decision's side effects (in-flight and prefill work on
+//!    the board, the index observations) happen here, after the pure decision.
+//! 3. [`RequestFlow::on_prefill_answer`] (inline P/D): the prefill pod's answer becomes the decode
+//!    pod's body, a refusal for the client, or a fallback to decode-only.
+//! 4. [`RequestFlow::on_response_headers`] / [`RequestFlow::on_response_body`]: the first byte ends
+//!    the prefill's work on the board and teaches the pod's cost model; `usage.cached_tokens` checks
+//!    the index; chunk times give the pod's inter-token latency.
+//! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
+
+mod explain;
+
+use crate::config::NoEndpointPolicy;
+use crate::headers::DEBUG;
+use crate::metrics::{Counter, Histogram};
+use crate::pd::inline::{self, Answer};
+use crate::pd::PdMode;
+use crate::port::{Host, HttpCall};
+use crate::request::{self, Endpoint};
+use crate::router::{CacheExpectation, CacheVerdict, FirstToken, Plan, Router};
+use crate::scheduler::saturation::parse_priority;
+use crate::scheduler::session::session_key;
+use crate::scheduler::slo::{parse_objective, Slo};
+use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
+use crate::state::messages::Observation;
+use crate::vm::Vm;
+use serde_json::{Map, Value};
+
+/// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
+const CARRY_BYTES: usize = 256;
+
+/// A stable, machine-readable reason, in the error body's `code` and the `x-kvroute-error` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadPriority,
+    BadSlo,
+    Saturated,
+    SloUnattainable,
+    UnknownModel,
+    NoHealthyPod,
+    NoPods,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadPriority => "bad_priority",
+            ErrorCode::BadSlo => "bad_slo",
+            ErrorCode::Saturated => "saturated",
+            ErrorCode::SloUnattainable => "slo_unattainable",
+            ErrorCode::UnknownModel => "unknown_model",
+            ErrorCode::NoHealthyPod => "no_healthy_pod",
+            ErrorCode::NoPods => "no_pods",
+        }
+    }
+
+    fn status_and_kind(self) -> (u32, &'static str) {
+        match self {
+            ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
+            ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
+            ErrorCode::UnknownModel => (404, "NotFoundError"),
+            ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
+        }
+    }
+}
+
+/// A response kvroute gives itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// An OpenAI-shaped JSON error.
+    pub fn error(code: ErrorCode, message: &str) -> Reply {
+        let (status, kind) = code.status_and_kind();
+        let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code.as_str()}});
+        let mut headers = vec![
+            ("content-type", "application/json".to_string()),
+            ("x-kvroute-error", code.as_str().to_string()),
+        ];
+        if status == 429 {
+            headers.push(("retry-after", "1".to_string()));
+        }
+        Reply {
+            status,
+            headers,
+            body: body.to_string().into_bytes(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeadersOutcome {
+    /// Not ours to route: on to the cluster's own balancer.
+    Continue,
+    /// An inference request: hold it until its whole body is here.
+    WaitForBody,
+    Reply(Reply),
+}
+
+/// Where the request goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// `x-gateway-destination-endpoint`: primary, then fallbacks.
+    pub destinations: String,
+    /// `x-prefiller-host-port` (sidecar P/D).
+    pub prefiller: Option<String>,
+    /// Inline P/D: make this call first and give its answer to [`RequestFlow::on_prefill_answer`].
+    pub prefill_call: Option<HttpCall>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyOutcome {
+    Continue,
+    Reply(Reply),
+    Route(Route),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrefillOutcome {
+    /// Send the request on to its decode pod, with this body if there is one (then fix
+    /// `content-length`).
+    Resume(Option<Vec<u8>>),
+    Reply(Reply),
+}
+
+/// The request's prefill as the work board sees it, until its first response byte.
+#[derive(Debug, Clone)]
+struct Awaiting {
+    first: FirstToken,
+    /// Handle of the board entry; `None` once its work stopped counting (an inline prefill that
+    /// answered).
+    pending: Option<u64>,
+    routed_at_us: u64,
+    /// A streamed response's first byte is its first token: that time teaches the cost model. A
+    /// non-streamed one's first byte comes at the end, after the decode.
+    learnable: bool,
+}
+
+/// One request's state between the host's callbacks.
+#[derive(Debug, Default)]
+pub struct RequestFlow {
+    endpoint: Option<Endpoint>,
+    path: String,
+    hints: Hints,
+    routed_to: Option<String>,
+    debug: Option<String>,
+    /// Inline P/D: the client's body, waiting for the prefill pod's answer.
+    prefill_original: Option<Map<String, Value>>,
+    awaiting: Option<Awaiting>,
+    response_ok: bool,
+    streamed: bool,
+    /// Streamed responses: chunks seen, and when the first and last arrived (µs).
+    chunks: u32,
+    first_chunk_us: u64,
+    last_chunk_us: u64,
+    /// What the index expects the response's `usage` to report, until it does.
+    cache_check: Option<CacheExpectation>,
+    carry: Vec<u8>,
+}
+
+impl RequestFlow {
+    pub fn new() -> RequestFlow {
+        RequestFlow::default()
+    }
+
+    /// `header` reads a request header by (lower-case) name.
+    pub fn on_request_headers(
+        &mut self,
+        vm: &Vm,
+        host: &mut dyn Host,
+        header: &dyn Fn(&str) -> Option<String>,
+        end_of_stream: bool,
+    ) -> HeadersOutcome {
+        if vm.config.pools.is_empty() {
+            return HeadersOutcome::Continue; // nothing to route to: kvroute only guards the headers
+        }
+        let method = header(":method").unwrap_or_default();
+        let path = header(":path").unwrap_or_default();
+        let too_large = header("content-length")
+            .and_then(|l| l.parse::<usize>().ok())
+            .is_some_and(|l| l > vm.config.max_body_bytes);
+        match Endpoint::from_path(&path) {
+            Some(endpoint) if method == "POST" && !too_large && !end_of_stream => {
+                match read_hints(vm, header) {
+                    Ok(hints) => self.hints = hints,
+                    Err((code, counter, message)) => {
+                        log::debug!("{message}");
+                        host.count(counter, 1);
+                        return HeadersOutcome::Reply(Reply::error(code, &message));
+                    }
+                }
+                self.endpoint = Some(endpoint);
+                self.path = path;
+                HeadersOutcome::WaitForBody
+            }
+            _ => {
+                host.count(Counter::Passthrough, 1);
+                HeadersOutcome::Continue
+            }
+        }
+    }
+
+    /// Whether [`Self::on_request_headers`] asked for the body (and it has not come yet).
+    pub fn waiting_for_body(&self) -> bool {
+        self.endpoint.is_some()
+    }
+
+    /// The whole body is here (`body` is `None` when it is larger than `max_body_bytes`).
+    pub fn on_request_body(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        body: Option<&[u8]>,
+    ) -> BodyOutcome {
+        let Some(endpoint) = self.endpoint.take() else {
+            return BodyOutcome::Continue;
+        };
+        let Some(body) = body.filter(|b| b.len() <= vm.config.max_body_bytes) else {
+            host.count(Counter::Passthrough, 1);
+            return BodyOutcome::Continue;
+        };
+        let inline = vm.config.pd.mode == PdMode::Inline;
+        let parsed = if inline {
+            request::parse_object(endpoint, body).map(|(v, o)| (v, Some(o)))
+        } else {
+            request::parse(endpoint, body).map(|v| (v, None))
+        };
+        let (view, object) = match parsed {
+            Ok(p) => p,
+            Err(e) => {
+                // The model server gives the client its own error for a bad body.
+                log::debug!("kvroute: pass-through: {}", e.as_str());
+                host.count(Counter::Passthrough, 1);
+                return BodyOutcome::Continue;
+            }
+        };
+        vm.sync_pages(host);
+        let now = host.now_ms();
+        vm.read_inflight_board(host, now);
+        let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
+        let mut plan = vm
+            .router
+            .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        if matches!(
+            plan.decision,
+            Decision::NoEndpoint(Rejection::NoneHealthy | Rejection::NoPods)
+        ) {
+            // This VM's copy of the load table is as old as its last tick (and empty in a VM still
+            // starting): re-read it once before deciding that nothing can serve the request.
+            vm.refresh_load_table(host);
+            plan = vm
+                .router
+                .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        }
+        if vm.router.load_table().version == 0 {
+            // No pool state yet (the first poll has not been published): let the cluster balance
+            // rather than fail requests while kvroute starts.
+            host.count(Counter::Passthrough, 1);
+            return BodyOutcome::Continue;
+        }
+        let first_token = plan.first_token();
+        let Plan { decision, pd } = plan;
+        let (ranked, reason) = match decision {
+            Decision::Route { ranked, reason } => (ranked, reason),
+            Decision::NoEndpoint(rejection) => {
+                return self.refuse(vm, host, rejection, &view.model);
+            }
+        };
+        let Some(primary) = ranked.first() else {
+            return BodyOutcome::Continue;
+        };
+        host.count(Counter::Routed, 1);
+        if primary.meets_slo == Some(false) {
+            host.count(Counter::SloPredictedMiss, 1);
+        }
+        host.count(
+            match reason {
+                RouteReason::PrefixHit => Counter::RoutedPrefixHit,
+                RouteReason::Load => Counter::RoutedLoad,
+                RouteReason::Session => Counter::RoutedSession,
+            },
+            1,
+        );
+        if vm.config.debug_header {
+            self.debug = Some(explain::debug_line(
+                vm,
+                &blocks,
+                &ranked,
+                reason,
+                pd.as_ref(),
+            ));
+        }
+        vm.router.inflight_start(&primary.addr);
+        if let Some(first) = first_token {
+            let pending = Some(vm.router.prefill_start(&first, now));
+            self.awaiting = Some(Awaiting {
+                first,
+                pending,
+                routed_at_us: host.now_us(),
+                learnable: view.stream,
+            });
+        }
+        self.streamed = view.stream;
+        let prefill_pod = pd
+            .as_ref()
+            .and_then(|p| p.prefill.as_ref())
+            .map(|c| c.addr.clone());
+        // A split request's decode pod reports the pulled KV as cached too: only check the rest.
+        if prefill_pod.is_none() {
+            self.cache_check =
+                vm.router
+                    .expect_cache(&primary.addr, &blocks, primary.matched_blocks);
+        }
+        vm.write_inflight_row(host, now);
+        self.routed_to = Some(primary.addr.clone());
+        if pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
+            host.count(Counter::PdDecodeOnly, 1);
+        }
+        let destinations = ranked
+            .iter()
+            .map(|c| c.addr.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        vm.observe(
+            host,
+            Observation {
+                addr: primary.addr.clone(),
+                hashes: blocks.hashes.clone(),
+            },
+        );
+        let mut route = Route {
+            destinations,
+            prefiller: None,
+            prefill_call: None,
+        };
+        let Some(prefill_addr) = prefill_pod else {
+            return BodyOutcome::Route(route);
+        };
+        // The prefill pod computes the same blocks: its index learns them too.
+        vm.observe(
+            host,
+            Observation {
+                addr: prefill_addr.clone(),
+                hashes: blocks.hashes,
+            },
+        );
+        match (vm.config.pd.mode, object) {
+            (PdMode::Inline, Some(original)) => {
+                route.prefill_call = Some(inline::prefill_call(
+                    &vm.config.poll_cluster,
+                    &self.path,
+                    &prefill_addr,
+                    &original,
+                    vm.config.pd.prefill_timeout_ms,
+                ));
+                self.prefill_original = Some(original);
+            }
+            _ => {
+                host.count(Counter::PdDisaggregated, 1);
+                route.prefiller = Some(prefill_addr);
+            }
+        }
+        BodyOutcome::Route(route)
+    }
+
+    fn refuse(
+        &mut self,
+        vm: &Vm,
+        host: &mut dyn Host,
+        rejection: Rejection,
+        model: &str,
+    ) -> BodyOutcome {
+        let code = match rejection {
+            Rejection::Saturated => ErrorCode::Saturated,
+            Rejection::SloUnattainable => ErrorCode::SloUnattainable,
+            Rejection::UnknownModel => ErrorCode::UnknownModel,
+            Rejection::NoneHealthy => ErrorCode::NoHealthyPod,
+            Rejection::NoPods => ErrorCode::NoPods,
+        };
+        if matches!(code, ErrorCode::Saturated | ErrorCode::SloUnattainable) {
+            // Shedding is what the client's priority asked for: never failed open.
+            host.count(Counter::Shed, 1);
+            let message = format!(
+                "kvroute: {} (model `{model}`, priority {})",
+                rejection.as_str(),
+                self.hints.priority
+            );
+            return BodyOutcome::Reply(Reply::error(code, &message));
+        }
+        host.count(Counter::NoEndpoint, 1);
+        if vm.config.on_no_endpoint == NoEndpointPolicy::Passthrough {
+            return BodyOutcome::Continue;
+        }
+        let message = format!("kvroute: {} (model `{model}`)", rejection.as_str());
+        BodyOutcome::Reply(Reply::error(code, &message))
+    }
+
+    /// The host could not send the inline prefill call: decode without it.
+    pub fn on_prefill_not_sent(&mut self, host: &mut dyn Host) {
+        log::warn!("kvroute: inline prefill not sent; decoding without it");
+        self.prefill_original = None;
+        if let Some(a) = self.awaiting.as_mut() {
+            a.learnable = false;
+        }
+        host.count(Counter::PdPrefillFailures, 1);
+        host.count(Counter::PdDecodeOnly, 1);
+    }
+
+    /// The prefill pod answered (status 503/504 from the host: it failed or timed out).
+    pub fn on_prefill_answer(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        status: u32,
+        body: &[u8],
+    ) -> PrefillOutcome {
+        // The prefill pod's part is over: its work leaves the board now, while the sample still
+        // waits for the client's first byte (the split path's whole time is learned).
+        if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
+            if vm.router.prefill_done(id) {
+                let now = host.now_ms();
+                vm.write_inflight_row(host, now);
+            }
+        }
+        let Some(original) = self.prefill_original.take() else {
+            return PrefillOutcome::Resume(None);
+        };
+        match inline::answer(status, body, &original) {
+            Answer::Decode(body) => {
+                host.count(Counter::PdDisaggregated, 1);
+                PrefillOutcome::Resume(Some(body))
+            }
+            Answer::Refused { status, body } => {
+                // The request itself is at fault: the client gets the prefill pod's own answer.
+                host.count(Counter::PdPrefillRejected, 1);
+                PrefillOutcome::Reply(Reply {
+                    status,
+                    headers: vec![("content-type", "application/json".to_string())],
+                    body,
+                })
+            }
+            Answer::Fallback => {
+                // The decode pod prefills by itself, so its first byte says nothing of the split.
+                log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                if let Some(a) = self.awaiting.as_mut() {
+                    a.learnable = false;
+                }
+                host.count(Counter::PdPrefillFailures, 1);
+                host.count(Counter::PdDecodeOnly, 1);
+                PrefillOutcome::Resume(None)
+            }
+        }
+    }
+
+    /// The body the host could not rewrite after a good prefill: counted as a fallback.
+    pub fn on_body_not_rewritten(&mut self, host: &mut dyn Host) {
+        host.count(Counter::PdPrefillFailures, 1);
+        host.count(Counter::PdDecodeOnly, 1);
+    }
+
+    /// Response headers: returns the debug header to add, if any.
+    pub fn on_response_headers(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        status: Option<&str>,
+        end_of_stream: bool,
+    ) -> Option<(&'static str, String)> {
+        if self.routed_to.is_some() {
+            self.response_ok = status.is_some_and(|s| s.starts_with('2'));
+            if end_of_stream || !self.response_ok {
+                self.first_byte(vm, host);
+            }
+        }
+        self.debug.take().map(|d| (DEBUG, d))
+    }
+
+    /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a
+    /// chunk out only then.
+    pub fn wants_response_bytes(&self) -> bool {
+        self.cache_check.is_some() && self.response_ok
+    }
+
+    /// A response chunk of `size` bytes (`bytes` when [`Self::wants_response_bytes`] asked).
+    pub fn on_response_body(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        size: usize,
+        bytes: Option<&[u8]>,
+        end_of_stream: bool,
+    ) {
+        if self.awaiting.is_some() && (size > 0 || end_of_stream) {
+            self.first_byte(vm, host);
+        }
+        if let Some(bytes) = bytes {
+            self.read_usage(vm, host, bytes);
+        }
+        if self.streamed && size > 0 {
+            let now = host.now_us();
+            if self.chunks == 0 {
+                self.first_chunk_us = now;
+            }
+            self.last_chunk_us = now;
+            self.chunks = self.chunks.saturating_add(1);
+        }
+    }
+
+    /// The request is over (done, reset, timed out or answered locally).
+    pub fn on_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        // Reset, timeout or a local reply before any response byte: the prefill stops counting,
+        // and teaches nothing.
+        let completed = self.response_ok;
+        self.response_ok = false;
+        self.first_byte(vm, host);
+        let Some(addr) = self.routed_to.take() else {
+            return;
+        };
+        if completed && self.chunks >= 3 {
+            let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
+            let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
+            vm.router.observe_itl(&addr, itl_ms);
+        }
+        vm.router.inflight_end(&addr);
+        let now = host.now_ms();
+        vm.write_inflight_row(host, now);
+    }
+
+    /// The first response byte (or the end of a response without one): the prefill is done; a
+    /// streamed 2xx teaches the pod's cost model.
+    fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        let Some(awaiting) = self.awaiting.take() else {
+            return;
+        };
+        let changed = awaiting
+            .pending
+            .is_some_and(|id| vm.router.prefill_done(id));
+        if awaiting.learnable && self.response_ok {
+            let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
+            vm.learn(&awaiting.first, observed_ms);
+            host.histogram(Histogram::TtftMs, observed_ms as u64);
+            if self.hints.slo.ttft_ms.is_some_and(|slo| observed_ms > slo) {
+                host.count(Counter::SloTtftMissed, 1);
+            }
+            if observed_ms > 0.0 {
+                let error = (awaiting.first.predicted_ms - observed_ms).abs() / observed_ms;
+                host.histogram(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
+            }
+        }
+        if changed {
+            let now = host.now_ms();
+            vm.write_inflight_row(host, now);
+        }
+    }
+
+    /// Looks for the response's `usage` in this chunk (and the end of the last one); once found,
+    /// checks the index's expectation against it.
+    fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
+        self.carry.extend_from_slice(chunk);
+        let Some((cached, prompt)) = crate::usage::cache_report(&self.carry) else {
+            let keep = self.carry.len().saturating_sub(CARRY_BYTES);
+            self.carry.drain(..keep);
+            return;
+        };
+        self.carry = Vec::new();
+        let Some(expected) = self.cache_check.take() else {
+            return;
+        };
+        let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
+        host.count(
+            Counter::CachePredictedTokens,
+            (share.min(1.0) * prompt as f64) as u64,
+        );
+        host.count(Counter::CacheReportedTokens, cached);
+        if let CacheVerdict::Evicted { blocks, lost } =
+            vm.router.on_cache_report(&expected, cached, prompt)
+        {
+            log::debug!(
+                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {blocks} blocks",
+                expected.addr
+            );
+            host.count(Counter::CacheEvictionsDetected, 1);
+            vm.report_eviction(host, expected.addr.clone(), blocks, lost);
+        }
+    }
+}
+
+/// The session, priority and SLO headers, when configured and present. An unreadable value is
+/// refused with its code, counter and message.
+fn read_hints(
+    vm: &Vm,
+    header: &dyn Fn(&str) -> Option<String>,
+) -> Result<Hints, (ErrorCode, Counter, String)> {
+    let config = &vm.config;
+    let named = |name: &str| {
+        if name.is_empty() {
+            None
+        } else {
+            header(name)
+        }
+    };
+    let session = named(&config.session.header)
+        .filter(|id| !id.is_empty())
+        .map(|id| session_key(&id));
+    let priority = match named(&config.shedding.priority_header) {
+        Some(value) => parse_priority(&value).map_err(|reason| {
+            (
+                ErrorCode::BadPriority,
+                Counter::BadPriority,
+                format!(
+                    "kvroute: header `{}` {reason}",
+                    config.shedding.priority_header
+                ),
+            )
+        })?,
+        None => 0,
+    };
+    let objective = |name: &str| -> Result<Option<f64>, (ErrorCode, Counter, String)> {
+        named(name)
+            .map(|value| {
+                parse_objective(&value).map_err(|reason| {
+                    (
+                        ErrorCode::BadSlo,
+                        Counter::BadSlo,
+                        format!("kvroute: header `{name}` {reason}"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let slo = Slo {
+        ttft_ms: objective(&config.slo.ttft_header)?,
+        tpot_ms: objective(&config.slo.tpot_header)?,
+    };
+    Ok(Hints {
+        session,
+        priority,
+        slo,
+    })
+}

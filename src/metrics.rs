@@ -1,0 +1,160 @@
+//! The names of every stat the plugin emits, declared once: each metric is an enum variant with
+//! its Envoy name, so reordering cannot mislabel one. Envoy prefixes custom Wasm metrics with
+//! `wasmcustom.` in `/stats` (`wasmcustom.kvroute.*`) and drops that prefix in `/stats/prometheus`
+//! (`kvroute_*`). Metrics are process-wide by name: every VM defines the same names and
+//! increments the same counters; gauges are set by the leader alone. Recording goes through the
+//! host port (`crate::port::Host`).
+
+#[derive(Debug, Clone, Copy)]
+pub enum Counter {
+    /// Inference requests given a destination by kvroute.
+    Routed,
+    /// … whose primary pod already held part of the prompt.
+    RoutedPrefixHit,
+    /// … to a pod holding none of the prompt (chosen by predicted TTFT alone).
+    RoutedLoad,
+    /// Requests left to the cluster's own load balancer (not inference, unparsable, too large).
+    Passthrough,
+    /// Routable requests with no pod to take them (503 or fail-open).
+    NoEndpoint,
+    /// Requests routed to their session's pod.
+    RoutedSession,
+    /// Negative-priority requests refused with 429 because every pod was saturated.
+    Shed,
+    /// Requests refused with 400 because their priority header was not an integer.
+    BadPriority,
+    /// Client-supplied routing headers removed.
+    SpoofedHeadersRemoved,
+    /// Metrics polls that failed (refused, timeout, non-200, garbage).
+    PollFailures,
+    /// This VM became the leader.
+    LeaderChanges,
+    /// Requests sent through a prefill pod and a decode pod.
+    PdDisaggregated,
+    /// Requests on a split pool served by the decode pod alone (short, cached, or prefill failed).
+    PdDecodeOnly,
+    /// Inline prefill calls that failed or timed out (the request fell back to decode-only).
+    PdPrefillFailures,
+    /// Inline prefill calls the prefill pod refused with a 4xx (returned to the client as is).
+    PdPrefillRejected,
+    /// Requests refused with 400: an SLO header was not a positive number.
+    BadSlo,
+    /// Requests with latency objectives routed although no pod was predicted to meet them.
+    SloPredictedMiss,
+    /// Requests with a TTFT objective whose first byte came later than it.
+    SloTtftMissed,
+    /// Prompt tokens the index expected cached, for responses that reported `cached_tokens`
+    /// (counted in the engine's tokens: the expected share of its reported prompt).
+    CachePredictedTokens,
+    /// Prompt tokens those responses reported cached.
+    CacheReportedTokens,
+    /// Responses whose pod had evidently evicted blocks the index believed it held.
+    CacheEvictionsDetected,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Gauge {
+    /// Pods with fresh metrics.
+    PodsHealthy,
+    /// Pods known (configured or discovered).
+    PodsKnown,
+    /// Block hashes in the leader's prefix index.
+    IndexEntries,
+    /// Mean queued (waiting) requests per prefill pod, × 1000.
+    PdPrefillPoolQueueX1000,
+    /// Mean queued requests per decode pod, × 1000.
+    PdDecodePoolQueueX1000,
+}
+
+/// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
+#[derive(Debug, Clone, Copy)]
+pub enum Histogram {
+    /// Time from the routing decision to the response's first body byte, streamed responses.
+    TtftMs,
+    /// |predicted − observed| / observed time to first byte, in percent.
+    TtftPredictionErrorPct,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 21] = [
+        Counter::Routed,
+        Counter::RoutedPrefixHit,
+        Counter::RoutedLoad,
+        Counter::Passthrough,
+        Counter::NoEndpoint,
+        Counter::RoutedSession,
+        Counter::Shed,
+        Counter::BadPriority,
+        Counter::SpoofedHeadersRemoved,
+        Counter::PollFailures,
+        Counter::LeaderChanges,
+        Counter::PdDisaggregated,
+        Counter::PdDecodeOnly,
+        Counter::PdPrefillFailures,
+        Counter::PdPrefillRejected,
+        Counter::BadSlo,
+        Counter::SloPredictedMiss,
+        Counter::SloTtftMissed,
+        Counter::CachePredictedTokens,
+        Counter::CacheReportedTokens,
+        Counter::CacheEvictionsDetected,
+    ];
+
+    /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Routed => "kvroute.requests_routed",
+            Counter::RoutedPrefixHit => "kvroute.routed_prefix_hit",
+            Counter::RoutedLoad => "kvroute.routed_load",
+            Counter::Passthrough => "kvroute.passthrough",
+            Counter::NoEndpoint => "kvroute.no_endpoint",
+            Counter::RoutedSession => "kvroute.routed_session",
+            Counter::Shed => "kvroute.shed",
+            Counter::BadPriority => "kvroute.bad_priority",
+            Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
+            Counter::PollFailures => "kvroute.poll_failures",
+            Counter::LeaderChanges => "kvroute.leader_changes",
+            Counter::PdDisaggregated => "kvroute.pd.disaggregated",
+            Counter::PdDecodeOnly => "kvroute.pd.decode_only",
+            Counter::PdPrefillFailures => "kvroute.pd.prefill_failures",
+            Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected",
+            Counter::BadSlo => "kvroute.bad_slo",
+            Counter::SloPredictedMiss => "kvroute.slo.predicted_miss",
+            Counter::SloTtftMissed => "kvroute.slo.ttft_missed",
+            Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens",
+            Counter::CacheReportedTokens => "kvroute.cache.reported_tokens",
+            Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected",
+        }
+    }
+}
+
+impl Gauge {
+    pub const ALL: [Gauge; 5] = [
+        Gauge::PodsHealthy,
+        Gauge::PodsKnown,
+        Gauge::IndexEntries,
+        Gauge::PdPrefillPoolQueueX1000,
+        Gauge::PdDecodePoolQueueX1000,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Gauge::PodsHealthy => "kvroute.pods_healthy",
+            Gauge::PodsKnown => "kvroute.pods_known",
+            Gauge::IndexEntries => "kvroute.index_entries",
+            Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",
+            Gauge::PdDecodePoolQueueX1000 => "kvroute.pd.decode_pool_queue_x1000",
+        }
+    }
+}
+
+impl Histogram {
+    pub const ALL: [Histogram; 2] = [Histogram::TtftMs, Histogram::TtftPredictionErrorPct];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Histogram::TtftMs => "kvroute.ttft_ms",
+            Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_pct",
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Inline mode: kvroute itself asks the prefill pod for the KV and hands the decode pod its handle.
+//!
+//! The prefill request is the client's own, asked for one token, not streamed, with the
+//! NixlConnector's "prefill for a remote decoder" parameters; the answer's `kv_transfer_params`
+//! are written into the client's body for the decode pod. What the answer means for the request:
+//! a 4xx is the request's own fault and goes back to the client as is; anything else without a
+//! KV handle (a failure, a timeout: the host answers 503/504) falls back to decode-only.
+
+use crate::headers::DESTINATION;
+use crate::port::HttpCall;
+use serde_json::{json, Map, Value};
+
+/// The body sent to the prefill pod (inline mode): the client's request, asked for one token,
+/// non-streaming, with the NixlConnector's "prefill for a remote decoder" parameters.
+pub fn prefill_body(original: &Map<String, Value>) -> Vec<u8> {
+    let mut body = original.clone();
+    body.insert("max_tokens".into(), json!(1));
+    if body.contains_key("max_completion_tokens") {
+        body.insert("max_completion_tokens".into(), json!(1));
+    }
+    body.insert("stream".into(), json!(false));
+    body.remove("stream_options");
+    body.insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+    );
+    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+}
+
+/// The `kv_transfer_params` object of a prefill pod's answer, if it has one.
+pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(prefill_response).ok()?;
+    v.get("kv_transfer_params")
+        .filter(|p| p.is_object())
+        .cloned()
+}
+
+/// The client's body with the prefill's `kv_transfer_params` written in, for the decode pod.
+pub fn decode_body(original: &Map<String, Value>, params: Value) -> Vec<u8> {
+    let mut body = original.clone();
+    body.insert("kv_transfer_params".into(), params);
+    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+}
+
+/// The call that asks `prefill_addr` to prefill (through the ORIGINAL_DST cluster `cluster`).
+pub fn prefill_call(
+    cluster: &str,
+    path: &str,
+    prefill_addr: &str,
+    original: &Map<String, Value>,
+    timeout_ms: u64,
+) -> HttpCall {
+    HttpCall {
+        cluster: cluster.to_string(),
+        method: "POST",
+        path: path.to_string(),
+        authority: prefill_addr.to_string(),
+        headers: vec![
+            ("content-type", "application/json".to_string()),
+            (DESTINATION, prefill_addr.to_string()),
+        ],
+        body: Some(prefill_body(original)),
+        timeout_ms,
+    }
+}
+
+/// What a prefill pod's answer means for the client's request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// Send this body (the client's, with the KV handle) to the decode pod.
+    Decode(Vec<u8>),
+    /// The request was refused (4xx): the client gets the prefill pod's answer.
+    Refused { status: u32, body: Vec<u8> },
+    /// No KV to hand over: the decode pod prefills by itself.
+    Fallback,
+}
+
+pub fn answer(status: u32, body: &[u8], original: &Map<String, Value>) -> Answer {
+    if (400..500).contains(&status) {
+        return Answer::Refused {
+            status,
+            body: body.to_vec(),
+        };
+    }
+    match (status, transfer_params(body)) {
+        (200, Some(params)) => Answer::Decode(decode_body(original, params)),
+        _ => Answer::Fallback,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_follow_the_nixl_protocol() {
+        let original: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","prompt":"p","max_tokens":100,"max_completion_tokens":100,"stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        let p: Value = serde_json::from_slice(&prefill_body(&original)).unwrap();
+        assert_eq!(p["max_tokens"], 1);
+        assert_eq!(p["max_completion_tokens"], 1);
+        assert_eq!(p["stream"], false);
+        assert!(p.get("stream_options").is_none());
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(p["kv_transfer_params"]["remote_block_ids"], Value::Null);
+        let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_host":"10.0.0.1","remote_port":5600}}"#;
+        let params = transfer_params(answer).unwrap();
+        let d: Value = serde_json::from_slice(&decode_body(&original, params)).unwrap();
+        assert_eq!(
+            d["max_tokens"], 100,
+            "the decode request is the client's own"
+        );
+        assert_eq!(d["stream"], true);
+        assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
+        assert_eq!(transfer_params(b"{\"choices\":[]}"), None);
+        assert_eq!(transfer_params(b"garbage"), None);
+    }
+
+    #[test]
+    fn answers_decide_the_request() {
+        let original: Map<String, Value> =
+            serde_json::from_str(r#"{"model":"m","prompt":"p","max_tokens":9}"#).unwrap();
+        let ok = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[3]}}"#;
+        let Answer::Decode(body) = answer(200, ok, &original) else {
+            panic!()
+        };
+        let d: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([3]));
+        assert_eq!(
+            answer(400, b"bad", &original),
+            Answer::Refused {
+                status: 400,
+                body: b"bad".to_vec()
+            }
+        );
+        assert_eq!(answer(504, b"", &original), Answer::Fallback, "timed out");
+        assert_eq!(answer(200, b"{}", &original), Answer::Fallback, "no handle");
+        let call = prefill_call(
+            "kvroute_poll",
+            "/v1/completions",
+            "10.0.0.7:8000",
+            &original,
+            500,
+        );
+        assert_eq!(call.authority, "10.0.0.7:8000");
+        assert_eq!(call.timeout_ms, 500);
+        assert!(call
+            .headers
+            .contains(&(DESTINATION, "10.0.0.7:8000".to_string())));
+    }
+}

@@ -1,0 +1,57 @@
+//! The host port: the few things kvroute needs from a proxy, as one trait.
+//!
+//! Everything the plugin decides and keeps — the VM's state, leader election, publishing and
+//! catch-up of the prefix index, the work and fits boards, one request from its body to an outcome
+//! and its response back — is written against this trait and runs natively in tests against
+//! [`crate::testing::FakeHost`] (several VMs sharing one store). `crate::host` implements it with
+//! proxy-wasm and keeps only Envoy's callbacks. (Kuadrant's wasm-shim keeps proxy-wasm out of its
+//! logic the same way.)
+
+use crate::cost::Coefficients;
+use crate::metrics::{Counter, Gauge, Histogram};
+
+/// A shared-data write lost a compare-and-swap (someone wrote in between), or the host refused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRefused;
+
+/// An outgoing HTTP call (a metrics poll, the admin API, an inline prefill).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpCall {
+    pub cluster: String,
+    pub method: &'static str,
+    pub path: String,
+    pub authority: String,
+    /// Further request headers (e.g. the destination header an ORIGINAL_DST cluster routes by).
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Option<Vec<u8>>,
+    pub timeout_ms: u64,
+}
+
+pub trait Host {
+    /// Milliseconds since the epoch.
+    fn now_ms(&self) -> u64;
+    /// Microseconds since the epoch (first-byte timing).
+    fn now_us(&self) -> u64;
+
+    /// A shared-data value and its compare-and-swap token.
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes a value; with `cas`, only if nobody wrote since that token was read. (Envoy does not
+    /// guard a key's first insert by CAS.)
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>)
+        -> Result<(), WriteRefused>;
+
+    /// Registers the named queue for this VM (the last VM to register a name is notified).
+    fn queue_register(&mut self, name: &str) -> Option<u32>;
+    fn queue_push(&mut self, queue: u32, message: &[u8]) -> bool;
+    fn queue_pop(&mut self, queue: u32) -> Option<Vec<u8>>;
+
+    /// Sends a call; its answer comes back through the VM's (or the request's) call-response hook
+    /// with the returned token.
+    fn http_call(&mut self, call: &HttpCall) -> Option<u32>;
+
+    fn count(&mut self, counter: Counter, n: u64);
+    fn gauge(&mut self, gauge: Gauge, value: u64);
+    fn histogram(&mut self, histogram: Histogram, value: u64);
+    /// A pod's learned TTFT model, as gauges named after the pod.
+    fn pod_cost(&mut self, addr: &str, cost: &Coefficients, samples: f64);
+}

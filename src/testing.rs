@@ -1,0 +1,151 @@
+//! A fake host for native tests: the shared store of one Envoy process (shared data with
+//! compare-and-swap, queues) that several VMs' [`FakeHost`] handles share, with a clock the test
+//! moves, recorded HTTP calls, counted metrics, and switches to lose compare-and-swap races.
+
+use crate::cost::Coefficients;
+use crate::metrics::{Counter, Gauge, Histogram};
+use crate::port::{Host, HttpCall, WriteRefused};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+#[derive(Debug, Default)]
+pub struct Store {
+    /// key → (value, CAS token).
+    pub data: HashMap<String, (Vec<u8>, u32)>,
+    next_cas: u32,
+    queues: HashMap<String, u32>,
+    queue_items: HashMap<u32, VecDeque<Vec<u8>>>,
+    /// Compare-and-swap writes refused on purpose before the next one goes through.
+    pub lose_cas_races: usize,
+}
+
+/// One VM's view of the process: the shared store plus its own clock, calls and metrics.
+#[derive(Debug, Clone)]
+pub struct FakeHost {
+    pub store: Rc<RefCell<Store>>,
+    pub now_us: u64,
+    pub calls: Vec<(u32, HttpCall)>,
+    next_call: u32,
+    pub counters: HashMap<&'static str, u64>,
+    pub gauges: HashMap<&'static str, u64>,
+    pub histograms: HashMap<&'static str, Vec<u64>>,
+}
+
+impl FakeHost {
+    pub fn new(store: &Rc<RefCell<Store>>) -> FakeHost {
+        FakeHost {
+            store: Rc::clone(store),
+            now_us: 1_000_000_000,
+            calls: Vec::new(),
+            next_call: 0,
+            counters: HashMap::new(),
+            gauges: HashMap::new(),
+            histograms: HashMap::new(),
+        }
+    }
+
+    pub fn advance_ms(&mut self, ms: u64) {
+        self.now_us += ms * 1000;
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c.name()).copied().unwrap_or(0)
+    }
+
+    /// Takes the recorded calls (token, call).
+    pub fn take_calls(&mut self) -> Vec<(u32, HttpCall)> {
+        std::mem::take(&mut self.calls)
+    }
+}
+
+impl Host for FakeHost {
+    fn now_ms(&self) -> u64 {
+        self.now_us / 1000
+    }
+
+    fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.store.borrow().data.get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn shared_set(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), WriteRefused> {
+        let mut store = self.store.borrow_mut();
+        if let Some(expected) = cas {
+            if store.lose_cas_races > 0 {
+                store.lose_cas_races -= 1;
+                return Err(WriteRefused);
+            }
+            // Envoy: a CAS on an existing key must match; the first insert is not guarded.
+            if let Some((_, current)) = store.data.get(key) {
+                if *current != expected {
+                    return Err(WriteRefused);
+                }
+            }
+        }
+        store.next_cas += 1;
+        let token = store.next_cas;
+        store.data.insert(key.to_string(), (value.to_vec(), token));
+        Ok(())
+    }
+
+    fn queue_register(&mut self, name: &str) -> Option<u32> {
+        let mut store = self.store.borrow_mut();
+        let next = store.queues.len() as u32 + 1;
+        let id = *store.queues.entry(name.to_string()).or_insert(next);
+        store.queue_items.entry(id).or_default();
+        Some(id)
+    }
+
+    fn queue_push(&mut self, queue: u32, message: &[u8]) -> bool {
+        match self.store.borrow_mut().queue_items.get_mut(&queue) {
+            Some(q) => {
+                q.push_back(message.to_vec());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn queue_pop(&mut self, queue: u32) -> Option<Vec<u8>> {
+        self.store
+            .borrow_mut()
+            .queue_items
+            .get_mut(&queue)?
+            .pop_front()
+    }
+
+    fn http_call(&mut self, call: &HttpCall) -> Option<u32> {
+        self.next_call += 1;
+        self.calls.push((self.next_call, call.clone()));
+        Some(self.next_call)
+    }
+
+    fn count(&mut self, counter: Counter, n: u64) {
+        *self.counters.entry(counter.name()).or_default() += n;
+    }
+
+    fn gauge(&mut self, gauge: Gauge, value: u64) {
+        self.gauges.insert(gauge.name(), value);
+    }
+
+    fn histogram(&mut self, histogram: Histogram, value: u64) {
+        self.histograms
+            .entry(histogram.name())
+            .or_default()
+            .push(value);
+    }
+
+    fn pod_cost(&mut self, _addr: &str, _cost: &Coefficients, _samples: f64) {}
+}

@@ -1,0 +1,578 @@
+//! One VM: everything a worker's Wasm VM knows and does between requests — leader election, and in
+//! the leader polling, discovery and publishing; in every VM, following what the leader publishes
+//! and keeping this VM's rows on the work and fits boards. Written against the host port
+//! (`crate::port::Host`), so the whole protocol runs natively in tests with several VMs sharing one
+//! fake store (`tests.rs` beside this file).
+//!
+//! One tick: **elect** (renew or take the lease by compare-and-swap) → **lead** (drain the
+//! observation queue into the index, publish delta pages and snapshots, dispatch due polls and the
+//! admin-API read, publish the load table when it changed, set the gauges) → **follow** (send what
+//! was kept while no leader existed, adopt a new load table, expire unseen prefills, rewrite this
+//! VM's work row when due, exchange fits, apply new pages).
+
+use crate::config::Config;
+use crate::leader::{Leader, PollResult};
+use crate::metrics::{Counter, Gauge};
+use crate::port::{Host, HttpCall};
+use crate::router::{Router, Tokenizer};
+use crate::state::fits::FitBoard;
+use crate::state::inflight::Board;
+use crate::state::lease::{self, Lease};
+use crate::state::load::{LoadTable, PodLoad};
+use crate::state::messages::{Message, Observation, Page};
+use crate::state::{
+    page_key, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
+    QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
+};
+use hashbrown::HashMap;
+
+/// Queue messages the leader handles per tick at most, so one tick never stalls its worker.
+const MAX_DRAIN_PER_TICK: usize = 20_000;
+/// Observations per delta page: bounds one shared-data value (~ 8 bytes a block).
+const MAX_PAGE_BYTES: usize = 512 * 1024;
+/// Pages a request applies at most before routing; the rest wait for the next request or tick.
+const MAX_PAGES_PER_SYNC: u64 = 8;
+/// Observations kept while no leader has registered the queue (start-up only).
+const MAX_UNSENT: usize = 256;
+/// A VM rewrites its in-flight row at least this often, so readers can tell it is alive.
+const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
+/// Rows not rewritten for this long belong to a VM that is gone; its requests stop counting.
+const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
+/// Compare-and-swap attempts per row write; a write that loses them all is retried on the next tick.
+const INFLIGHT_CAS_ATTEMPTS: usize = 4;
+/// A VM publishes its cost fits this often (they change slowly; read on every tick).
+const FITS_HEARTBEAT_MS: u64 = 1000;
+const FITS_ROW_TTL_MS: u64 = 10 * FITS_HEARTBEAT_MS;
+
+/// Everything one VM knows; shared by its root and HTTP contexts (one thread per VM).
+pub struct Vm {
+    pub config: Config,
+    pub router: Router,
+    /// Built once per VM when the configuration asks for real tokens.
+    pub tokenizer: Option<Box<dyn Tokenizer>>,
+    id: u64,
+    queue: Option<u32>,
+    leader: Option<LeaderState>,
+    load_cas: Option<u32>,
+    last_row_write_ms: u64,
+    /// The last row write lost every compare-and-swap; the next tick writes again.
+    row_write_pending: bool,
+    last_fits_write_ms: u64,
+    fits_cas: Option<u32>,
+    /// Observations made before any leader registered the queue.
+    unsent: Vec<Vec<u8>>,
+}
+
+struct LeaderState {
+    book: Leader,
+    queue: u32,
+    polls: HashMap<u32, String>,
+    admin_call: Option<u32>,
+    pending: Vec<Observation>,
+    pending_evictions: Vec<Observation>,
+    head: u64,
+    snapshot_seq: u64,
+    published_pods: Option<Vec<PodLoad>>,
+}
+
+impl Vm {
+    /// A VM with its identity (random, from the host: the lease holder id).
+    pub fn new(config: Config, tokenizer: Option<Box<dyn Tokenizer>>, id: u64) -> Vm {
+        Vm {
+            config,
+            router: Router::new(),
+            tokenizer,
+            id,
+            queue: None,
+            leader: None,
+            load_cas: None,
+            last_row_write_ms: 0,
+            row_write_pending: false,
+            last_fits_write_ms: 0,
+            fits_cas: None,
+            unsent: Vec::new(),
+        }
+    }
+
+    /// Learns from a first byte (see `crate::router::Router::learn`).
+    pub fn learn(&mut self, first: &crate::router::FirstToken, observed_ms: f64) {
+        self.router.learn(&self.config, first, observed_ms);
+    }
+
+    /// This VM's identity (lease holder id; shown in the debug header).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Applies the delta pages the leader published since this VM last looked: one shared-data
+    /// read when nothing is new.
+    pub fn sync_pages(&mut self, host: &mut dyn Host) {
+        let Some(head) = get_u64(host, PAGE_HEAD_KEY) else {
+            return;
+        };
+        let applied = self.router.applied_page;
+        if head <= applied || self.leader.is_some() {
+            return;
+        }
+        if head - applied >= PAGE_RING - 1 {
+            self.load_snapshot(host, head);
+        }
+        let from = self.router.applied_page + 1;
+        for seq in from..=head.min(from + MAX_PAGES_PER_SYNC - 1) {
+            let page = host
+                .shared_get(&page_key(seq))
+                .0
+                .and_then(|b| Page::decode(&b));
+            match page {
+                Some(p) if p.seq == seq => self.router.apply_page(&p),
+                // Overwritten while we read (we are a full ring behind): start from the snapshot.
+                _ => {
+                    self.load_snapshot(host, head);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn load_snapshot(&mut self, host: &mut dyn Host, head: u64) {
+        match host
+            .shared_get(SNAPSHOT_KEY)
+            .0
+            .and_then(|b| Page::decode(&b))
+        {
+            Some(snapshot) if snapshot.seq + PAGE_RING > head => {
+                self.router.load_snapshot(&snapshot)
+            }
+            // No usable snapshot yet: skip ahead and let new observations rebuild the view.
+            _ => self.router.applied_page = head.saturating_sub(1),
+        }
+    }
+
+    /// Records a routing decision locally and tells the leader.
+    pub fn observe(&mut self, host: &mut dyn Host, observation: Observation) {
+        self.router.observe(&observation);
+        self.tell_leader(
+            host,
+            Message::Observation {
+                vm: self.id,
+                observation,
+            },
+        );
+    }
+
+    /// Tells the leader what a response showed a pod had lost (already applied here): the blocks,
+    /// for every VM's index, and how many of ours the pod evidently keeps.
+    pub fn report_eviction(
+        &mut self,
+        host: &mut dyn Host,
+        addr: String,
+        blocks: u32,
+        lost: Vec<u64>,
+    ) {
+        self.tell_leader(
+            host,
+            Message::Eviction {
+                vm: self.id,
+                eviction: Observation {
+                    addr: addr.clone(),
+                    hashes: lost,
+                },
+            },
+        );
+        self.tell_leader(
+            host,
+            Message::CapacityHint {
+                vm: self.id,
+                addr,
+                blocks,
+            },
+        );
+    }
+
+    fn tell_leader(&mut self, host: &mut dyn Host, message: Message) {
+        let message = message.encode();
+        match self.resolve_queue(host) {
+            Some(queue) => {
+                host.queue_push(queue, &message);
+            }
+            // No leader has registered the queue yet: keep it for the first tick that finds one,
+            // so other VMs still learn what this VM routed during start-up.
+            None if self.unsent.len() < MAX_UNSENT => self.unsent.push(message),
+            None => {}
+        }
+    }
+
+    fn resolve_queue(&mut self, host: &mut dyn Host) -> Option<u32> {
+        if self.queue.is_none() {
+            self.queue = host
+                .shared_get(QUEUE_ID_KEY)
+                .0
+                .and_then(|b| Some(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)));
+        }
+        self.queue
+    }
+
+    pub fn tick(&mut self, host: &mut dyn Host, now: u64) {
+        self.elect(host, now);
+        if self.leader.is_some() {
+            self.lead(host, now);
+        }
+        self.follow(host, now);
+    }
+
+    fn elect(&mut self, host: &mut dyn Host, now: u64) {
+        let (mut bytes, mut cas) = host.shared_get(LEASE_KEY);
+        if bytes.is_none() {
+            // CAS does not guard a key's first insert: create an expired lease first (every VM
+            // writes the same value), then claim it with a real compare-and-swap.
+            let expired = Lease {
+                holder: 0,
+                expires_ms: 0,
+            };
+            let _ = host.shared_set(LEASE_KEY, &expired.encode(), None);
+            (bytes, cas) = host.shared_get(LEASE_KEY);
+        }
+        let current = bytes.and_then(|b| Lease::decode(&b));
+        let claim = lease::claim(
+            current,
+            self.id,
+            now,
+            self.config.leader_lease_ms,
+            self.config.singleton,
+        );
+        let won = match claim {
+            Some(l) => host.shared_set(LEASE_KEY, &l.encode(), cas).is_ok(),
+            None => false,
+        };
+        if won && self.leader.is_none() {
+            self.become_leader(host);
+        } else if !won && self.leader.is_some() {
+            log::info!("kvroute: VM {:x} is no longer the leader", self.id);
+            self.leader = None;
+        }
+    }
+
+    fn become_leader(&mut self, host: &mut dyn Host) {
+        let Ok(queue) = host.queue_register(QUEUE_NAME).ok_or(()) else {
+            log::warn!("kvroute: cannot register the observation queue; not leading");
+            return;
+        };
+        let _ = host.shared_set(QUEUE_ID_KEY, &queue.to_le_bytes(), None);
+        self.queue = Some(queue);
+        // Catch up with what the previous leader published before taking over the sequence.
+        self.sync_pages(host);
+        let head = get_u64(host, PAGE_HEAD_KEY)
+            .unwrap_or(0)
+            .max(self.router.applied_page);
+        self.router.applied_page = head;
+        self.leader = Some(LeaderState {
+            book: Leader::new(&self.config),
+            queue,
+            polls: HashMap::new(),
+            admin_call: None,
+            pending: Vec::new(),
+            pending_evictions: Vec::new(),
+            head,
+            snapshot_seq: 0,
+            published_pods: None,
+        });
+        host.count(Counter::LeaderChanges, 1);
+        let kind = if self.config.singleton {
+            "bootstrap singleton"
+        } else {
+            "elected by lease"
+        };
+        log::info!(
+            "kvroute: VM {:x} is the leader ({kind}, page head {head})",
+            self.id
+        );
+    }
+
+    fn lead(&mut self, host: &mut dyn Host, now: u64) {
+        let Some(mut st) = self.leader.take() else {
+            return;
+        };
+        for _ in 0..MAX_DRAIN_PER_TICK {
+            let Some(bytes) = host.queue_pop(st.queue) else {
+                break;
+            };
+            match Message::decode(&bytes) {
+                Some(Message::Observation { observation, .. }) => {
+                    self.router.observe(&observation);
+                    st.pending.push(observation);
+                }
+                Some(Message::CapacityHint { addr, blocks, .. }) => {
+                    st.book.on_capacity_hint(&addr, blocks, now);
+                }
+                Some(Message::Eviction { eviction, .. }) => {
+                    self.router.forget(&eviction);
+                    st.pending_evictions.push(eviction);
+                }
+                None => log::debug!("kvroute: dropped an undecodable queue message"),
+            }
+        }
+        self.publish_pages(host, &mut st);
+        if st.book.discovery_due(&self.config, now) && st.admin_call.is_none() {
+            if let Some(cluster) = &self.config.admin_cluster {
+                st.admin_call = dispatch(
+                    host,
+                    cluster,
+                    "/clusters?format=json",
+                    "admin",
+                    None,
+                    self.timeout(),
+                );
+            }
+        }
+        for addr in st.book.poll_due(&self.config, now) {
+            if st.polls.values().any(|a| *a == addr) {
+                continue; // the previous poll of this pod has not answered yet
+            }
+            match dispatch(
+                host,
+                &self.config.poll_cluster,
+                "/metrics",
+                &addr,
+                Some(&addr),
+                self.timeout(),
+            ) {
+                Some(token) => {
+                    st.polls.insert(token, addr);
+                }
+                None => {
+                    st.book.on_poll(&addr, PollResult::Failed, now);
+                    host.count(Counter::PollFailures, 1);
+                }
+            }
+        }
+        let table = st.book.table(now);
+        // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
+        // cost no write and no parse.
+        if st.published_pods.as_ref() != Some(&table.pods) {
+            let _ = host.shared_set(LOAD_KEY, &table.encode(), None);
+            st.published_pods = Some(table.pods.clone());
+        }
+        host.gauge(Gauge::PodsKnown, table.pods.len() as u64);
+        host.gauge(
+            Gauge::PodsHealthy,
+            st.book.healthy_pods(now, self.config.stale_after_ms) as u64,
+        );
+        host.gauge(Gauge::IndexEntries, self.router.index_entries() as u64);
+        let (prefill_queue, decode_queue) = table.pd_queues(now, self.config.stale_after_ms);
+        host.gauge(
+            Gauge::PdPrefillPoolQueueX1000,
+            (prefill_queue * 1000.0) as u64,
+        );
+        host.gauge(
+            Gauge::PdDecodePoolQueueX1000,
+            (decode_queue * 1000.0) as u64,
+        );
+        for pod in &table.pods {
+            let cost = self.router.cost_of(&self.config, &pod.addr);
+            let samples = self.router.fit_samples(&pod.addr);
+            host.pod_cost(&pod.addr, &cost, samples);
+        }
+        self.leader = Some(st);
+    }
+
+    fn publish_pages(&mut self, host: &mut dyn Host, st: &mut LeaderState) {
+        let mut start = 0;
+        while start < st.pending.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < st.pending.len() && (end == start || bytes < MAX_PAGE_BYTES) {
+                bytes += st
+                    .pending
+                    .get(end)
+                    .map_or(0, |o| o.hashes.len() * 8 + o.addr.len() + 8);
+                end += 1;
+            }
+            st.head += 1;
+            let page = Page {
+                seq: st.head,
+                observations: st
+                    .pending
+                    .get(start..end)
+                    .map(<[Observation]>::to_vec)
+                    .unwrap_or_default(),
+                evictions: Vec::new(),
+            };
+            // Page before head: a reader that sees the new head finds its page.
+            let _ = host.shared_set(&page_key(st.head), &page.encode(), None);
+            set_u64(host, PAGE_HEAD_KEY, st.head);
+            start = end;
+        }
+        st.pending.clear();
+        if !st.pending_evictions.is_empty() {
+            // Rare (a response reported a miss the index did not expect): one page of their own.
+            st.head += 1;
+            let page = Page {
+                seq: st.head,
+                observations: Vec::new(),
+                evictions: std::mem::take(&mut st.pending_evictions),
+            };
+            let _ = host.shared_set(&page_key(st.head), &page.encode(), None);
+            set_u64(host, PAGE_HEAD_KEY, st.head);
+        }
+        self.router.applied_page = st.head;
+        if st.head >= st.snapshot_seq + SNAPSHOT_EVERY_PAGES
+            || (st.snapshot_seq == 0 && st.head > 0)
+        {
+            let _ = host.shared_set(SNAPSHOT_KEY, &self.router.snapshot(st.head).encode(), None);
+            st.snapshot_seq = st.head;
+        }
+    }
+
+    fn follow(&mut self, host: &mut dyn Host, now: u64) {
+        if let Some(queue) = self.resolve_queue(host) {
+            for message in self.unsent.drain(..) {
+                host.queue_push(queue, &message);
+            }
+        }
+        self.refresh_load_table(host);
+        let expired = self.router.expire_prefills(now);
+        if expired
+            || self.row_write_pending
+            || now.saturating_sub(self.last_row_write_ms) >= INFLIGHT_HEARTBEAT_MS
+        {
+            self.write_inflight_row(host, now);
+        }
+        self.sync_fits(host, now);
+        if self.leader.is_none() {
+            self.sync_pages(host);
+        }
+    }
+
+    /// Reads the board (one shared-data read) and adopts the other VMs' unfinished work; returns
+    /// the board and its compare-and-swap token for a write.
+    pub fn read_inflight_board(&mut self, host: &mut dyn Host, now: u64) -> (Board, Option<u32>) {
+        let (bytes, cas) = host.shared_get(INFLIGHT_KEY);
+        let board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
+        self.router
+            .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+        (board, cas)
+    }
+
+    /// Adopts the other VMs' cost fits when the key changed, and publishes this VM's own at most
+    /// once per heartbeat.
+    fn sync_fits(&mut self, host: &mut dyn Host, now: u64) {
+        let (bytes, cas) = host.shared_get(FITS_KEY);
+        if cas != self.fits_cas {
+            let board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+            self.router
+                .set_others_fits(board.others(self.id, now, FITS_ROW_TTL_MS));
+            self.fits_cas = cas;
+        }
+        if now.saturating_sub(self.last_fits_write_ms) < FITS_HEARTBEAT_MS {
+            return;
+        }
+        let own = self.router.own_fits();
+        if own.is_empty() {
+            return;
+        }
+        let mut board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+        board.put_row(self.id, now, own, FITS_ROW_TTL_MS);
+        // One attempt: a lost race is retried on the next tick.
+        if host.shared_set(FITS_KEY, &board.encode(), cas).is_ok() {
+            self.last_fits_write_ms = now;
+        }
+    }
+
+    /// Rewrites this VM's row on the in-flight board (and re-reads the others on the way). The key's
+    /// first insert is not guarded by compare-and-swap; two VMs racing on it lose one row until that
+    /// VM's next write, at most a heartbeat later.
+    pub fn write_inflight_row(&mut self, host: &mut dyn Host, now: u64) {
+        let own = self.router.own_work();
+        for _ in 0..INFLIGHT_CAS_ATTEMPTS {
+            let (mut board, cas) = self.read_inflight_board(host, now);
+            board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);
+            if host.shared_set(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
+                self.last_row_write_ms = now;
+                self.row_write_pending = false;
+                return;
+            }
+        }
+        self.row_write_pending = true;
+    }
+
+    /// Adopts the leader's load table if it changed since this VM last read it.
+    pub fn refresh_load_table(&mut self, host: &mut dyn Host) {
+        let (bytes, cas) = host.shared_get(LOAD_KEY);
+        if cas != self.load_cas {
+            if let Some(table) = bytes.and_then(|b| LoadTable::decode(&b)) {
+                self.router.apply_load_table(&self.config, table);
+                self.load_cas = cas;
+            }
+        }
+    }
+
+    fn timeout(&self) -> u64 {
+        self.config.poll_timeout_ms
+    }
+
+    pub fn on_call_response(
+        &mut self,
+        host: &mut dyn Host,
+        token: u32,
+        status: u32,
+        body: &[u8],
+        now: u64,
+    ) {
+        let Some(st) = self.leader.as_mut() else {
+            return;
+        };
+        if st.admin_call == Some(token) {
+            st.admin_call = None;
+            if status == 200 {
+                st.book.on_admin_clusters(&self.config, body);
+            } else {
+                log::warn!("kvroute: admin /clusters answered {status}");
+            }
+        } else if let Some(addr) = st.polls.remove(&token) {
+            let result = if status == 0 {
+                PollResult::Failed
+            } else {
+                PollResult::Answered(status, body)
+            };
+            if !st.book.on_poll(&addr, result, now) {
+                host.count(Counter::PollFailures, 1);
+                log::debug!("kvroute: poll of {addr} failed (status {status})");
+            }
+        }
+    }
+}
+
+fn dispatch(
+    host: &mut dyn Host,
+    cluster: &str,
+    path: &str,
+    authority: &str,
+    destination: Option<&str>,
+    timeout_ms: u64,
+) -> Option<u32> {
+    let call = HttpCall {
+        cluster: cluster.to_string(),
+        method: "GET",
+        path: path.to_string(),
+        authority: authority.to_string(),
+        headers: destination
+            .map(|d| vec![(crate::headers::DESTINATION, d.to_string())])
+            .unwrap_or_default(),
+        body: None,
+        timeout_ms,
+    };
+    let token = host.http_call(&call);
+    if token.is_none() {
+        log::warn!("kvroute: dispatch to cluster `{cluster}` failed (is the cluster configured?)");
+    }
+    token
+}
+
+fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {
+    let bytes = host.shared_get(key).0?;
+    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+}
+
+fn set_u64(host: &mut dyn Host, key: &str, value: u64) {
+    let _ = host.shared_set(key, &value.to_le_bytes(), None);
+}
