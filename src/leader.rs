@@ -159,6 +159,7 @@ impl Leader {
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
         LoadTable {
+            format: crate::state::load::LOAD_FORMAT,
             version: self.version,
             published_ms: now_ms,
             pods,

@@ -308,7 +308,7 @@ impl Router {
     }
 
     /// Unfinished work on `addr`: the other VMs' rows on the board plus this VM's live state.
-    fn work(&self, addr: &str) -> PodWork {
+    pub fn work(&self, addr: &str) -> PodWork {
         let mut w = self.others_work.get(addr).copied().unwrap_or_default();
         w.inflight = w
             .inflight
@@ -701,6 +701,7 @@ mod tests {
 
     fn table(addrs: &[&str], now: u64) -> LoadTable {
         LoadTable {
+            format: crate::state::load::LOAD_FORMAT,
             version: 1,
             published_ms: now,
             pods: addrs
@@ -1157,6 +1158,7 @@ mod pd_tests {
         r.apply_load_table(
             cfg,
             LoadTable {
+                format: crate::state::load::LOAD_FORMAT,
                 version: 1,
                 published_ms: 100,
                 pods,

@@ -18,6 +18,9 @@
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 mod explain;
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests;
 
 use crate::config::NoEndpointPolicy;
 use crate::headers::DEBUG;

@@ -8,17 +8,24 @@ pub struct Lease {
     pub expires_ms: u64,
 }
 
+/// The lease's format byte: a value of another module version decodes as no lease (and is taken).
+const FORMAT: u8 = 2;
+
 impl Lease {
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.holder.to_le_bytes());
-        out[8..].copy_from_slice(&self.expires_ms.to_le_bytes());
+    pub fn encode(&self) -> [u8; 17] {
+        let mut out = [0u8; 17];
+        out[0] = FORMAT;
+        out[1..9].copy_from_slice(&self.holder.to_le_bytes());
+        out[9..].copy_from_slice(&self.expires_ms.to_le_bytes());
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Lease> {
-        let holder = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
-        let expires_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        if bytes.len() != 17 || bytes.first() != Some(&FORMAT) {
+            return None;
+        }
+        let holder = u64::from_le_bytes(bytes.get(1..9)?.try_into().ok()?);
+        let expires_ms = u64::from_le_bytes(bytes.get(9..17)?.try_into().ok()?);
         Some(Lease { holder, expires_ms })
     }
 }
@@ -55,6 +62,8 @@ mod tests {
         };
         assert_eq!(Lease::decode(&l.encode()), Some(l));
         assert_eq!(Lease::decode(b"short"), None);
+        // The previous module's 16-byte lease is not misread.
+        assert_eq!(Lease::decode(&l.encode()[1..]), None);
     }
 
     #[test]

@@ -51,8 +51,14 @@ impl PodLoad {
     }
 }
 
+/// The table's format: a table another module version wrote decodes as `None` (ignored until this
+/// version's leader publishes).
+pub const LOAD_FORMAT: u32 = 2;
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoadTable {
+    #[serde(default)]
+    pub format: u32,
     pub version: u64,
     pub published_ms: u64,
     pub pods: Vec<PodLoad>,
@@ -75,11 +81,15 @@ impl LoadTable {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let mut table = self.clone();
+        table.format = LOAD_FORMAT;
+        serde_json::to_vec(&table).unwrap_or_default()
     }
 
     pub fn decode(bytes: &[u8]) -> Option<LoadTable> {
-        serde_json::from_slice(bytes).ok()
+        serde_json::from_slice::<LoadTable>(bytes)
+            .ok()
+            .filter(|t| t.format == LOAD_FORMAT)
     }
 }
 
@@ -117,11 +127,17 @@ mod tests {
             "a pod that evicts early"
         );
         let t = LoadTable {
+            format: LOAD_FORMAT,
             version: 3,
             published_ms: 5,
             pods: vec![p],
         };
         assert_eq!(LoadTable::decode(&t.encode()), Some(t));
         assert_eq!(LoadTable::decode(b"junk"), None);
+        assert_eq!(
+            LoadTable::decode(br#"{"version":3,"published_ms":5,"pods":[]}"#),
+            None,
+            "the previous module's table (no format) is not misread"
+        );
     }
 }

@@ -9,7 +9,7 @@
 //!   tag 3  capacity hint: addr:str blocks:u32              ("pod addr evidently keeps only this
 //!          many of our blocks": its response reported fewer cached tokens than the index expected)
 //!   tag 4  eviction: addr:str n:u32 hash:u64 × n           ("pod addr no longer holds these")
-//! page     = seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n  [m:u32 (addr:str n:u32 hash:u64 × n) × m]
+//! page     = format:u8(=2) seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n  [m:u32 (addr:str n:u32 hash:u64 × n) × m]
 //!            the optional tail is the page's evictions, applied after its observations (a module
 //!            without them reads the head and ignores the tail; a page without a tail has none)
 //! str      = len:u16 bytes
@@ -136,9 +136,13 @@ impl Message {
     }
 }
 
+/// The format byte of pages and snapshots: another module version's page decodes as `None` (a
+/// reader then treats it as overwritten and falls back to the snapshot, or skips ahead).
+const PAGE_FORMAT: u8 = 2;
+
 impl Page {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        let mut out = vec![PAGE_FORMAT];
         out.extend_from_slice(&self.seq.to_le_bytes());
         out.extend_from_slice(&(self.observations.len() as u32).to_le_bytes());
         for o in &self.observations {
@@ -155,6 +159,9 @@ impl Page {
 
     pub fn decode(bytes: &[u8]) -> Option<Page> {
         let mut r = Reader { bytes };
+        if r.u8()? != PAGE_FORMAT {
+            return None;
+        }
         let seq = r.u64()?;
         let n = r.u32()? as usize;
         if n > r.bytes.len() {
@@ -252,5 +259,15 @@ mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(Message::decode(&huge), None);
         assert_eq!(Page::decode(&[1, 2, 3]), None);
+        let page = Page {
+            seq: 4,
+            ..Page::default()
+        }
+        .encode();
+        assert_eq!(
+            Page::decode(&page[1..]),
+            None,
+            "a page without the format byte"
+        );
     }
 }

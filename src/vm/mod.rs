@@ -99,6 +99,11 @@ impl Vm {
         self.router.learn(&self.config, first, observed_ms);
     }
 
+    /// Whether this VM holds the lease (polls and publishes).
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_some()
+    }
+
     /// This VM's identity (lease holder id; shown in the debug header).
     pub fn id(&self) -> u64 {
         self.id
@@ -576,3 +581,7 @@ fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {
 fn set_u64(host: &mut dyn Host, key: &str, value: u64) {
     let _ = host.shared_set(key, &value.to_le_bytes(), None);
 }
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+pub(crate) mod tests;

@@ -1,0 +1,217 @@
+//! Several VMs of one Envoy on the fake host: election, publishing and catch-up, the boards under
+//! lost races, and values written by another module version.
+
+use super::*;
+use crate::state::inflight::PodWork;
+use crate::testing::{FakeHost, Store};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+pub const PODS: [&str; 2] = ["10.0.0.1:8000", "10.0.0.2:8000"];
+
+pub fn metrics(model: &str, waiting: u32) -> Vec<u8> {
+    format!(
+        "vllm:num_requests_waiting{{model_name=\"{model}\"}} {waiting}\n\
+         vllm:num_requests_running{{model_name=\"{model}\"}} 0\n\
+         vllm:kv_cache_usage_perc{{model_name=\"{model}\"}} 0.1\n"
+    )
+    .into_bytes()
+}
+
+pub fn config(extra: &str) -> Config {
+    Config::parse(
+        format!(
+            r#"{{"pools":[{{"name":"p","endpoints":["{}","{}"]}}]{extra}}}"#,
+            PODS[0], PODS[1]
+        )
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+pub struct Cluster {
+    pub store: Rc<RefCell<Store>>,
+    pub vms: Vec<(Vm, FakeHost)>,
+}
+
+impl Cluster {
+    pub fn new(config: &Config, n: usize) -> Cluster {
+        let store = Rc::new(RefCell::new(Store::default()));
+        let vms = (0..n)
+            .map(|i| {
+                (
+                    Vm::new(config.clone(), None, 0x1000 + i as u64),
+                    FakeHost::new(&store),
+                )
+            })
+            .collect();
+        Cluster { store, vms }
+    }
+
+    /// Every VM ticks once at its own clock; the leader's polls are answered at once.
+    pub fn tick(&mut self) {
+        for (vm, host) in &mut self.vms {
+            let now = host.now_ms();
+            vm.tick(host, now);
+            for (token, call) in host.take_calls() {
+                if call.path == "/metrics" {
+                    vm.on_call_response(host, token, 200, &metrics("m", 0), now);
+                }
+            }
+        }
+    }
+
+    pub fn advance_ms(&mut self, ms: u64) {
+        for (_, host) in &mut self.vms {
+            host.advance_ms(ms);
+        }
+    }
+
+    pub fn leaders(&self) -> Vec<usize> {
+        (0..self.vms.len())
+            .filter(|i| self.vms[*i].0.is_leader())
+            .collect()
+    }
+
+    /// Ticks until every VM has a load table with both pods.
+    pub fn ready(&mut self) {
+        for _ in 0..5 {
+            self.tick();
+            self.advance_ms(100);
+        }
+        for (vm, _) in &self.vms {
+            assert_eq!(vm.router.load_table().pods.len(), 2);
+        }
+    }
+}
+
+#[test]
+fn one_vm_leads_and_another_takes_over_when_it_stops_ticking() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 3);
+    c.ready();
+    assert_eq!(c.leaders(), vec![0], "the first to tick took the lease");
+    // VM 0 stops ticking (its worker hangs or its VM was reloaded): within the lease the others wait.
+    let (_, rest) = c.vms.split_at_mut(1);
+    for _ in 0..((cfg.leader_lease_ms / 100) + 2) {
+        for (vm, host) in rest.iter_mut() {
+            host.advance_ms(100);
+            let now = host.now_ms();
+            vm.tick(host, now);
+        }
+    }
+    let leaders: Vec<usize> = (1..3).filter(|i| c.vms[*i].0.is_leader()).collect();
+    assert_eq!(leaders.len(), 1, "exactly one successor: {leaders:?}");
+    let successor = leaders[0];
+    assert_eq!(c.vms[successor].1.counter(Counter::LeaderChanges), 1);
+    // The old leader comes back: it finds the lease held and steps down; no split brain.
+    c.advance_ms(100);
+    c.tick();
+    assert_eq!(c.leaders(), vec![successor]);
+}
+
+#[test]
+fn a_vm_a_whole_page_ring_behind_reloads_the_snapshot() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 3);
+    c.ready();
+    let (leader, worker, laggard) = (0, 1, 2);
+    // The worker routes 70 distinct prompts; the leader publishes a page per tick. The laggard
+    // neither ticks nor routes meanwhile.
+    let mut all = Vec::new();
+    for i in 0..70u64 {
+        let hashes: Vec<u64> = (0..4).map(|b| i * 100 + b + 1).collect();
+        let (vm, host) = &mut c.vms[worker];
+        vm.observe(
+            host,
+            Observation {
+                addr: PODS[(i % 2) as usize].to_string(),
+                hashes: hashes.clone(),
+            },
+        );
+        all.push(hashes);
+        let (vm, host) = &mut c.vms[leader];
+        host.advance_ms(50);
+        let now = host.now_ms();
+        vm.tick(host, now);
+    }
+    let head = get_u64(&c.vms[leader].1, PAGE_HEAD_KEY).unwrap();
+    assert!(head >= PAGE_RING + 2, "head {head}");
+    let (vm, host) = &mut c.vms[laggard];
+    assert!(vm.router.applied_page + PAGE_RING < head);
+    vm.sync_pages(host);
+    for hashes in &all {
+        let holders: usize = vm
+            .router
+            .index()
+            .match_lengths(hashes, 64)
+            .iter()
+            .filter(|n| **n == hashes.len())
+            .count();
+        assert_eq!(holders, 1, "{hashes:?} is known after the catch-up");
+    }
+    // It continues from the ring: a few more syncs reach the head.
+    for _ in 0..3 {
+        vm.sync_pages(host);
+    }
+    assert_eq!(vm.router.applied_page, head);
+}
+
+#[test]
+fn a_work_row_that_loses_every_race_is_written_on_the_next_tick() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    c.store.borrow_mut().lose_cas_races = 1000;
+    let (vm, host) = &mut c.vms[1];
+    vm.router.inflight_start(PODS[0]);
+    let now = host.now_ms();
+    vm.write_inflight_row(host, now);
+    let others = |c: &Cluster| {
+        let (bytes, _) = c.vms[0].1.shared_get(INFLIGHT_KEY);
+        Board::decode(&bytes.unwrap_or_default()).others(0x1000, c.vms[0].1.now_ms(), 3000)
+    };
+    assert!(others(&c).get(PODS[0]).is_none(), "every attempt lost");
+    c.store.borrow_mut().lose_cas_races = 0;
+    let (vm, host) = &mut c.vms[1];
+    let now = host.now_ms();
+    vm.tick(host, now);
+    assert_eq!(
+        others(&c).get(PODS[0]).copied(),
+        Some(PodWork {
+            inflight: 1,
+            ..PodWork::default()
+        }),
+        "written as soon as a race is won"
+    );
+}
+
+#[test]
+fn values_another_module_version_wrote_are_never_misread() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    // Before this version's first tick, another version left its values in every key.
+    for key in [
+        LEASE_KEY,
+        LOAD_KEY,
+        INFLIGHT_KEY,
+        FITS_KEY,
+        SNAPSHOT_KEY,
+        &page_key(1),
+    ] {
+        let foreign: &[u8] = b"1 5 10.0.0.1:8000=99\n{\"version\":9,\"pods\":[]}";
+        let (_, host) = &mut c.vms[0];
+        let _ = host.shared_set(key, foreign, None);
+    }
+    set_u64(&mut c.vms[0].1, PAGE_HEAD_KEY, 1);
+    c.ready();
+    assert_eq!(c.leaders().len(), 1, "the unreadable lease was taken");
+    let (vm, host) = &mut c.vms[1];
+    let now = host.now_ms();
+    vm.read_inflight_board(host, now);
+    // The foreign in-flight entry is not counted against the pod ...
+    assert_eq!(vm.router.work(PODS[0]), PodWork::default());
+    // ... and the foreign page is not applied as observations.
+    vm.sync_pages(host);
+    assert_eq!(vm.router.index_entries(), 0);
+}
