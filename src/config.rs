@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(c.prediction.prior.us_per_token, 20.0);
         assert_eq!(
             c.prediction.prior.overhead_ms,
-            crate::cost::Coefficients::default().overhead_ms,
+            crate::scheduler::cost::Coefficients::default().overhead_ms,
             "unset fields keep their defaults"
         );
         assert_eq!(c.block.mode, BlockMode::Tiktoken);

@@ -1,28 +1,28 @@
 //! kvroute: KV-cache-aware routing for LLM model servers, as a Proxy-Wasm plugin.
 //!
-//! Everything but `host` is the pure core: plain data and functions, no proxy-wasm import, tested
-//! natively with `cargo test`. `host` is the thin glue that moves bytes between Envoy and the core.
+//! Everything but `host` is the core: no proxy-wasm import, tested natively with `cargo test`. It
+//! reaches the proxy only through the host port (`port::Host`); `host` implements the port with
+//! proxy-wasm and binds Envoy's callbacks to the core.
+//!
+//! * `flow` — one request's path, from headers to outcome and back (parsing, usage reports)
+//! * `scheduler` — filters, TTFT predictor (with the learned per-pod cost), picker
+//! * `pd` — prefill/decode: the split decision and its inline execution
+//! * `prefix` — block hashing, the prefix index, tiktoken mode
+//! * `router` — one VM's routing state (index, work, fits) and the plan
+//! * `vm` — one VM's state machine: election, polling, publishing, following
+//! * `state` — what VMs share and its encodings
+//! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
 
 pub mod config;
-pub mod cost;
-pub mod discovery;
+pub mod flow;
 pub mod headers;
-pub mod index;
-pub mod leader;
 pub mod metrics;
 pub mod pd;
+pub mod port;
 pub mod prefix;
-pub mod prom;
-pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod state;
-#[cfg(feature = "tiktoken")]
-pub mod tokenize;
-
-pub mod flow;
-pub mod port;
-pub mod usage;
 pub mod vm;
 
 #[cfg(test)]

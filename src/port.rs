@@ -7,8 +7,8 @@
 //! proxy-wasm and keeps only Envoy's callbacks. (Kuadrant's wasm-shim keeps proxy-wasm out of its
 //! logic the same way.)
 
-use crate::cost::Coefficients;
 use crate::metrics::{Counter, Gauge, Histogram};
+use crate::scheduler::cost::Coefficients;
 
 /// A shared-data write lost a compare-and-swap (someone wrote in between), or the host refused it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

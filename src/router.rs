@@ -5,11 +5,11 @@
 //! runs natively in tests.
 
 use crate::config::{BlockMode, Config, Role};
-use crate::cost::{self, Coefficients, CostFit};
-use crate::index::{PrefixIndex, MAX_SLOTS};
+use crate::flow::parse::RequestView;
 pub use crate::pd::{PdOutcome, PdPlan};
+use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
-use crate::request::RequestView;
+use crate::scheduler::cost::{self, Coefficients, CostFit};
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
 use crate::state::fits::PodFit;
 use crate::state::inflight::PodWork;
@@ -694,10 +694,10 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prom::PodMetrics;
-    use crate::request::{parse, Endpoint};
+    use crate::flow::parse::{parse, Endpoint};
     use crate::scheduler::Decision;
     use crate::state::load::PodLoad;
+    use crate::vm::prom::PodMetrics;
 
     fn table(addrs: &[&str], now: u64) -> LoadTable {
         LoadTable {
@@ -1112,8 +1112,8 @@ mod tests {
 #[cfg(test)]
 mod pd_tests {
     use super::*;
-    use crate::prom::PodMetrics;
     use crate::state::load::PodLoad;
+    use crate::vm::prom::PodMetrics;
 
     fn pd_config() -> Config {
         Config::parse(

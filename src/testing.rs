@@ -2,9 +2,9 @@
 //! compare-and-swap, queues) that several VMs' [`FakeHost`] handles share, with a clock the test
 //! moves, recorded HTTP calls, counted metrics, and switches to lose compare-and-swap races.
 
-use crate::cost::Coefficients;
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::port::{Host, HttpCall, WriteRefused};
+use crate::scheduler::cost::Coefficients;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;

@@ -18,9 +18,11 @@
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 mod explain;
+pub mod parse;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests;
+pub mod usage;
 
 use crate::config::NoEndpointPolicy;
 use crate::headers::DEBUG;
@@ -28,7 +30,6 @@ use crate::metrics::{Counter, Histogram};
 use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
 use crate::port::{Host, HttpCall};
-use crate::request::{self, Endpoint};
 use crate::router::{CacheExpectation, CacheVerdict, FirstToken, Plan, Router};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
@@ -36,6 +37,7 @@ use crate::scheduler::slo::{parse_objective, Slo};
 use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
+use parse::Endpoint;
 use serde_json::{Map, Value};
 
 /// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
@@ -237,9 +239,9 @@ impl RequestFlow {
         };
         let inline = vm.config.pd.mode == PdMode::Inline;
         let parsed = if inline {
-            request::parse_object(endpoint, body).map(|(v, o)| (v, Some(o)))
+            parse::parse_object(endpoint, body).map(|(v, o)| (v, Some(o)))
         } else {
-            request::parse(endpoint, body).map(|v| (v, None))
+            parse::parse(endpoint, body).map(|v| (v, None))
         };
         let (view, object) = match parsed {
             Ok(p) => p,
@@ -573,7 +575,7 @@ impl RequestFlow {
     /// checks the index's expectation against it.
     fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
         self.carry.extend_from_slice(chunk);
-        let Some((cached, prompt)) = crate::usage::cache_report(&self.carry) else {
+        let Some((cached, prompt)) = crate::flow::usage::cache_report(&self.carry) else {
             let keep = self.carry.len().saturating_sub(CARRY_BYTES);
             self.carry.drain(..keep);
             return;

@@ -7,9 +7,9 @@ mod filter;
 mod root;
 mod stats;
 
-use crate::cost::Coefficients;
 use crate::metrics::{Counter, Gauge, Histogram};
 use crate::port::{Host, HttpCall, WriteRefused};
+use crate::scheduler::cost::Coefficients;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};

@@ -125,7 +125,7 @@ fn build_tokenizer(config: &Config) -> Result<Option<Box<dyn Tokenizer>>, String
     match config.block.mode {
         BlockMode::Chars => Ok(None),
         #[cfg(feature = "tiktoken")]
-        BlockMode::Tiktoken => crate::tokenize::Tiktoken::new(&config.block.encoding)
+        BlockMode::Tiktoken => crate::prefix::tokenize::Tiktoken::new(&config.block.encoding)
             .map(|t| Some(Box::new(t) as Box<dyn Tokenizer>)),
         #[cfg(not(feature = "tiktoken"))]
         BlockMode::Tiktoken => Err("this build has no tiktoken tables".to_string()),

@@ -1,7 +1,7 @@
 //! Envoy's side of the metrics: each name of `crate::metrics` defined once per VM, recorded by id.
 
-use crate::cost::Coefficients;
 use crate::metrics::{Counter, Gauge, Histogram};
+use crate::scheduler::cost::Coefficients;
 use hashbrown::HashMap;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;

@@ -1,7 +1,7 @@
 //! The predictor: each candidate's time to first token for this request, in milliseconds.
 //!
 //! `ttft = overhead + per_token × (tokens ahead + uncached) + per_decoding × decoding`, with the
-//! pod's learned coefficients (`crate::cost`) and:
+//! pod's learned coefficients (`crate::scheduler::cost`) and:
 //!
 //! * **uncached** — the prompt's tokens minus the leading blocks the index believes the pod holds:
 //!   what this pod would compute for this prompt. Prefix affinity is this term.
@@ -52,7 +52,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PredictionConfig {
-    pub prior: crate::cost::Coefficients,
+    pub prior: crate::scheduler::cost::Coefficients,
     /// How many typical requests the prior is worth against a pod's own observations.
     pub prior_samples: f64,
     /// Predictions within this fraction of the best are equal (rendezvous decides among them).
@@ -61,7 +61,7 @@ pub struct PredictionConfig {
 
 impl Default for PredictionConfig {
     fn default() -> Self {
-        let learning = crate::cost::CostConfig::default();
+        let learning = crate::scheduler::cost::CostConfig::default();
         PredictionConfig {
             prior: learning.prior,
             prior_samples: learning.prior_samples,
@@ -73,8 +73,8 @@ impl Default for PredictionConfig {
 }
 
 impl PredictionConfig {
-    pub fn learning(&self) -> crate::cost::CostConfig {
-        crate::cost::CostConfig {
+    pub fn learning(&self) -> crate::scheduler::cost::CostConfig {
+        crate::scheduler::cost::CostConfig {
             prior: self.prior,
             prior_samples: self.prior_samples,
         }

@@ -13,7 +13,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         inflight: 0.0,
         queued_tokens: 0.0,
         queued_requests: 0.0,
-        cost: crate::cost::Coefficients::default(),
+        cost: crate::scheduler::cost::Coefficients::default(),
         itl_ms: None,
         models: &[],
         matched_blocks: 0,

@@ -2,7 +2,7 @@
 //! they were read. (In-flight requests are not here: they change per request, see `super::inflight`.)
 
 use crate::config::Role;
-use crate::prom::PodMetrics;
+use crate::vm::prom::PodMetrics;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,8 +10,11 @@
 //! was kept while no leader existed, adopt a new load table, expire unseen prefills, rewrite this
 //! VM's work row when due, exchange fits, apply new pages).
 
+pub mod discovery;
+pub mod leader;
+pub mod prom;
+
 use crate::config::Config;
-use crate::leader::{Leader, PollResult};
 use crate::metrics::{Counter, Gauge};
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
@@ -24,6 +27,7 @@ use crate::state::{
     page_key, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
     QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
+use crate::vm::leader::{Leader, PollResult};
 use hashbrown::HashMap;
 
 /// Queue messages the leader handles per tick at most, so one tick never stalls its worker.

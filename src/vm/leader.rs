@@ -3,8 +3,8 @@
 //! the answers.
 
 use crate::config::{Config, Role};
-use crate::prom::{self, PodMetrics};
 use crate::state::load::{LoadTable, PodLoad};
+use crate::vm::prom::{self, PodMetrics};
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +90,7 @@ impl Leader {
                 continue;
             };
             if let (Some(members), Some(slot)) = (
-                crate::discovery::cluster_members(body, cluster),
+                crate::vm::discovery::cluster_members(body, cluster),
                 self.members.get_mut(i),
             ) {
                 *slot = members;

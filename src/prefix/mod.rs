@@ -6,6 +6,10 @@
 //! `cache_salt`, so those must never share a prefix. Only full blocks count, as in vLLM's prefix cache.
 //! Hash: xxh3-64 (`xxh3_64_with_seed(block, previous_hash)`).
 
+pub mod index;
+#[cfg(feature = "tiktoken")]
+pub mod tokenize;
+
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Chain seed for a model and an optional tenant salt.
