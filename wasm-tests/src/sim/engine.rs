@@ -513,3 +513,206 @@ fn emit_token(
         s.aborted = true;
     }
 }
+
+/// A pod's own answer to "what would happen to this prompt if it arrived now" (`POST /sim/probe`):
+/// the truth a perfect-knowledge router routes by. Token counts are the pod's own tokens; times are
+/// simulated milliseconds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProbeEstimate {
+    pub prompt_tokens: usize,
+    /// Prompt tokens this pod's prefix cache holds for the prompt now.
+    pub cached_tokens: usize,
+    /// Prompt tokens it would not compute if admitted after the requests ahead of it: the cache now
+    /// plus the blocks those requests will have computed.
+    pub cached_at_admission_tokens: usize,
+    /// Uncached prefill tokens queued or running ahead of it (running: what is left to compute).
+    pub queued_prefill_tokens: usize,
+    pub running: usize,
+    /// Queued, and waiting for pulled KV.
+    pub waiting: usize,
+    /// Time from now to this request's first token, by stepping the pod's batch with its own cost
+    /// model (the step in progress counted from its estimated start; KV-memory admission limits and
+    /// later arrivals not modelled).
+    pub estimated_ttft_ms: f64,
+    /// The stepping gave up (too many steps); the estimate is a lower bound.
+    pub capped: bool,
+}
+
+/// Most engine steps one probe simulates.
+const PROBE_MAX_STEPS: usize = 100_000;
+
+impl Engine {
+    /// See [`ProbeEstimate`]. `block_hashes` are the prompt's full blocks as the pod hashes them.
+    pub fn probe(
+        &self,
+        prompt_tokens: usize,
+        block_hashes: &[u64],
+        max_tokens: usize,
+    ) -> ProbeEstimate {
+        /// A sequence in the what-if batch: prefill tokens left, tokens still to generate.
+        struct V {
+            prefill: usize,
+            out: usize,
+            probe: bool,
+        }
+        let cfg = &self.cfg;
+        let bs = cfg.block_size;
+        let now = Instant::now();
+        let st = self.lock();
+        let hashable = |prompt: usize, hashes: &[u64]| -> usize {
+            (prompt.saturating_sub(1) / bs).min(hashes.len())
+        };
+        let mine = block_hashes
+            .get(..hashable(prompt_tokens, block_hashes))
+            .unwrap_or_default();
+        let cached_now = st.cache.longest_prefix(mine);
+        let ahead: std::collections::HashSet<u64> = st
+            .running
+            .iter()
+            .chain(&st.transferring)
+            .chain(&st.waiting)
+            .flat_map(|s| s.spec.block_hashes.iter().copied())
+            .collect();
+        let at_admission = mine
+            .iter()
+            .take_while(|h| {
+                st.cache.longest_prefix(std::slice::from_ref(h)) == 1 || ahead.contains(h)
+            })
+            .count();
+
+        // The step in progress: its sequences carry their schedule; it started at the previous step's
+        // end (the last token any of them got) or when its newest sequence could first run.
+        let in_step = |s: &Seq| s.sched_prefill > 0 || s.sched_decode;
+        let step_prefill: usize = st.running.iter().map(|s| s.sched_prefill).sum();
+        let step_decode = st.running.iter().filter(|s| s.sched_decode).count();
+        let mut t_ms = 0.0;
+        let mut running: Vec<V> = Vec::with_capacity(st.running.len() + 1);
+        if st.running.iter().any(in_step) {
+            let dur = cfg.to_wall(cfg.step_time(step_prefill, step_decode));
+            let started = st
+                .running
+                .iter()
+                .flat_map(|s| [s.last_token, Some(s.eligible)])
+                .flatten()
+                .max();
+            let left = match started {
+                Some(start) => (start + dur).saturating_duration_since(now).min(dur),
+                None => dur,
+            };
+            t_ms += cfg.to_sim_secs(left) * 1e3;
+        }
+        for s in &st.running {
+            let mut prefill = s.prefill_remaining;
+            let mut out = s.spec.max_tokens.saturating_sub(s.generated);
+            if s.sched_prefill > 0 {
+                prefill = prefill.saturating_sub(s.sched_prefill);
+                if prefill == 0 {
+                    out = out.saturating_sub(1);
+                }
+            } else if s.sched_decode {
+                out = out.saturating_sub(1);
+            }
+            if out > 0 {
+                running.push(V {
+                    prefill,
+                    out,
+                    probe: false,
+                });
+            }
+        }
+        let uncached = |prompt: usize, cached_blocks: usize| {
+            let left = prompt.saturating_sub(cached_blocks * bs);
+            if left <= 1 {
+                0
+            } else {
+                left
+            }
+        };
+        let mut queue: std::collections::VecDeque<V> = st
+            .transferring
+            .iter()
+            .map(|s| V {
+                prefill: 0,
+                out: s.spec.max_tokens.max(1),
+                probe: false,
+            })
+            .collect();
+        for s in &st.waiting {
+            let hashes = s
+                .spec
+                .block_hashes
+                .get(..hashable(s.spec.prompt_tokens, &s.spec.block_hashes))
+                .unwrap_or_default();
+            queue.push_back(V {
+                prefill: uncached(s.spec.prompt_tokens, st.cache.longest_prefix(hashes)),
+                out: s.spec.max_tokens.max(1),
+                probe: false,
+            });
+        }
+        let queued_prefill_tokens = running.iter().map(|v| v.prefill).sum::<usize>()
+            + queue.iter().map(|v| v.prefill).sum::<usize>();
+        let (n_running, n_waiting) = (st.running.len(), st.waiting.len() + st.transferring.len());
+        drop(st);
+        queue.push_back(V {
+            prefill: uncached(prompt_tokens, at_admission),
+            out: max_tokens.max(1),
+            probe: true,
+        });
+
+        let mut capped = true;
+        'steps: for _ in 0..PROBE_MAX_STEPS {
+            while running.len() < cfg.max_num_seqs {
+                let Some(v) = queue.pop_front() else { break };
+                running.push(v);
+            }
+            if running.is_empty() {
+                capped = false;
+                break;
+            }
+            let mut budget = match cfg.chunked_prefill_tokens {
+                0 => usize::MAX,
+                n => n,
+            };
+            let mut sched: Vec<usize> = Vec::with_capacity(running.len());
+            let (mut prefill_tokens, mut decoding) = (0, 0);
+            for v in &running {
+                if v.prefill > 0 {
+                    let n = v.prefill.min(budget);
+                    budget -= n;
+                    prefill_tokens += n;
+                    sched.push(n);
+                } else {
+                    decoding += 1;
+                    sched.push(0);
+                }
+            }
+            t_ms += cfg.step_time(prefill_tokens, decoding).as_secs_f64() * 1e3;
+            for (v, n) in running.iter_mut().zip(sched) {
+                let token = if v.prefill > 0 {
+                    v.prefill -= n;
+                    n > 0 && v.prefill == 0
+                } else {
+                    true
+                };
+                if token {
+                    if v.probe {
+                        capped = false;
+                        break 'steps;
+                    }
+                    v.out -= 1;
+                }
+            }
+            running.retain(|v| v.out > 0);
+        }
+        ProbeEstimate {
+            prompt_tokens,
+            cached_tokens: cached_now * bs,
+            cached_at_admission_tokens: at_admission * bs,
+            queued_prefill_tokens,
+            running: n_running,
+            waiting: n_waiting,
+            estimated_ttft_ms: t_ms,
+            capped,
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod net;
 mod pod;
+mod probe;
 mod request;
 mod tokens;
 
