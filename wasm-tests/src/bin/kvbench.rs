@@ -486,6 +486,10 @@ struct ComparePdArgs {
     /// agent: simulated seconds sent but not measured (cold caches)
     #[arg(long, default_value_t = compare_pd::AGENT_WARMUP)]
     agent_warmup: f64,
+    /// Leave out the round-robin P/D baselines (a plain Envoy; the client round-robins prefill and
+    /// decode pods, splitting every request, or only prompts over 512 words)
+    #[arg(long)]
+    no_baselines: bool,
     /// agent: leave out the control row (the aggregated pods with kvroute's prefix scorer weighted
     /// 6 against 1 per load scorer)
     #[arg(long)]
@@ -806,7 +810,14 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
                 args.seed,
             ),
             warmup_s: args.interference_warmup,
-            setups: setups(args.interference_gpus),
+            setups: {
+                let mut rows = setups(args.interference_gpus);
+                if !args.no_baselines {
+                    let (_, p, d) = args.interference_gpus;
+                    rows.extend(compare_pd::round_robin_baselines(p, d));
+                }
+                rows
+            },
         });
     }
     if matches!(args.scenario, PdScenarioArg::Agent | PdScenarioArg::All) {
@@ -825,6 +836,10 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
             warmup_s: args.agent_warmup,
             setups: {
                 let mut rows = setups(args.agent_gpus);
+                if !args.no_baselines {
+                    let (_, p, d) = args.agent_gpus;
+                    rows.extend(compare_pd::round_robin_baselines(p, d));
+                }
                 if !args.no_control {
                     rows.push(compare_pd::prefix_weighted_control(args.agent_gpus.0));
                 }
