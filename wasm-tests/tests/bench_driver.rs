@@ -68,7 +68,7 @@ fn messages(body: &Value) -> Vec<(String, String)> {
 }
 
 fn all_kinds() -> Vec<WorkloadKind> {
-    ["multi-tenant", "multi-turn", "agent"]
+    WorkloadKind::NAMES
         .iter()
         .map(|n| WorkloadKind::from_name(n).expect("known"))
         .collect()

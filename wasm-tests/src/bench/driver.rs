@@ -613,3 +613,18 @@ pub async fn drive_with(
         wall: wall_time,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predicted_ttft_is_read_from_the_debug_header() {
+        let line = "pod=127.0.0.1:1; reason=load; predicted_ttft_ms=412.5; score=0.3";
+        assert_eq!(predicted_ttft_ms(line), Some(412.5));
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=7"), Some(7.0));
+        assert_eq!(predicted_ttft_ms("pod=a; reason=prefix"), None, "absent");
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=soon"), None);
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=-1"), None);
+    }
+}

@@ -321,3 +321,123 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
     let _ = writeln!(out, "{}", verdict_line(verdict));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::driver::RequestRecord;
+    use crate::bench::workload::{Load, WorkloadKind, WorkloadSpec};
+
+    #[test]
+    fn spread_is_the_median_and_the_range() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!(
+            (s.n, s.median, s.min, s.max),
+            (3, Some(2.0), Some(1.0), Some(3.0))
+        );
+        let even = Spread::of(&[4.0, 1.0, 2.0, 10.0]);
+        assert_eq!(even.median, Some(3.0), "the mean of the middle two");
+        let none = Spread::of(&[f64::NAN]);
+        assert_eq!((none.n, none.median), (0, None));
+        assert_eq!(s.render(0, 1.0), "2 [1–3]");
+        assert_eq!(Spread::of(&[0.5]).render(1, 100.0), "50.0");
+        assert_eq!(none.render(0, 1.0), "-");
+        assert_eq!(
+            Spread::of_options(&[Some(1.0), None, Some(3.0)]).median,
+            Some(2.0)
+        );
+    }
+
+    /// A report whose successful requests have these TTFTs (simulated = wall seconds).
+    fn report(seed: u64, ttfts_s: &[f64]) -> RunReport {
+        report_predicted(seed, ttfts_s, false)
+    }
+
+    /// With `predicted`, seed 1's requests carry a prediction 10% high.
+    fn report_predicted(seed: u64, ttfts_s: &[f64], predicted: bool) -> RunReport {
+        let mut spec = WorkloadSpec::new(
+            WorkloadKind::from_name("multi-tenant").expect("known"),
+            Load::Open { rate: 1.0 },
+        );
+        spec.seed = seed;
+        let records: Vec<RequestRecord> = ttfts_s
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| RequestRecord {
+                index: i as u64,
+                ttft_s: Some(t),
+                e2e_s: Some(t + 1.0),
+                status: Some(200),
+                ok: true,
+                sent: true,
+                predicted_ttft_ms: (predicted && seed == 1).then_some(t * 1000.0 * 1.1),
+                ..RequestRecord::default()
+            })
+            .collect();
+        RunReport::build(&spec, 1.0, 100.0, &records, Vec::new())
+    }
+
+    #[test]
+    fn summaries_take_medians_over_seeds_and_judge_the_ratios() {
+        // p90 of n equal values is that value.
+        let runs: Vec<Vec<(String, RunReport)>> = (1..=3)
+            .map(|seed| {
+                let k = seed as f64;
+                vec![
+                    (
+                        "kvroute".to_owned(),
+                        report_predicted(seed, &[1.0 * k; 10], true),
+                    ),
+                    ("round-robin".to_owned(), report(seed, &[2.0 * k; 10])),
+                    ("least-request".to_owned(), report(seed, &[3.0; 10])),
+                    ("perfect-knowledge".to_owned(), report(seed, &[0.9 * k; 10])),
+                ]
+            })
+            .collect();
+        let s = summarize(&runs);
+        assert_eq!(s.len(), 4);
+        assert_eq!(s[0].label, "kvroute");
+        assert_eq!(s[0].seeds, vec![1, 2, 3]);
+        let p90 = s[0].ttft_p90_ms;
+        assert_eq!(p90.median.map(f64::round), Some(2000.0));
+        assert_eq!(p90.min.map(f64::round), Some(1000.0));
+        assert_eq!(p90.max.map(f64::round), Some(3000.0));
+        assert_eq!(s[0].ok.median, Some(10.0));
+        // Only seed 1 carried predictions, 10% high.
+        assert_eq!(s[0].prediction_error.n, 1);
+        assert!((s[0].prediction_error.median.expect("one") - 0.1).abs() < 1e-9);
+        assert_eq!(s[1].prediction_error.n, 0);
+        let v = verdict("multi-tenant", &runs, &s);
+        assert_eq!(v.checks.len(), 4);
+        assert_eq!(v.checks[0].met, Some(true), "{:?}", v.checks[0]);
+        assert_eq!(v.checks[1].met, Some(true), "2 s vs 3 s");
+        assert_eq!(v.checks[2].met, Some(true), "1/0.9 ≤ 1.25");
+        assert_eq!(v.checks[3].met, Some(false), "2× is not 4× lower");
+        assert_eq!(v.met, Some(false));
+        assert!(verdict_line(&v).starts_with("VERDICT multi-tenant: not met"));
+        let per_seed = v.checks[0].per_seed;
+        assert_eq!(per_seed.n, 3);
+        assert!((per_seed.median.expect("3") - 0.5).abs() < 1e-9);
+        let text = render_summary("multi-tenant", &s, &v);
+        assert!(text.contains("NOT MET"), "{text}");
+        assert!(text.contains("10%"), "{text}");
+        // Without the bound's row the verdict cannot be complete.
+        let partial: Vec<Vec<(String, RunReport)>> = runs
+            .iter()
+            .map(|r| r.iter().take(3).cloned().collect())
+            .collect();
+        let sp = summarize(&partial);
+        let v = verdict("shared-agent", &partial, &sp);
+        assert_eq!(v.met, None);
+        assert!(verdict_line(&v).contains("incomplete"));
+        assert!(render_summary("shared-agent", &sp, &v).contains("not measured"));
+    }
+
+    #[test]
+    fn kvroute_without_predictions_reads_n_a() {
+        let runs = vec![vec![("kvroute".to_owned(), report(2, &[1.0; 4]))]];
+        let s = summarize(&runs);
+        let v = verdict("agent", &runs, &s);
+        assert!(render_summary("agent", &s, &v).contains("n/a"));
+    }
+}

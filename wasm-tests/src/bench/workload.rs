@@ -1054,3 +1054,174 @@ fn agent_step(seed: u64, vocab: &Vocab, p: &AgentParams, id: u64, t: u32) -> (St
     };
     (tool, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, load: Load, seed: u64) -> WorkloadSpec {
+        let mut s = WorkloadSpec::new(WorkloadKind::from_name(name).expect("known"), load);
+        s.seed = seed;
+        s.duration_s = 30.0;
+        s.max_requests = Some(40);
+        s
+    }
+
+    /// Every request of a run: slot and body.
+    fn generate(spec: &WorkloadSpec) -> Vec<(Slot, PlannedRequest)> {
+        let mut gen = WorkloadGen::new(spec).expect("valid");
+        let mut out = Vec::new();
+        while let Some(slot) = gen.next_slot() {
+            let plan = gen.build_request(&slot);
+            gen.record_reply(&slot, None);
+            out.push((slot, plan));
+        }
+        out
+    }
+
+    const NEW: [&str; 4] = [
+        "shared-agent",
+        "long-unique",
+        "multi-tenant-stall",
+        "unequal-pool",
+    ];
+
+    #[test]
+    fn every_name_round_trips() {
+        for name in WorkloadKind::NAMES {
+            assert_eq!(WorkloadKind::from_name(name).expect("known").name(), name);
+        }
+        assert!(WorkloadKind::from_name("nope").is_err());
+    }
+
+    #[test]
+    fn new_workloads_are_pure_functions_of_the_seed() {
+        for name in NEW {
+            let load = Load::Open { rate: 2.0 };
+            let a = generate(&spec(name, load, 7));
+            let b = generate(&spec(name, load, 7));
+            let c = generate(&spec(name, load, 8));
+            assert!(!a.is_empty(), "{name}");
+            let bodies = |v: &[(Slot, PlannedRequest)]| -> Vec<Value> {
+                v.iter().map(|(_, p)| p.body.clone()).collect()
+            };
+            let slots = |v: &[(Slot, PlannedRequest)]| -> Vec<Slot> {
+                v.iter().map(|(s, _)| s.clone()).collect()
+            };
+            assert_eq!(slots(&a), slots(&b), "{name}");
+            assert_eq!(bodies(&a), bodies(&b), "{name}");
+            assert_ne!(bodies(&a), bodies(&c), "{name}: another seed, other text");
+            let w = WorkloadGen::new(&spec(name, load, 7)).expect("valid");
+            let w2 = WorkloadGen::new(&spec(name, load, 7)).expect("valid");
+            assert_eq!(w.prewarm_bodies(), w2.prewarm_bodies(), "{name}");
+        }
+    }
+
+    #[test]
+    fn shared_agent_calls_share_the_prewarmed_prefix_and_bring_their_own_context() {
+        let s = spec("shared-agent", Load::Closed { concurrency: 24 }, 3);
+        let reqs = generate(&s);
+        let p = SharedAgentParams::default();
+        let gen = WorkloadGen::new(&s).expect("valid");
+        let warm = gen.prewarm_bodies();
+        assert_eq!(warm.len(), 1);
+        assert_eq!(warm[0]["stream"], false);
+        assert_eq!(warm[0]["max_tokens"], 1);
+        let prefix = warm[0]["messages"][0]["content"].as_str().expect("text");
+        assert_eq!(word_count(prefix), p.prefix_words);
+        let mut contexts = std::collections::HashSet::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(slot.session, format!("call-{}", slot.index));
+            assert_eq!(plan.messages.len(), 2);
+            assert_eq!(plan.messages[0].role, "system");
+            assert_eq!(
+                plan.messages[0].content, prefix,
+                "every call starts with the prefix"
+            );
+            let n = word_count(&plan.messages[1].content);
+            assert!((p.context_words.0..=p.context_words.1).contains(&n), "{n}");
+            assert!((p.max_tokens.0..=p.max_tokens.1).contains(&plan.max_tokens));
+            assert!(contexts.insert(plan.messages[1].content.clone()), "unique");
+        }
+        assert!(!gen.is_sequential());
+    }
+
+    #[test]
+    fn long_unique_mixes_rare_8000_word_prompts_into_streams() {
+        let mut s = spec("long-unique", Load::Open { rate: 2.6 }, 1);
+        s.max_requests = Some(400);
+        s.duration_s = 1000.0;
+        let reqs = generate(&s);
+        let p = InterferenceParams::long_unique();
+        let long: Vec<_> = reqs
+            .iter()
+            .filter(|(s, _)| InterferenceParams::is_long_session(&s.session))
+            .collect();
+        let share = long.len() as f64 / reqs.len() as f64;
+        assert!((0.03..0.15).contains(&share), "{share}");
+        for (_, plan) in &long {
+            assert_eq!(plan.prompt_words, 8000);
+            assert!((p.long_max_tokens.0..=p.long_max_tokens.1).contains(&plan.max_tokens));
+        }
+        for (slot, plan) in &reqs {
+            if InterferenceParams::is_stream_session(&slot.session) {
+                assert!((50..=150).contains(&plan.prompt_words));
+                assert!((400..=800).contains(&plan.max_tokens));
+            }
+        }
+        assert_eq!(s.workload.name(), "long-unique");
+    }
+
+    #[test]
+    fn multi_tenant_stall_has_12_long_system_prompts_and_short_questions() {
+        let mut s = spec("multi-tenant-stall", Load::Open { rate: 4.0 }, 2);
+        s.max_requests = Some(200);
+        s.duration_s = 1000.0;
+        let reqs = generate(&s);
+        let mut systems = std::collections::HashMap::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(word_count(&plan.messages[0].content), 6000);
+            let q = word_count(&plan.messages[1].content);
+            assert!((20..=60).contains(&q), "{q}");
+            let prev = systems.insert(slot.session.clone(), plan.messages[0].content.clone());
+            if let Some(prev) = prev {
+                assert_eq!(prev, plan.messages[0].content, "a tenant keeps its prompt");
+            }
+        }
+        assert_eq!(systems.len(), 12);
+        assert!(WorkloadGen::new(&s)
+            .expect("valid")
+            .prewarm_bodies()
+            .is_empty());
+    }
+
+    #[test]
+    fn unequal_pool_prompts_are_unique_and_in_range() {
+        let reqs = generate(&spec("unequal-pool", Load::Open { rate: 2.0 }, 5));
+        let mut seen = std::collections::HashSet::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(slot.session, format!("req-{}", slot.index));
+            assert!((2000..=4000).contains(&plan.prompt_words));
+            assert!((64..=256).contains(&plan.max_tokens));
+            assert!(seen.insert(plan.messages[0].content.clone()));
+        }
+    }
+
+    #[test]
+    fn new_workloads_reject_empty_ranges() {
+        let bad = WorkloadKind::SharedAgent(SharedAgentParams {
+            context_words: (10, 5),
+            ..SharedAgentParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Closed { concurrency: 1 })
+            .validate()
+            .is_err());
+        let bad = WorkloadKind::UnequalPool(UniqueParams {
+            max_tokens: (9, 1),
+            ..UniqueParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Open { rate: 1.0 })
+            .validate()
+            .is_err());
+    }
+}

@@ -649,7 +649,12 @@ impl Engine {
                 probe: false,
             });
         }
-        let queued_prefill_tokens = running.iter().map(|v| v.prefill).sum::<usize>()
+        // Running prefills count whole, the step in progress included: that work is still ahead.
+        let queued_prefill_tokens = st
+            .running
+            .iter()
+            .map(|s| s.prefill_remaining)
+            .sum::<usize>()
             + queue.iter().map(|v| v.prefill).sum::<usize>();
         let (n_running, n_waiting) = (st.running.len(), st.waiting.len() + st.transferring.len());
         drop(st);
