@@ -447,7 +447,7 @@ pub async fn compare(
         );
         let drive = driver::DriveOptions {
             router: (policy == Policy::Oracle)
-                .then(|| Arc::new(ClientRouter::oracle(stack.pods.clone()))),
+                .then(|| Arc::new(ClientRouter::oracle(stack.pods.clone(), opts.time_scale))),
         };
         let report = run_after_warmup_with(
             &stack.url(),

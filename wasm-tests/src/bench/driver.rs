@@ -215,6 +215,7 @@ async fn execute(
     url: &str,
     session_header: Option<(&HeaderName, HeaderValue)>,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
+    hold: Option<tokio::sync::OwnedMutexGuard<()>>,
     body: Vec<u8>,
     api: Api,
     start: Instant,
@@ -230,7 +231,10 @@ async fn execute(
     for (name, value) in extra_headers {
         rb = rb.header(name, value);
     }
-    let resp = match rb.send().await {
+    let sent = rb.send().await;
+    // The request has reached its pod (or failed): a client-side router may decide the next one.
+    drop(hold);
+    let resp = match sent {
         Ok(r) => r,
         Err(e) => {
             let class = if e.is_connect() { "connect" } else { "send" };
@@ -243,11 +247,14 @@ async fn execute(
         .get(POD_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    m.predicted_ttft_ms = resp
+    if let Some(p) = resp
         .headers()
         .get(DEBUG_HEADER)
         .and_then(|v| v.to_str().ok())
-        .and_then(predicted_ttft_ms);
+        .and_then(predicted_ttft_ms)
+    {
+        m.predicted_ttft_ms = Some(p);
+    }
     if resp.status() != reqwest::StatusCode::OK {
         let class = format!("http {}", resp.status().as_u16());
         let detail = resp
@@ -377,6 +384,7 @@ impl Shared {
         match serde_json::to_vec(&plan.body) {
             Ok(mut body) => {
                 let mut extra_headers = Vec::new();
+                let mut hold = None;
                 if let Some(router) = &self.router {
                     let routed = router
                         .route(
@@ -394,6 +402,8 @@ impl Shared {
                         }
                     }
                     extra_headers = routed.headers;
+                    m.predicted_ttft_ms = routed.predicted_ttft_ms;
+                    hold = routed.hold;
                     if let Some(b) = routed.body {
                         body = b;
                     }
@@ -407,6 +417,7 @@ impl Shared {
                     &self.url,
                     header,
                     extra_headers,
+                    hold,
                     body,
                     self.api,
                     start,

@@ -7,7 +7,11 @@
 //!   (`POST /sim/probe`, in parallel) for its true cache contents, queue and its own estimate of
 //!   this request's time to first token from its real cost model, and pick the earliest first token.
 //!   The probes' time is not counted in the request's latency (the bound routes for free); a probe
-//!   failure sends that request round-robin.
+//!   failure sends that request round-robin. Decisions are taken one at a time: the next request's
+//!   probes wait until the previous request has reached its pod (its response headers are back), so
+//!   every probe sees every earlier decision. Without that, the requests of a closed loop that end
+//!   in the same engine step (a batch finishes together) all saw the same pool and all went to the
+//!   same pod.
 //! * [`ClientRouter::PdRoundRobin`]: the prefill/decode baseline. Round-robin over the prefill pods
 //!   and, independently, over the decode pods; a request that is split (every request with
 //!   [`PdSplit::Always`], prompts longer than a threshold with [`PdSplit::Selective`]) is first sent
@@ -58,6 +62,12 @@ pub struct Routed {
     pub body: Option<Vec<u8>>,
     /// Restart the request's clock after routing (the routing time is not the request's latency).
     pub restart_clock: bool,
+    /// The router's own TTFT prediction for the request, wall-clock ms (the oracle: the chosen
+    /// pod's estimate), reported like kvroute's when the response carries none.
+    pub predicted_ttft_ms: Option<f64>,
+    /// Held until the request has reached its pod (the driver drops it when the response headers
+    /// arrive): the oracle's next decision waits for it.
+    pub hold: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// Counters of one router over a run.
@@ -94,9 +104,13 @@ pub enum ClientRouter {
     Oracle {
         /// `ip:port` of every pod in Envoy's pool.
         pods: Vec<String>,
+        /// The simulator's time scale (the pods' estimates are simulated time).
+        time_scale: f64,
         next: AtomicUsize,
         /// Wall-clock limit of one probe.
         probe_timeout: Duration,
+        /// One decision at a time (see the module documentation).
+        turn: std::sync::Arc<tokio::sync::Mutex<()>>,
         counters: RouterCounters,
     },
     PdRoundRobin {
@@ -150,11 +164,13 @@ pub fn earliest(answers: &[Option<f64>], start: usize) -> Option<usize> {
 
 impl ClientRouter {
     /// The perfect-knowledge router over `pods`.
-    pub fn oracle(pods: Vec<String>) -> Self {
+    pub fn oracle(pods: Vec<String>, time_scale: f64) -> Self {
         ClientRouter::Oracle {
             pods,
+            time_scale,
             next: AtomicUsize::new(0),
             probe_timeout: Duration::from_secs(5),
+            turn: std::sync::Arc::new(tokio::sync::Mutex::new(())),
             counters: RouterCounters::default(),
         }
     }
@@ -198,21 +214,24 @@ impl ClientRouter {
         match self {
             ClientRouter::Oracle {
                 pods,
+                time_scale,
                 next,
                 probe_timeout,
+                turn,
                 counters,
             } => {
                 counters.routed.fetch_add(1, Ordering::Relaxed);
+                let hold = turn.clone().lock_owned().await;
                 let start = next.fetch_add(1, Ordering::Relaxed);
                 let probes = pods
                     .iter()
                     .map(|pod| probe(client, pod, body, *probe_timeout));
                 let answers = futures::future::join_all(probes).await;
-                let pod = match earliest(&answers, start % pods.len().max(1)) {
-                    Some(i) => pods.get(i),
+                let (pod, estimate) = match earliest(&answers, start % pods.len().max(1)) {
+                    Some(i) => (pods.get(i), answers.get(i).copied().flatten()),
                     None => {
                         counters.probe_fallbacks.fetch_add(1, Ordering::Relaxed);
-                        pods.get(start % pods.len().max(1))
+                        (pods.get(start % pods.len().max(1)), None)
                     }
                 };
                 Routed {
@@ -222,6 +241,8 @@ impl ClientRouter {
                         .collect(),
                     body: None,
                     restart_clock: true,
+                    predicted_ttft_ms: estimate.map(|ms| ms * time_scale),
+                    hold: Some(hold),
                 }
             }
             ClientRouter::PdRoundRobin {
@@ -264,7 +285,7 @@ impl ClientRouter {
                         Routed {
                             headers,
                             body: Some(decode_body),
-                            restart_clock: false,
+                            ..Routed::default()
                         }
                     }
                     Err(_) => {

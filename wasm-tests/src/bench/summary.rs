@@ -250,7 +250,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "== {workload}: median [min–max] over seeds {} (simulated ms; hit% from pod counters; pred err = median |predicted − observed| / observed TTFT, wall clock) ==",
+        "== {workload}: median [min–max] over seeds {} (simulated ms; hit% from pod counters; pred err = median |predicted − observed| / observed TTFT, wall clock: kvroute's predicted_ttft_ms, the bound's chosen-pod estimate) ==",
         seeds.join(", ")
     );
     let head = [
@@ -266,7 +266,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
             s.cache_hit_ratio.render(1, 100.0),
             s.ok.render(0, 1.0),
             if s.prediction_error.n == 0 {
-                if s.label == Policy::Kvroute.label() {
+                if s.label == Policy::Kvroute.label() || s.label == Policy::Oracle.label() {
                     "n/a".to_owned()
                 } else {
                     "-".to_owned()
