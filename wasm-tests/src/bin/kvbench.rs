@@ -95,7 +95,8 @@ struct RunArgs {
     /// Base URL of the target, e.g. http://127.0.0.1:10000
     #[arg(long)]
     target: String,
-    /// Pods whose /metrics are scraped for the cache-hit ratio: ip:port,ip:port
+    /// Pods whose /metrics are scraped for the cache-hit ratio (and, for shared-agent, which get
+    /// the shared prefix first): ip:port,ip:port
     #[arg(long, value_delimiter = ',')]
     pods: Vec<String>,
     #[arg(long, value_enum)]
@@ -639,6 +640,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .label
                 .clone()
                 .unwrap_or_else(|| spec.workload.name().to_owned());
+            // What the workload says every pod holds (shared-agent's prefix), on the pods given.
+            let prewarm = wasm_tests::bench::workload::WorkloadGen::new(&spec)?.prewarm_bodies();
+            compare::prewarm_pods(&args.pods, spec.api, &prewarm).await?;
             let report = run(&args.target, &args.pods, &spec, args.time_scale).await?;
             let rows = [(label, report)];
             print!("{}", render_table(&rows));
