@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::routing::ClientRouter;
+use super::routing::{ClientRouter, OracleObjective};
 use super::workload::WorkloadGen;
 use super::{
     driver, metrics, render_json, render_table, run, Api, Load, RunReport, WorkloadKind,
@@ -40,23 +40,29 @@ pub enum Policy {
     /// `x-gateway-destination-endpoint`; a plain Envoy with `override_host` (no plugin) forwards it
     /// (see [`routing`](super::routing)).
     Oracle,
+    /// The same, minimising each request's TTFT plus the wait it adds to the requests queued on the
+    /// pod ([`OracleObjective::TotalWait`]); not in the verdicts.
+    OracleTotal,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::Kvroute,
         Policy::RoundRobin,
         Policy::LeastRequest,
         Policy::Oracle,
+        Policy::OracleTotal,
     ];
 
-    /// The row label: `kvroute`, `round-robin`, `least-request`, `perfect-knowledge`.
+    /// The row label: `kvroute`, `round-robin`, `least-request`, `perfect-knowledge`,
+    /// `perfect-knowledge-total`.
     pub fn label(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
             Policy::RoundRobin => "round-robin",
             Policy::LeastRequest => "least-request",
             Policy::Oracle => "perfect-knowledge",
+            Policy::OracleTotal => "perfect-knowledge-total",
         }
     }
 
@@ -66,14 +72,14 @@ impl Policy {
             .find(|p| p.label() == name)
             .ok_or_else(|| {
                 anyhow!(
-                    "unknown policy {name:?} (kvroute, round-robin, least-request, perfect-knowledge)"
+                    "unknown policy {name:?} (kvroute, round-robin, least-request, perfect-knowledge, perfect-knowledge-total)"
                 )
             })
     }
 
     pub fn lb(self) -> Lb {
         match self {
-            Policy::Kvroute | Policy::Oracle => Lb::OverrideHost,
+            Policy::Kvroute | Policy::Oracle | Policy::OracleTotal => Lb::OverrideHost,
             Policy::RoundRobin => Lb::RoundRobin,
             Policy::LeastRequest => Lb::LeastRequest,
         }
@@ -445,9 +451,14 @@ pub async fn compare(
             spec.duration_s,
             spec.duration_s * opts.time_scale
         );
+        let objective = match policy {
+            Policy::Oracle => Some(OracleObjective::OwnTtft),
+            Policy::OracleTotal => Some(OracleObjective::TotalWait),
+            _ => None,
+        };
         let drive = driver::DriveOptions {
-            router: (policy == Policy::Oracle)
-                .then(|| Arc::new(ClientRouter::oracle(stack.pods.clone(), opts.time_scale))),
+            router: objective
+                .map(|o| Arc::new(ClientRouter::oracle(stack.pods.clone(), opts.time_scale, o))),
         };
         let report = run_after_warmup_with(
             &stack.url(),

@@ -11,7 +11,10 @@
 //!   probes wait until the previous request has reached its pod (its response headers are back), so
 //!   every probe sees every earlier decision. Without that, the requests of a closed loop that end
 //!   in the same engine step (a batch finishes together) all saw the same pool and all went to the
-//!   same pod.
+//!   same pod. With [`OracleObjective::TotalWait`] it minimises instead the request's own first
+//!   token plus the delay it adds to the requests already on the pod that have no first token yet
+//!   (`added_wait_ms`: a prefill that joins their step lengthens it): greedy on the sum, which under
+//!   saturation is the stronger reference.
 //! * [`ClientRouter::PdRoundRobin`]: the prefill/decode baseline. Round-robin over the prefill pods
 //!   and, independently, over the decode pods; a request that is split (every request with
 //!   [`PdSplit::Always`], prompts longer than a threshold with [`PdSplit::Selective`]) is first sent
@@ -51,6 +54,16 @@ impl PdSplit {
             PdSplit::Selective { threshold_tokens } => format!("selective >{threshold_tokens}"),
         }
     }
+}
+
+/// What the perfect-knowledge router minimises per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OracleObjective {
+    /// The request's own time to first token (`estimated_ttft_ms`).
+    OwnTtft,
+    /// Its own TTFT plus the wait it adds to the requests queued on the pod (`added_wait_ms`).
+    TotalWait,
 }
 
 /// What the router decided for one request.
@@ -106,6 +119,7 @@ pub enum ClientRouter {
         pods: Vec<String>,
         /// The simulator's time scale (the pods' estimates are simulated time).
         time_scale: f64,
+        objective: OracleObjective,
         next: AtomicUsize,
         /// Wall-clock limit of one probe.
         probe_timeout: Duration,
@@ -164,10 +178,11 @@ pub fn earliest(answers: &[Option<f64>], start: usize) -> Option<usize> {
 
 impl ClientRouter {
     /// The perfect-knowledge router over `pods`.
-    pub fn oracle(pods: Vec<String>, time_scale: f64) -> Self {
+    pub fn oracle(pods: Vec<String>, time_scale: f64, objective: OracleObjective) -> Self {
         ClientRouter::Oracle {
             pods,
             time_scale,
+            objective,
             next: AtomicUsize::new(0),
             probe_timeout: Duration::from_secs(5),
             turn: std::sync::Arc::new(tokio::sync::Mutex::new(())),
@@ -215,6 +230,7 @@ impl ClientRouter {
             ClientRouter::Oracle {
                 pods,
                 time_scale,
+                objective,
                 next,
                 probe_timeout,
                 turn,
@@ -227,8 +243,17 @@ impl ClientRouter {
                     .iter()
                     .map(|pod| probe(client, pod, body, *probe_timeout));
                 let answers = futures::future::join_all(probes).await;
-                let (pod, estimate) = match earliest(&answers, start % pods.len().max(1)) {
-                    Some(i) => (pods.get(i), answers.get(i).copied().flatten()),
+                let scores: Vec<Option<f64>> = answers
+                    .iter()
+                    .map(|a| {
+                        a.map(|(ttft, added)| match objective {
+                            OracleObjective::OwnTtft => ttft,
+                            OracleObjective::TotalWait => ttft + added,
+                        })
+                    })
+                    .collect();
+                let (pod, estimate) = match earliest(&scores, start % pods.len().max(1)) {
+                    Some(i) => (pods.get(i), answers.get(i).copied().flatten().map(|a| a.0)),
                     None => {
                         counters.probe_fallbacks.fetch_add(1, Ordering::Relaxed);
                         (pods.get(start % pods.len().max(1)), None)
@@ -301,8 +326,13 @@ impl ClientRouter {
     }
 }
 
-/// One probe's estimated TTFT (simulated ms), `None` on any failure.
-async fn probe(client: &reqwest::Client, pod: &str, body: &[u8], timeout: Duration) -> Option<f64> {
+/// One probe's estimated TTFT and the wait it adds to others (simulated ms), `None` on any failure.
+async fn probe(
+    client: &reqwest::Client,
+    pod: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Option<(f64, f64)> {
     let resp = client
         .post(format!("http://{pod}/sim/probe"))
         .header(CONTENT_TYPE, "application/json")
@@ -315,7 +345,12 @@ async fn probe(client: &reqwest::Client, pod: &str, body: &[u8], timeout: Durati
         return None;
     }
     let v: Value = resp.json().await.ok()?;
-    v.get("estimated_ttft_ms").and_then(Value::as_f64)
+    let ttft = v.get("estimated_ttft_ms").and_then(Value::as_f64)?;
+    let added = v
+        .get("added_wait_ms")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    Some((ttft, added))
 }
 
 /// The body of the prefill leg: the request cut to one token, not streamed, marked for a remote

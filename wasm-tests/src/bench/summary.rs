@@ -266,7 +266,8 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
             s.cache_hit_ratio.render(1, 100.0),
             s.ok.render(0, 1.0),
             if s.prediction_error.n == 0 {
-                if s.label == Policy::Kvroute.label() || s.label == Policy::Oracle.label() {
+                if s.label == Policy::Kvroute.label() || s.label.starts_with(Policy::Oracle.label())
+                {
                     "n/a".to_owned()
                 } else {
                     "-".to_owned()

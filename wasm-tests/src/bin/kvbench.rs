@@ -338,6 +338,8 @@ enum PolicyArg {
     LeastRequest,
     /// The client probes every simulated pod and sends each request to the earliest first token
     PerfectKnowledge,
+    /// The same, minimising the request's first token plus the wait it adds to those queued there
+    PerfectKnowledgeTotal,
 }
 
 impl From<PolicyArg> for Policy {
@@ -347,6 +349,7 @@ impl From<PolicyArg> for Policy {
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
             PolicyArg::PerfectKnowledge => Policy::Oracle,
+            PolicyArg::PerfectKnowledgeTotal => Policy::OracleTotal,
         }
     }
 }

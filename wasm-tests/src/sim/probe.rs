@@ -132,6 +132,7 @@ mod tests {
         assert_eq!(cold["cached_tokens"], 0);
         assert_eq!(cold["running"], 0);
         assert_eq!(cold["queued_prefill_tokens"], 0);
+        assert_eq!(cold["added_wait_ms"], 0.0, "nobody to delay");
         let est = cold["estimated_ttft_ms"].as_f64().expect("ms");
         assert!(
             (est - (overhead_ms + per_token_ms * prompt)).abs() < 1.0,
