@@ -966,28 +966,27 @@ fn render_counters(rows: &[PdRow]) -> String {
     let mut out = String::new();
     for r in rows {
         let stat = |k: &str| r.kvroute_stats.get(k).copied().unwrap_or(0);
-        if r.setup.topology.is_round_robin_pd() {
-            let _ = writeln!(
-                out,
+        let mut line = if r.setup.topology.is_round_robin_pd() {
+            format!(
                 "{}: client routed {} (split {}, decode-only {}, prefill failures {})",
                 r.label,
                 stat("client.routed"),
                 stat("client.split"),
                 stat("client.decode_only"),
                 stat("client.prefill_failures"),
-            );
-            continue;
-        }
-        let mut line = format!(
-            "{}: kvroute routed {} (prefix hit {}, load {}), no endpoint {}, passthrough {}",
-            r.label,
-            stat("kvroute.requests_routed"),
-            stat("kvroute.routed_prefix_hit"),
-            stat("kvroute.routed_load"),
-            stat("kvroute.no_endpoint"),
-            stat("kvroute.passthrough"),
-        );
-        if !r.setup.topology.is_aggregated() {
+            )
+        } else {
+            format!(
+                "{}: kvroute routed {} (prefix hit {}, load {}), no endpoint {}, passthrough {}",
+                r.label,
+                stat("kvroute.requests_routed"),
+                stat("kvroute.routed_prefix_hit"),
+                stat("kvroute.routed_load"),
+                stat("kvroute.no_endpoint"),
+                stat("kvroute.passthrough"),
+            )
+        };
+        if r.setup.topology.is_kvroute_pd() {
             let _ = write!(
                 line,
                 "; pd: disaggregated {}, decode-only {}, prefill failures {}, rejected {}, threshold {} tokens at the end",

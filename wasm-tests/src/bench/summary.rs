@@ -1,7 +1,8 @@
 //! Several seeds of one policy comparison, summarised: per policy the median of each figure over the
 //! seeds with its spread (min–max), kvroute's ratios against the other policies, and one verdict per
 //! workload against issue 8's targets (p90 TTFT ≤ round-robin's and least-request's, ≤ 1.25× the
-//! perfect-knowledge bound; on multi-tenant also ≥ 4× lower than round-robin). Verdicts are printed,
+//! perfect-knowledge bound; on multi-tenant also ≥ 4× lower than round-robin; kvroute's TTFT
+//! prediction within 20% (median), once the plugin reports predictions). Verdicts are printed,
 //! never asserted: the numbers are what was measured.
 
 use std::fmt::Write as _;
@@ -199,6 +200,17 @@ pub fn verdict(
             per_seed: per_seed(Policy::RoundRobin, true),
             target: "≥ 4".to_owned(),
             met: value.map(|v| v >= 4.0),
+        });
+    }
+    // Prediction quality, once the plugin reports predictions (absent: "n/a" in the table, no check).
+    if let Some(k) = kv.filter(|k| k.prediction_error.n > 0) {
+        let value = k.prediction_error.median;
+        checks.push(Check {
+            what: "kvroute median |pred − obs| / obs TTFT".to_owned(),
+            value,
+            per_seed: k.prediction_error,
+            target: "≤ 0.2".to_owned(),
+            met: value.map(|v| v <= 0.2),
         });
     }
     let met = if checks.iter().any(|c| c.met == Some(false)) {
@@ -409,7 +421,8 @@ mod tests {
         assert!((s[0].prediction_error.median.expect("one") - 0.1).abs() < 1e-9);
         assert_eq!(s[1].prediction_error.n, 0);
         let v = verdict("multi-tenant", &runs, &s);
-        assert_eq!(v.checks.len(), 4);
+        assert_eq!(v.checks.len(), 5, "with predictions, their check too");
+        assert_eq!(v.checks[4].met, Some(true), "10% ≤ 20%");
         assert_eq!(v.checks[0].met, Some(true), "{:?}", v.checks[0]);
         assert_eq!(v.checks[1].met, Some(true), "2 s vs 3 s");
         assert_eq!(v.checks[2].met, Some(true), "1/0.9 ≤ 1.25");

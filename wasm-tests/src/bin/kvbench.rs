@@ -729,7 +729,11 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             spec.seed = seed;
             let rows = compare::compare(&policies, &spec, &opts, *warmup).await?;
             println!();
-            println!("pool: {pool}; extra kvsim arguments: {:?}", args.sim_args);
+            if args.sim_args.trim().is_empty() {
+                println!("pool: {pool}");
+            } else {
+                println!("pool: {pool}; every pod also: {}", args.sim_args.trim());
+            }
             print!("{}", compare::render_text(&rows, *warmup));
             if let Some(dir) = &args.out {
                 let stem = if seeds.len() == 1 {
