@@ -66,8 +66,12 @@ up: build build-tools
 	target/release/kvbench up $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
 	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE))
 
+# Every workload (the three prefix-heavy ones, shared-agent, long-unique, multi-tenant-stall and the
+# unequal pool) over SEEDS seeds, kvroute against round-robin, least-request and the perfect-knowledge
+# bound: medians, spreads and one verdict line per workload (about 30 min of wall time with 3 seeds).
+SEEDS ?= 3
 bench: build build-tools
-	target/release/kvbench compare --time-scale $(TIME_SCALE) --out bench-out
+	target/release/kvbench compare --workload all --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out
 
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools

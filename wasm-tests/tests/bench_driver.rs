@@ -68,7 +68,7 @@ fn messages(body: &Value) -> Vec<(String, String)> {
 }
 
 fn all_kinds() -> Vec<WorkloadKind> {
-    ["multi-tenant", "multi-turn", "agent"]
+    WorkloadKind::NAMES
         .iter()
         .map(|n| WorkloadKind::from_name(n).expect("known"))
         .collect()
@@ -601,6 +601,8 @@ struct Fake {
     scripted_failures: bool,
     /// This request never finishes.
     stall_on: Option<u64>,
+    /// Answer with kvroute's debug header carrying this `predicted_ttft_ms`.
+    predicted_ms: Option<u64>,
     /// Serve /metrics only; no traffic.
     served: AtomicU64,
     queries: AtomicU64,
@@ -715,10 +717,16 @@ async fn completion(
         yield Ok(Bytes::from(format!("data: {usage}\n\n")));
         yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
     };
-    Response::builder()
+    let mut resp = Response::builder()
         .header("content-type", "text/event-stream")
-        .header("x-kvsim-pod", pod)
-        .body(Body::from_stream(stream))
+        .header("x-kvsim-pod", pod.clone());
+    if let Some(ms) = fake.predicted_ms {
+        resp = resp.header(
+            "x-kvroute-debug",
+            format!("pod={pod}; reason=load; predicted_ttft_ms={ms}; score=0.5"),
+        );
+    }
+    resp.body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
@@ -976,4 +984,33 @@ async fn an_unreachable_target_is_a_report_of_failures() {
     assert_eq!(r.success_rate, Some(0.0));
     assert_eq!(r.ttft_ms.p50, None);
     assert!(render_table(&[("dead".to_owned(), r)]).contains("connect ×3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvroute_predictions_are_compared_with_the_wall_clock_ttft() {
+    // First token after 40 ms wall at time scale 0.5 (80 ms simulated); the "plugin" predicts 40 ms
+    // of wall time: the error is measured against wall clock, so it is small, not 50%.
+    let (addr, _) = start(Fake {
+        predicted_ms: Some(40),
+        ..Fake::new(40, 1)
+    })
+    .await;
+    let mut s = spec(small_tenants(), Load::Closed { concurrency: 2 }, 1);
+    s.max_requests = Some(6);
+    let r = run(&format!("http://{addr}"), &[addr.to_string()], &s, 0.5)
+        .await
+        .expect("run");
+    assert_eq!(r.ok, 6, "{:?}", r.errors);
+    assert_eq!(r.prediction.requests, 6);
+    within(r.prediction.median_abs_rel_error, 0.0, 0.3, "median error");
+    within(r.ttft_ms.p50, 79.0, 200.0, "TTFT p50 (simulated)");
+
+    // Without the field: no predictions, and no failure.
+    let (addr, _) = start(Fake::new(5, 1)).await;
+    let r = run(&format!("http://{addr}"), &[addr.to_string()], &s, 1.0)
+        .await
+        .expect("run");
+    assert_eq!(r.ok, 6);
+    assert_eq!(r.prediction.requests, 0);
+    assert_eq!(r.prediction.median_abs_rel_error, None);
 }

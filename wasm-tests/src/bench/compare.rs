@@ -11,13 +11,18 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::routing::{ClientRouter, OracleObjective};
+use super::workload::WorkloadGen;
 use super::{
-    driver, metrics, render_json, render_table, run, Load, RunReport, WorkloadKind, WorkloadSpec,
+    driver, metrics, render_json, render_table, run, Api, Load, RunReport, WorkloadKind,
+    WorkloadSpec,
 };
 use crate::harness::{self, plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 
@@ -30,17 +35,34 @@ pub enum Policy {
     RoundRobin,
     /// Envoy's own least-request (power of two choices), no plugin.
     LeastRequest,
+    /// The perfect-knowledge bound: the client asks every simulated pod for its true state
+    /// (`/sim/probe`) and names the pod with the earliest first token in
+    /// `x-gateway-destination-endpoint`; a plain Envoy with `override_host` (no plugin) forwards it
+    /// (see [`routing`](super::routing)).
+    Oracle,
+    /// The same, minimising each request's TTFT plus the wait it adds to the requests queued on the
+    /// pod ([`OracleObjective::TotalWait`]); not in the verdicts.
+    OracleTotal,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::Kvroute, Policy::RoundRobin, Policy::LeastRequest];
+    pub const ALL: [Policy; 5] = [
+        Policy::Kvroute,
+        Policy::RoundRobin,
+        Policy::LeastRequest,
+        Policy::Oracle,
+        Policy::OracleTotal,
+    ];
 
-    /// The row label: `kvroute`, `round-robin`, `least-request`.
+    /// The row label: `kvroute`, `round-robin`, `least-request`, `perfect-knowledge`,
+    /// `perfect-knowledge-total`.
     pub fn label(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
             Policy::RoundRobin => "round-robin",
             Policy::LeastRequest => "least-request",
+            Policy::Oracle => "perfect-knowledge",
+            Policy::OracleTotal => "perfect-knowledge-total",
         }
     }
 
@@ -48,28 +70,65 @@ impl Policy {
         Policy::ALL
             .into_iter()
             .find(|p| p.label() == name)
-            .ok_or_else(|| anyhow!("unknown policy {name:?} (kvroute, round-robin, least-request)"))
+            .ok_or_else(|| {
+                anyhow!(
+                    "unknown policy {name:?} (kvroute, round-robin, least-request, perfect-knowledge, perfect-knowledge-total)"
+                )
+            })
     }
 
     pub fn lb(self) -> Lb {
         match self {
-            Policy::Kvroute => Lb::OverrideHost,
+            Policy::Kvroute | Policy::Oracle | Policy::OracleTotal => Lb::OverrideHost,
             Policy::RoundRobin => Lb::RoundRobin,
             Policy::LeastRequest => Lb::LeastRequest,
         }
     }
 }
 
-/// The plugin settings of a benchmark run: polling fast enough for a 20× simulator, no debug header.
+/// The plugin settings of a benchmark run: polling fast enough for a 20× simulator, and the debug
+/// header on, from which kvbench reads kvroute's `predicted_ttft_ms` per request.
 pub fn bench_plugin_extra() -> Value {
-    json!({"poll_interval_ms": 100, "stale_after_ms": 1000, "debug_header": false})
+    json!({"poll_interval_ms": 100, "stale_after_ms": 1000, "debug_header": true})
 }
+
+/// One `kvsim` process of a pool: its pods and the arguments that set them apart.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PodGroup {
+    pub pods: usize,
+    /// `kvsim` arguments added to the stack's own for this process.
+    pub sim_args: Vec<String>,
+}
+
+impl PodGroup {
+    pub fn new(pods: usize, sim_args: &[&str]) -> Self {
+        Self {
+            pods,
+            sim_args: sim_args.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+/// The kvsim arguments of a pod half as fast as the default one: every cost doubled.
+pub const HALF_SPEED_SIM_ARGS: [&str; 8] = [
+    "--prefill-overhead-ms",
+    "80",
+    "--prefill-us-per-token",
+    "800",
+    "--decode-base-ms",
+    "30",
+    "--decode-us-per-seq",
+    "1000",
+];
 
 /// How a [`Stack`] is started.
 #[derive(Clone, Debug)]
 pub struct StackOptions {
-    /// Pods to simulate (ignored when endpoints are given).
+    /// Pods to simulate (ignored when endpoints are given, or `groups` are).
     pub pods: usize,
+    /// Several `kvsim` processes whose pods form one pool (e.g. pods of unequal speed); empty = one
+    /// process of `pods` pods.
+    pub groups: Vec<PodGroup>,
     /// Extra `kvsim` arguments (`--time-scale` is added from `time_scale`).
     pub sim_args: Vec<String>,
     pub time_scale: f64,
@@ -91,6 +150,7 @@ impl Default for StackOptions {
     fn default() -> Self {
         Self {
             pods: 4,
+            groups: Vec::new(),
             sim_args: Vec::new(),
             time_scale: 1.0,
             plugin_extra: bench_plugin_extra(),
@@ -108,6 +168,8 @@ impl Default for StackOptions {
 pub struct Stack {
     pub envoy: Envoy,
     pub sim: Option<Sim>,
+    /// Further simulator processes of the same pool (`StackOptions::groups`).
+    pub extra_sims: Vec<Sim>,
     /// `ip:port` of each pod.
     pub pods: Vec<String>,
     pub policy: Policy,
@@ -118,18 +180,31 @@ pub struct Stack {
 impl Stack {
     /// Starts `opts.pods` fresh simulated pods and Envoy with `policy` in front of them.
     pub async fn start_simulated(policy: Policy, opts: &StackOptions) -> Result<Stack> {
-        anyhow::ensure!(opts.pods >= 1, "need at least one pod");
+        let groups = if opts.groups.is_empty() {
+            vec![PodGroup::new(opts.pods, &[])]
+        } else {
+            opts.groups.clone()
+        };
+        anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "need at least one pod");
         // Fail on a missing Envoy or plugin before starting anything.
         check_envoy_installed()?;
         if policy == Policy::Kvroute {
             harness::wasm_path()?;
         }
         let scale = opts.time_scale.to_string();
-        let mut args: Vec<&str> = vec!["--time-scale", &scale];
-        args.extend(opts.sim_args.iter().map(String::as_str));
-        let sim = Sim::start(opts.pods, &args).context("starting the simulated pods (kvsim)")?;
-        let pods = sim.pods.clone();
-        Self::start(policy, pods, Some(sim), opts).await
+        let mut sims = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let mut args: Vec<&str> = vec!["--time-scale", &scale];
+            args.extend(opts.sim_args.iter().map(String::as_str));
+            args.extend(g.sim_args.iter().map(String::as_str));
+            sims.push(Sim::start(g.pods, &args).context("starting the simulated pods (kvsim)")?);
+        }
+        let pods: Vec<String> = sims.iter().flat_map(|s| s.pods.clone()).collect();
+        let mut sims = sims.into_iter();
+        let first = sims.next();
+        let mut stack = Self::start(policy, pods, first, opts).await?;
+        stack.extra_sims = sims.collect();
+        Ok(stack)
     }
 
     /// Starts Envoy with `policy` in front of `pods` (which `sim` serves, if given) and waits until
@@ -156,6 +231,7 @@ impl Stack {
         let mut stack = Stack {
             envoy,
             sim,
+            extra_sims: Vec::new(),
             pods,
             policy,
             healthy: None,
@@ -236,11 +312,31 @@ pub async fn run_after_warmup(
     time_scale: f64,
     warmup_s: f64,
 ) -> Result<RunReport> {
+    run_after_warmup_with(
+        target,
+        pods,
+        spec,
+        time_scale,
+        warmup_s,
+        &driver::DriveOptions::default(),
+    )
+    .await
+}
+
+/// [`run_after_warmup`] with a client-side router (see [`driver::DriveOptions`]).
+pub async fn run_after_warmup_with(
+    target: &str,
+    pods: &[String],
+    spec: &WorkloadSpec,
+    time_scale: f64,
+    warmup_s: f64,
+    drive: &driver::DriveOptions,
+) -> Result<RunReport> {
     anyhow::ensure!(
         warmup_s.is_finite() && warmup_s >= 0.0,
         "warm-up must be >= 0"
     );
-    if warmup_s == 0.0 {
+    if warmup_s == 0.0 && drive.router.is_none() {
         return run(target, pods, spec, time_scale).await;
     }
     anyhow::ensure!(
@@ -258,7 +354,7 @@ pub async fn run_after_warmup(
             metrics::scrape_all(&client, &pods, SCRAPE_TIMEOUT).await
         })
     };
-    let out = driver::drive(target, spec, time_scale).await?;
+    let out = driver::drive_with(target, spec, time_scale, drive).await?;
     let before = scrape.await.context("the warm-up scrape task failed")?;
     let after = metrics::scrape_all(&client, pods, SCRAPE_TIMEOUT).await;
     let records: Vec<driver::RequestRecord> = out
@@ -280,9 +376,45 @@ pub async fn run_after_warmup(
     ))
 }
 
+/// Sends each of `bodies` to every pod directly (not through Envoy), all pods in parallel, and
+/// waits for the answers: what a workload says every pod already holds
+/// ([`WorkloadGen::prewarm_bodies`]).
+pub async fn prewarm_pods(pods: &[String], api: Api, bodies: &[Value]) -> Result<()> {
+    if bodies.is_empty() {
+        return Ok(());
+    }
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let calls = pods.iter().map(|pod| {
+        let client = client.clone();
+        async move {
+            for body in bodies {
+                let resp = client
+                    .post(format!("http://{pod}{}", api.path()))
+                    .json(body)
+                    .timeout(Duration::from_secs(120))
+                    .send()
+                    .await
+                    .with_context(|| format!("pre-warming {pod}"))?;
+                anyhow::ensure!(
+                    resp.status().is_success(),
+                    "pre-warming {pod}: {}",
+                    resp.status()
+                );
+                let _ = resp.bytes().await;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    });
+    for r in futures::future::join_all(calls).await {
+        r?;
+    }
+    Ok(())
+}
+
 /// Runs `spec` once per policy, each on fresh pods and a fresh Envoy, and returns the labelled
 /// reports in policy order; the first `warmup_s` simulated seconds are not measured (see
-/// [`run_after_warmup`]). Progress goes to stderr.
+/// [`run_after_warmup`]). Before each run the workload's pre-warm requests go to every pod. Progress
+/// goes to stderr.
 pub async fn compare(
     policies: &[Policy],
     spec: &WorkloadSpec,
@@ -290,39 +422,70 @@ pub async fn compare(
     warmup_s: f64,
 ) -> Result<Vec<(String, RunReport)>> {
     spec.validate()?;
+    let prewarm = WorkloadGen::new(spec)?.prewarm_bodies();
+    let n_pods = if opts.groups.is_empty() {
+        opts.pods
+    } else {
+        opts.groups.iter().map(|g| g.pods).sum()
+    };
     let mut rows = Vec::with_capacity(policies.len());
     for (i, &policy) in policies.iter().enumerate() {
         let t0 = Instant::now();
-        eprintln!(
-            "[{}/{}] {} — {}: starting {} pods and Envoy ({} workers)…",
+        let tag = format!(
+            "[{}/{}] {} seed {} — {}",
             i + 1,
             policies.len(),
             spec.workload.name(),
-            policy.label(),
-            opts.pods,
+            spec.seed,
+            policy.label()
+        );
+        eprintln!(
+            "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
             opts.workers
         );
         let stack = Stack::start_simulated(policy, opts).await?;
+        prewarm_pods(&stack.pods, spec.api, &prewarm).await?;
         eprintln!(
-            "[{}/{}] {} — {}: ready in {:.1} s; sending for {} s simulated ({:.1} s wall) and draining…",
-            i + 1,
-            policies.len(),
-            spec.workload.name(),
-            policy.label(),
+            "{tag}: ready in {:.1} s; sending for {} s simulated ({:.1} s wall) and draining…",
             t0.elapsed().as_secs_f64(),
             spec.duration_s,
             spec.duration_s * opts.time_scale
         );
-        let report = run_after_warmup(&stack.url(), &stack.pods, spec, opts.time_scale, warmup_s)
-            .await
-            .with_context(|| format!("running {} with {}", spec.workload.name(), policy.label()))?;
+        let objective = match policy {
+            Policy::Oracle => Some(OracleObjective::OwnTtft),
+            Policy::OracleTotal => Some(OracleObjective::TotalWait),
+            _ => None,
+        };
+        let drive = driver::DriveOptions {
+            router: objective
+                .map(|o| Arc::new(ClientRouter::oracle(stack.pods.clone(), opts.time_scale, o))),
+        };
+        let report = run_after_warmup_with(
+            &stack.url(),
+            &stack.pods,
+            spec,
+            opts.time_scale,
+            warmup_s,
+            &drive,
+        )
+        .await
+        .with_context(|| format!("running {} with {}", spec.workload.name(), policy.label()))?;
         drop(stack);
+        let extra = match &drive.router {
+            Some(r) => {
+                let c: Vec<String> = r
+                    .counters()
+                    .snapshot()
+                    .into_iter()
+                    .filter(|(_, v)| *v > 0)
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                format!(" (client router: {})", c.join(", "))
+            }
+            None => String::new(),
+        };
         eprintln!(
-            "[{}/{}] {} — {}: {} requests measured, {} ok, {:.1} s wall in all",
-            i + 1,
-            policies.len(),
-            spec.workload.name(),
-            policy.label(),
+            "{tag}: {} requests measured, {} ok, {:.1} s wall in all{extra}",
             report.requests,
             report.ok,
             t0.elapsed().as_secs_f64()
@@ -330,6 +493,100 @@ pub async fn compare(
         rows.push((policy.label().to_owned(), report));
     }
     Ok(rows)
+}
+
+/// What `kvbench compare` runs a workload with when no flag says otherwise: the load, the sending
+/// window, the unmeasured start and the pods.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchDefaults {
+    pub load: Load,
+    /// Simulated seconds of sending.
+    pub duration_s: f64,
+    /// Simulated seconds sent but not measured.
+    pub warmup_s: f64,
+    /// The kvsim processes of the pool (every one gets the command line's `--sim-args` too).
+    pub groups: Vec<PodGroup>,
+}
+
+/// The `make bench` settings of the workload named `name` (see [`WorkloadKind::NAMES`]). Each run
+/// takes about 300 simulated seconds (15 s of wall time at time scale 0.05) plus the drain:
+///
+/// * `multi-tenant`: 4 pods, 4 requests/s (48 tenants × 3,000 words: more than twice one pod's KV).
+/// * `multi-turn`: 4 pods, 5/s. `agent`: 4 pods, 1/s.
+/// * `shared-agent`: 3 pods, 24 clients in a closed loop; the 4,000-word prefix is pre-warmed on
+///   every pod, so only the 30 s after the start (the first calls' queues) is left unmeasured.
+/// * `long-unique`: 4 pods, 2.6 arrivals/s of which 8% are 8,000-word prompts: ~2.4 streams/s of
+///   400–800 tokens, about 32 running at once.
+/// * `multi-tenant-stall`: 4 pods with `--chunked-prefill-tokens 0` (each prefill runs whole in
+///   one step and stalls every decode beside it: kvsim's default, written out), 4 requests/s over
+///   12 tenants.
+/// * `unequal-pool`: 3 default pods and 1 pod with every cost doubled ([`HALF_SPEED_SIM_ARGS`], a
+///   second kvsim process in the same Envoy pool), 2 requests/s of unique 2,000–4,000-word prompts
+///   (~70% of the pool's prefill capacity).
+/// * `interference`: 4 pods at `make bench-pd`'s rate (not in `--workload all`).
+pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
+    let d = |load: Load, duration_s: f64, warmup_s: f64, groups: Vec<PodGroup>| BenchDefaults {
+        load,
+        duration_s,
+        warmup_s,
+        groups,
+    };
+    let four = || vec![PodGroup::new(4, &[])];
+    Ok(match name {
+        "multi-tenant" => d(Load::Open { rate: 4.0 }, 300.0, 60.0, four()),
+        "multi-turn" => d(Load::Open { rate: 5.0 }, 300.0, 60.0, four()),
+        "agent" => d(Load::Open { rate: 1.0 }, 300.0, 60.0, four()),
+        "shared-agent" => d(
+            Load::Closed { concurrency: 24 },
+            300.0,
+            30.0,
+            vec![PodGroup::new(3, &[])],
+        ),
+        "long-unique" => d(Load::Open { rate: 2.6 }, 240.0, 30.0, four()),
+        "multi-tenant-stall" => d(
+            Load::Open { rate: 4.0 },
+            300.0,
+            60.0,
+            vec![PodGroup::new(4, &["--chunked-prefill-tokens", "0"])],
+        ),
+        "unequal-pool" => d(
+            Load::Open { rate: 2.0 },
+            300.0,
+            30.0,
+            vec![
+                PodGroup::new(3, &[]),
+                PodGroup::new(1, &HALF_SPEED_SIM_ARGS),
+            ],
+        ),
+        "interference" => d(
+            Load::Open {
+                rate: super::compare_pd::INTERFERENCE_RATE,
+            },
+            super::compare_pd::INTERFERENCE_DURATION,
+            super::compare_pd::INTERFERENCE_WARMUP,
+            four(),
+        ),
+        other => bail!(
+            "unknown workload {other:?} ({})",
+            WorkloadKind::NAMES.join(", ")
+        ),
+    })
+}
+
+/// The pool of `groups` in words: `4 pods`, `3 pods + 1 pod (--prefill-us-per-token 800 …)`.
+pub fn describe_groups(groups: &[PodGroup]) -> String {
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let pods = if g.pods == 1 { "pod" } else { "pods" };
+            if g.sim_args.is_empty() {
+                format!("{} {pods}", g.pods)
+            } else {
+                format!("{} {pods} ({})", g.pods, g.sim_args.join(" "))
+            }
+        })
+        .collect();
+    parts.join(" + ")
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -431,7 +688,7 @@ pub fn render_ratios(rows: &[(String, RunReport)]) -> String {
 /// One line saying what was run: the workload's shape, the load, the seed, the warm-up.
 pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
     let shape = match &spec.workload {
-        WorkloadKind::MultiTenant(p) => format!(
+        WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => format!(
             "{} tenants × {}-word system prompts, questions of {}–{} words, {}–{} output tokens{}",
             p.tenants,
             p.system_words,
@@ -458,7 +715,15 @@ pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
             p.max_tokens.0,
             p.max_tokens.1
         ),
-        WorkloadKind::Interference(p) => {
+        WorkloadKind::SharedAgent(p) => format!(
+            "independent calls: a {}-word prefix every pod holds + a unique {}–{}-word context each, {}–{} output tokens",
+            p.prefix_words, p.context_words.0, p.context_words.1, p.max_tokens.0, p.max_tokens.1
+        ),
+        WorkloadKind::UnequalPool(p) => format!(
+            "unique prompts of {}–{} words, {}–{} output tokens",
+            p.prompt_words.0, p.prompt_words.1, p.max_tokens.0, p.max_tokens.1
+        ),
+        WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
             let split = match spec.load {
                 Load::Open { rate } => format!(
                     " (streams at {}/s, long prompts at {}/s)",

@@ -27,8 +27,14 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::compare::{bench_plugin_extra, check_envoy_installed, run_after_warmup, StackOptions};
+use std::sync::Arc;
+
+use super::compare::{
+    bench_plugin_extra, check_envoy_installed, run_after_warmup_with, StackOptions,
+};
+use super::driver::DriveOptions;
 use super::report::{render_table, RunReport, Summary};
+use super::routing::{ClientRouter, PdSplit};
 use super::workload::{InterferenceParams, Load, WorkloadKind, WorkloadSpec};
 use crate::harness::{self, plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 
@@ -71,6 +77,14 @@ pub enum Topology {
         decode: usize,
         mode: PdMode,
     },
+    /// The round-robin P/D baseline: the same pools behind a plain Envoy (`override_host`, no
+    /// kvroute); the client round-robins the prefill pod and the decode pod and splits requests as
+    /// `split` says (see [`routing`](super::routing)).
+    RoundRobinPd {
+        prefill: usize,
+        decode: usize,
+        split: PdSplit,
+    },
 }
 
 impl Topology {
@@ -79,6 +93,9 @@ impl Topology {
         match self {
             Topology::Aggregated { pods } => pods,
             Topology::Disaggregated {
+                prefill, decode, ..
+            }
+            | Topology::RoundRobinPd {
                 prefill, decode, ..
             } => prefill + decode,
         }
@@ -93,11 +110,26 @@ impl Topology {
                 decode,
                 mode,
             } => format!("P/D {} {prefill}P+{decode}D", mode.as_str()),
+            Topology::RoundRobinPd {
+                prefill,
+                decode,
+                split,
+            } => format!("round-robin P/D {} {prefill}P+{decode}D", split.label()),
         }
     }
 
     pub fn is_aggregated(self) -> bool {
         matches!(self, Topology::Aggregated { .. })
+    }
+
+    /// kvroute's own P/D (sidecar or inline).
+    pub fn is_kvroute_pd(self) -> bool {
+        matches!(self, Topology::Disaggregated { .. })
+    }
+
+    /// The client-side round-robin P/D baseline.
+    pub fn is_round_robin_pd(self) -> bool {
+        matches!(self, Topology::RoundRobinPd { .. })
     }
 }
 
@@ -148,13 +180,39 @@ impl PdStack {
         row_extra: &Value,
     ) -> Result<PdStack> {
         check_envoy_installed()?;
-        harness::wasm_path()?;
         let scale = opts.time_scale.to_string();
         let sim = |n: usize, role: &str| -> Result<Sim> {
             let mut args: Vec<&str> = vec!["--time-scale", &scale, "--role", role];
             args.extend(opts.sim_args.iter().map(String::as_str));
             Sim::start(n, &args).with_context(|| format!("starting {n} {role} pods (kvsim)"))
         };
+        if let Topology::RoundRobinPd {
+            prefill, decode, ..
+        } = topology
+        {
+            anyhow::ensure!(
+                prefill >= 1 && decode >= 1,
+                "need at least one prefill and one decode pod"
+            );
+            let p = sim(prefill, "prefill")?;
+            let d = sim(decode, "decode")?;
+            // Both pools in Envoy's cluster: override_host only picks hosts the cluster has.
+            let hosts: Vec<String> = p.pods.iter().chain(&d.pods).cloned().collect();
+            let mut eo = EnvoyOptions::new(&hosts, Lb::OverrideHost, None);
+            eo.concurrency = opts.workers;
+            let envoy = Envoy::start(&eo)
+                .await
+                .with_context(|| format!("starting Envoy for {}", topology.label()))?;
+            let (pool, pre) = (d.pods.clone(), p.pods.clone());
+            return Ok(PdStack {
+                envoy,
+                sims: vec![p, d],
+                pool,
+                prefill: pre,
+                topology,
+            });
+        }
+        harness::wasm_path()?;
         let (sims, pool, prefill, mut extra) = match topology {
             Topology::Aggregated { pods } => {
                 anyhow::ensure!(pods >= 1, "need at least one pod");
@@ -185,6 +243,7 @@ impl PdStack {
                 let (pool, pre) = (d.pods.clone(), p.pods.clone());
                 (vec![p, d], pool, pre, extra)
             }
+            Topology::RoundRobinPd { .. } => bail!("handled above"),
         };
         for more in [&opts.plugin_extra, row_extra] {
             let Value::Object(more) = more.clone() else {
@@ -461,16 +520,34 @@ pub async fn run_scenario(scenario: &Scenario, opts: &PdStackOptions) -> Result<
             spec.duration_s * opts.time_scale
         );
         let pods = stack.all_pods();
-        let mut report = run_after_warmup(
+        let drive = DriveOptions {
+            router: match topology {
+                Topology::RoundRobinPd { split, .. } => {
+                    // As generous as a request's own timeout.
+                    let timeout = Duration::from_secs_f64(
+                        (spec.request_timeout_s * opts.time_scale).clamp(1.0, 3600.0),
+                    );
+                    Some(Arc::new(ClientRouter::pd_round_robin(
+                        stack.prefill.clone(),
+                        stack.pool.clone(),
+                        split,
+                        timeout,
+                    )))
+                }
+                _ => None,
+            },
+        };
+        let mut report = run_after_warmup_with(
             &stack.url(),
             &pods,
             &spec,
             opts.time_scale,
             scenario.warmup_s,
+            &drive,
         )
         .await
         .with_context(|| format!("running {} on {label}", scenario.name))?;
-        let kvroute_stats: BTreeMap<String, u64> = stack
+        let mut kvroute_stats: BTreeMap<String, u64> = stack
             .envoy
             .stats()
             .await
@@ -479,6 +556,11 @@ pub async fn run_scenario(scenario: &Scenario, opts: &PdStackOptions) -> Result<
             .filter(|(k, _)| k.starts_with("wasmcustom.kvroute."))
             .map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_owned(), v))
             .collect();
+        if let Some(router) = &drive.router {
+            for (k, v) in router.counters().snapshot() {
+                kvroute_stats.insert(format!("client.{k}"), v);
+            }
+        }
         let counters = pod_counters(&pods).await;
         drop(stack);
         let figures = Figures::of(&report, &spec, scenario.warmup_s);
@@ -599,7 +681,7 @@ pub fn verdicts(scenario: &Scenario, rows: &[PdRow]) -> Vec<Verdict> {
     let mut out = Vec::new();
     for agg in aggregated {
         let a = &agg.figures;
-        for row in rows.iter().filter(|r| !r.setup.topology.is_aggregated()) {
+        for row in rows.iter().filter(|r| r.setup.topology.is_kvroute_pd()) {
             let p = &row.figures;
             let pair = Pair {
                 row: &row.label,
@@ -650,6 +732,45 @@ pub fn verdicts(scenario: &Scenario, rows: &[PdRow]) -> Vec<Verdict> {
                     out.push(pair.lower("P99 ITL (ms)", a.itl_ms.p99, p.itl_ms.p99, None));
                 }
             }
+        }
+    }
+    // kvroute's P/D against the round-robin P/D baselines on the same pools.
+    for base in rows.iter().filter(|r| r.setup.topology.is_round_robin_pd()) {
+        for row in rows.iter().filter(|r| r.setup.topology.is_kvroute_pd()) {
+            let (b, k) = (&base.figures, &row.figures);
+            let p90 = ratio(b.ttft_ms.p90, k.ttft_ms.p90);
+            out.push(Verdict {
+                row: row.label.clone(),
+                against: base.label.clone(),
+                metric: "p90 TTFT (ms)".to_owned(),
+                aggregated: b.ttft_ms.p90,
+                pd: k.ttft_ms.p90,
+                value: p90,
+                reads: p90.map_or("-".to_owned(), |v| {
+                    if v >= 1.0 {
+                        format!("{v:.2}× lower with kvroute")
+                    } else {
+                        format!("{:.2}× higher with kvroute", 1.0 / v)
+                    }
+                }),
+                target: Some("≤ baseline".to_owned()),
+                met: p90.map(|v| v >= 1.0),
+            });
+            let (bd, kd) = (b.completed_in_window as f64, k.completed_in_window as f64);
+            let more = ratio(Some(kd), Some(bd)).map(|r| r - 1.0);
+            out.push(Verdict {
+                row: row.label.clone(),
+                against: base.label.clone(),
+                metric: "requests completed in the window".to_owned(),
+                aggregated: Some(bd),
+                pd: Some(kd),
+                value: more,
+                reads: more.map_or("-".to_owned(), |v| {
+                    format!("{:+.1}% with kvroute", v * 100.0)
+                }),
+                target: Some("≥ baseline".to_owned()),
+                met: Some(kd >= bd),
+            });
         }
     }
     out
@@ -763,8 +884,17 @@ pub fn render_pd_table(scenario: &Scenario, rows: &[PdRow]) -> String {
                     stat(k).unwrap_or(0).to_string()
                 }
             };
-            cells.push(pd("kvroute.pd.disaggregated"));
-            cells.push(pd("kvroute.pd.decode_only"));
+            if r.setup.topology.is_round_robin_pd() {
+                cells.push(pd("client.split"));
+                cells.push(format!(
+                    "{}",
+                    stat("client.decode_only").unwrap_or(0)
+                        + stat("client.prefill_failures").unwrap_or(0)
+                ));
+            } else {
+                cells.push(pd("kvroute.pd.disaggregated"));
+                cells.push(pd("kvroute.pd.decode_only"));
+            }
             cells
         })
         .collect();
@@ -786,8 +916,8 @@ pub fn render_verdicts(verdicts: &[Verdict]) -> String {
         "P/D row",
         "against",
         "metric",
-        "aggregated",
-        "P/D",
+        "against value",
+        "row value",
         "result",
         "target",
         "",
@@ -836,16 +966,27 @@ fn render_counters(rows: &[PdRow]) -> String {
     let mut out = String::new();
     for r in rows {
         let stat = |k: &str| r.kvroute_stats.get(k).copied().unwrap_or(0);
-        let mut line = format!(
-            "{}: kvroute routed {} (prefix hit {}, load {}), no endpoint {}, passthrough {}",
-            r.label,
-            stat("kvroute.requests_routed"),
-            stat("kvroute.routed_prefix_hit"),
-            stat("kvroute.routed_load"),
-            stat("kvroute.no_endpoint"),
-            stat("kvroute.passthrough"),
-        );
-        if !r.setup.topology.is_aggregated() {
+        let mut line = if r.setup.topology.is_round_robin_pd() {
+            format!(
+                "{}: client routed {} (split {}, decode-only {}, prefill failures {})",
+                r.label,
+                stat("client.routed"),
+                stat("client.split"),
+                stat("client.decode_only"),
+                stat("client.prefill_failures"),
+            )
+        } else {
+            format!(
+                "{}: kvroute routed {} (prefix hit {}, load {}), no endpoint {}, passthrough {}",
+                r.label,
+                stat("kvroute.requests_routed"),
+                stat("kvroute.routed_prefix_hit"),
+                stat("kvroute.routed_load"),
+                stat("kvroute.no_endpoint"),
+                stat("kvroute.passthrough"),
+            )
+        };
+        if r.setup.topology.is_kvroute_pd() {
             let _ = write!(
                 line,
                 "; pd: disaggregated {}, decode-only {}, prefill failures {}, rejected {}, threshold {} tokens at the end",
@@ -941,6 +1082,26 @@ pub fn setups(aggregated: usize, prefill: usize, decode: usize, modes: &[PdMode]
         })
     }));
     out
+}
+
+/// The round-robin P/D baselines on `prefill` + `decode` pods: every request split, and only
+/// prompts over [`PdSplit::SELECTIVE_THRESHOLD`] words.
+pub fn round_robin_baselines(prefill: usize, decode: usize) -> Vec<Setup> {
+    [
+        PdSplit::Always,
+        PdSplit::Selective {
+            threshold_tokens: PdSplit::SELECTIVE_THRESHOLD,
+        },
+    ]
+    .into_iter()
+    .map(|split| {
+        Setup::plain(Topology::RoundRobinPd {
+            prefill,
+            decode,
+            split,
+        })
+    })
+    .collect()
 }
 
 /// The agent scenario's control row: the aggregated pods with kvroute's prefix scorer weighted 6

@@ -24,10 +24,29 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use super::routing::ClientRouter;
 use super::workload::{Api, Load, Slot, WorkloadGen, WorkloadSpec};
 
 /// The response header in which the simulator names the pod that served the request.
 pub const POD_HEADER: &str = "x-kvsim-pod";
+/// kvroute's debug response header (with `debug_header: true`).
+pub const DEBUG_HEADER: &str = "x-kvroute-debug";
+
+/// `predicted_ttft_ms=<n>` from an `x-kvroute-debug` value (`key=value; key=value; …`).
+pub fn predicted_ttft_ms(debug: &str) -> Option<f64> {
+    debug
+        .split(';')
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| k.trim() == "predicted_ttft_ms")
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// How the driver sends beyond the spec: a client-side router (the reference policies).
+#[derive(Clone, Debug, Default)]
+pub struct DriveOptions {
+    pub router: Option<Arc<ClientRouter>>,
+}
 
 /// Longest wall-clock wait the driver will schedule (30 days).
 const MAX_WAIT: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -53,6 +72,9 @@ pub struct RequestRecord {
     pub output_tokens: u64,
     pub status: Option<u16>,
     pub pod: Option<String>,
+    /// kvroute's predicted TTFT for this request, wall-clock ms (`predicted_ttft_ms` in its
+    /// `x-kvroute-debug` response header), when it sent one.
+    pub predicted_ttft_ms: Option<f64>,
     /// HTTP 200, `[DONE]` seen and no error event.
     pub ok: bool,
     /// Whether the request was sent at all (a turn still waiting for its predecessor at the drain
@@ -115,6 +137,7 @@ impl SseBuffer {
 struct Measurement {
     status: Option<u16>,
     pod: Option<String>,
+    predicted_ttft_ms: Option<f64>,
     ttft: Option<Duration>,
     last_content: Option<Duration>,
     itls: Vec<Duration>,
@@ -186,10 +209,13 @@ impl Measurement {
 }
 
 /// Sends one request and reads its stream into `m`. Returns early on failure, leaving the cause in `m`.
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     client: &reqwest::Client,
     url: &str,
     session_header: Option<(&HeaderName, HeaderValue)>,
+    extra_headers: Vec<(HeaderName, HeaderValue)>,
+    hold: Option<tokio::sync::OwnedMutexGuard<()>>,
     body: Vec<u8>,
     api: Api,
     start: Instant,
@@ -202,7 +228,13 @@ async fn execute(
     if let Some((name, value)) = session_header {
         rb = rb.header(name, value);
     }
-    let resp = match rb.send().await {
+    for (name, value) in extra_headers {
+        rb = rb.header(name, value);
+    }
+    let sent = rb.send().await;
+    // The request has reached its pod (or failed): a client-side router may decide the next one.
+    drop(hold);
+    let resp = match sent {
         Ok(r) => r,
         Err(e) => {
             let class = if e.is_connect() { "connect" } else { "send" };
@@ -215,6 +247,14 @@ async fn execute(
         .get(POD_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    if let Some(p) = resp
+        .headers()
+        .get(DEBUG_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(predicted_ttft_ms)
+    {
+        m.predicted_ttft_ms = Some(p);
+    }
     if resp.status() != reqwest::StatusCode::OK {
         let class = format!("http {}", resp.status().as_u16());
         let detail = resp
@@ -264,7 +304,10 @@ struct Ledger {
 
 struct Shared {
     client: reqwest::Client,
+    /// The target's base URL.
+    target: String,
     url: String,
+    router: Option<Arc<ClientRouter>>,
     api: Api,
     session_header: Option<HeaderName>,
     request_timeout: Duration,
@@ -332,14 +375,39 @@ impl Shared {
         }
         let slot = a.slot;
         let plan = lock(&self.gen).build_request(&slot);
-        let start = Instant::now();
+        let mut start = Instant::now();
         if let Some(p) = lock(&self.ledger).pending.get_mut(&slot.index) {
             p.prompt_words = plan.prompt_words;
             p.sent_at = Some(start);
         }
         let mut m = Measurement::default();
         match serde_json::to_vec(&plan.body) {
-            Ok(body) => {
+            Ok(mut body) => {
+                let mut extra_headers = Vec::new();
+                let mut hold = None;
+                if let Some(router) = &self.router {
+                    let routed = router
+                        .route(
+                            &self.client,
+                            &self.target,
+                            self.api.path(),
+                            &body,
+                            plan.prompt_words,
+                        )
+                        .await;
+                    if routed.restart_clock {
+                        start = Instant::now();
+                        if let Some(p) = lock(&self.ledger).pending.get_mut(&slot.index) {
+                            p.sent_at = Some(start);
+                        }
+                    }
+                    extra_headers = routed.headers;
+                    m.predicted_ttft_ms = routed.predicted_ttft_ms;
+                    hold = routed.hold;
+                    if let Some(b) = routed.body {
+                        body = b;
+                    }
+                }
                 let header = self
                     .session_header
                     .as_ref()
@@ -348,6 +416,8 @@ impl Shared {
                     &self.client,
                     &self.url,
                     header,
+                    extra_headers,
+                    hold,
                     body,
                     self.api,
                     start,
@@ -380,6 +450,7 @@ impl Shared {
             output_tokens: m.completion_tokens.unwrap_or(m.content_chunks),
             status: m.status,
             pod: m.pod.clone(),
+            predicted_ttft_ms: m.predicted_ttft_ms,
             ok,
             sent: true,
             error: m.error.as_ref().map(|e| e.0.clone()),
@@ -439,6 +510,16 @@ pub async fn drive(
     spec: &WorkloadSpec,
     time_scale: f64,
 ) -> anyhow::Result<DriverOutput> {
+    drive_with(target, spec, time_scale, &DriveOptions::default()).await
+}
+
+/// [`drive`] with a client-side router (see [`DriveOptions`]).
+pub async fn drive_with(
+    target: &str,
+    spec: &WorkloadSpec,
+    time_scale: f64,
+    opts: &DriveOptions,
+) -> anyhow::Result<DriverOutput> {
     anyhow::ensure!(
         time_scale.is_finite() && time_scale > 0.0,
         "time scale must be > 0"
@@ -467,7 +548,9 @@ pub async fn drive(
         .transpose()?;
     let shared = Arc::new(Shared {
         client,
+        target: target.trim_end_matches('/').to_owned(),
         url: format!("{}{}", target.trim_end_matches('/'), spec.api.path()),
+        router: opts.router.clone(),
         api: spec.api,
         session_header,
         request_timeout: wall(spec.request_timeout_s),
@@ -540,4 +623,19 @@ pub async fn drive(
         records,
         wall: wall_time,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predicted_ttft_is_read_from_the_debug_header() {
+        let line = "pod=127.0.0.1:1; reason=load; predicted_ttft_ms=412.5; score=0.3";
+        assert_eq!(predicted_ttft_ms(line), Some(412.5));
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=7"), Some(7.0));
+        assert_eq!(predicted_ttft_ms("pod=a; reason=prefix"), None, "absent");
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=soon"), None);
+        assert_eq!(predicted_ttft_ms("predicted_ttft_ms=-1"), None);
+    }
 }

@@ -26,6 +26,8 @@ pub mod driver;
 pub mod metrics;
 pub mod overhead;
 pub mod report;
+pub mod routing;
+pub mod summary;
 pub mod workload;
 
 use std::time::Duration;
@@ -34,8 +36,8 @@ pub use driver::{DriverOutput, RequestRecord};
 pub use metrics::PodDelta;
 pub use report::{percentile, render_json, render_table, RunReport, Summary};
 pub use workload::{
-    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, WorkloadKind,
-    WorkloadSpec,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams,
+    SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 
 /// Wall-clock budget of one metrics scrape.

@@ -57,6 +57,40 @@ impl Summary {
     }
 }
 
+/// How well kvroute's per-request TTFT prediction (`predicted_ttft_ms` in its `x-kvroute-debug`
+/// response header) matched the TTFT the client observed, over successful requests that carried
+/// one. Both sides are wall-clock milliseconds (the plugin lives in wall time, whatever the
+/// simulator's time scale).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PredictionQuality {
+    /// Successful requests with both a prediction and an observed TTFT.
+    pub requests: usize,
+    /// Median of |predicted − observed| / observed; `None` without predictions.
+    pub median_abs_rel_error: Option<f64>,
+    pub p90_abs_rel_error: Option<f64>,
+    /// Median of (predicted − observed) / observed: the sign says which way it errs.
+    pub median_rel_bias: Option<f64>,
+}
+
+impl PredictionQuality {
+    /// From the driver's wall-clock records.
+    pub fn of(records: &[&RequestRecord]) -> Self {
+        let pairs: Vec<(f64, f64)> = records
+            .iter()
+            .filter_map(|r| Some((r.predicted_ttft_ms?, r.ttft_s? * 1000.0)))
+            .filter(|(p, o)| p.is_finite() && o.is_finite() && *o > 0.0)
+            .collect();
+        let rel: Vec<f64> = pairs.iter().map(|(p, o)| (p - o) / o).collect();
+        let abs: Vec<f64> = rel.iter().map(|x| x.abs()).collect();
+        Self {
+            requests: pairs.len(),
+            median_abs_rel_error: percentile(&abs, 50.0),
+            p90_abs_rel_error: percentile(&abs, 90.0),
+            median_rel_bias: percentile(&rel, 50.0),
+        }
+    }
+}
+
 /// The result of one run. Times are simulated milliseconds or seconds and rates per simulated
 /// second (wall-clock values when `time_scale` is 1).
 #[derive(Clone, Debug, Serialize)]
@@ -95,6 +129,8 @@ pub struct RunReport {
     pub cache_hit_ratio: Option<f64>,
     /// Mean over successful responses of `cached_tokens / prompt_tokens` from their usage.
     pub mean_cached_fraction: Option<f64>,
+    /// kvroute's TTFT predictions against the observed TTFT (wall clock).
+    pub prediction: PredictionQuality,
     /// Requests (sent, with an `x-kvsim-pod` header) per serving pod.
     pub pod_requests: BTreeMap<String, usize>,
     /// Counter deltas per scraped pod.
@@ -181,6 +217,7 @@ impl RunReport {
             cache_hit_ratio: cluster_hit_ratio(&pods),
             mean_cached_fraction: (!fractions.is_empty())
                 .then(|| fractions.iter().sum::<f64>() / fractions.len() as f64),
+            prediction: PredictionQuality::of(&ok),
             pod_requests,
             pods,
             errors,

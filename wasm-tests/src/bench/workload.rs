@@ -211,6 +211,79 @@ impl InterferenceParams {
     }
 }
 
+/// Independent agent calls on a pool where every pod already holds one shared long prefix (tools and
+/// instructions): each call is that prefix plus its own long, never-repeated context, so the prefix
+/// cannot decide where a call goes (every pod holds it) and the unique context is a full prefill
+/// wherever it lands. Sessions are `call-N` (N = the slot index). The prefix is sent to every pod
+/// before the run ([`WorkloadGen::prewarm_bodies`]), so "every pod holds it" is true from the first
+/// measured request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedAgentParams {
+    /// Words in the prefix every call starts with (and every pod holds).
+    pub prefix_words: usize,
+    /// Words in each call's own context, inclusive range.
+    pub context_words: (usize, usize),
+    /// `max_tokens` of each call, inclusive range.
+    pub max_tokens: (u32, u32),
+}
+
+impl Default for SharedAgentParams {
+    fn default() -> Self {
+        Self {
+            prefix_words: 4000,
+            context_words: (4500, 5500),
+            max_tokens: (200, 200),
+        }
+    }
+}
+
+/// Independent requests with unique prompts (nothing to cache): where a request goes is decided by
+/// load alone. Sessions are `req-N` (N = the slot index).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UniqueParams {
+    /// Words in each prompt, inclusive range.
+    pub prompt_words: (usize, usize),
+    /// `max_tokens` of each request, inclusive range.
+    pub max_tokens: (u32, u32),
+}
+
+impl Default for UniqueParams {
+    fn default() -> Self {
+        Self {
+            prompt_words: (2000, 4000),
+            max_tokens: (64, 256),
+        }
+    }
+}
+
+impl InterferenceParams {
+    /// The `long-unique` workload: unique 8,000-word prompts with few output tokens, 8% of the
+    /// arrivals, among streaming decodes of short prompts and long outputs.
+    pub fn long_unique() -> Self {
+        Self {
+            long_share: 0.08,
+            stream_prompt_words: (50, 150),
+            stream_max_tokens: (400, 800),
+            long_prompt_words: (8000, 8000),
+            long_max_tokens: (8, 32),
+        }
+    }
+}
+
+impl MultiTenantParams {
+    /// The `multi-tenant-stall` workload: 12 tenants with 6,000-word system prompts and short
+    /// questions (run on an engine whose prefills run whole and stall the decodes beside them).
+    pub fn stall() -> Self {
+        Self {
+            tenants: 12,
+            system_words: 6000,
+            question_words: (20, 60),
+            max_tokens: (64, 256),
+            zipf_s: 0.0,
+        }
+    }
+}
+
 /// The workload family and its parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -219,16 +292,42 @@ pub enum WorkloadKind {
     MultiTurn(MultiTurnParams),
     Agent(AgentParams),
     Interference(InterferenceParams),
+    /// Every pod holds the shared prefix; each call adds its own long context.
+    SharedAgent(SharedAgentParams),
+    /// Unique long prompts among streaming decodes (the interference generator, other defaults).
+    LongUnique(InterferenceParams),
+    /// Multi-tenant traffic meant for an engine where prefills stall decodes (`multi-tenant`'s
+    /// generator, other defaults).
+    MultiTenantStall(MultiTenantParams),
+    /// Unique prompts for a pool of unequal pods (one half as fast).
+    UnequalPool(UniqueParams),
 }
 
 impl WorkloadKind {
-    /// The CLI name: `multi-tenant`, `multi-turn`, `agent` or `interference`.
+    /// Every CLI name, in `make bench` order (interference is `make bench-pd`'s).
+    pub const NAMES: [&'static str; 8] = [
+        "multi-tenant",
+        "multi-turn",
+        "agent",
+        "shared-agent",
+        "long-unique",
+        "multi-tenant-stall",
+        "unequal-pool",
+        "interference",
+    ];
+
+    /// The CLI name: `multi-tenant`, `multi-turn`, `agent`, `interference`, `shared-agent`,
+    /// `long-unique`, `multi-tenant-stall` or `unequal-pool`.
     pub fn name(&self) -> &'static str {
         match self {
             WorkloadKind::MultiTenant(_) => "multi-tenant",
             WorkloadKind::MultiTurn(_) => "multi-turn",
             WorkloadKind::Agent(_) => "agent",
             WorkloadKind::Interference(_) => "interference",
+            WorkloadKind::SharedAgent(_) => "shared-agent",
+            WorkloadKind::LongUnique(_) => "long-unique",
+            WorkloadKind::MultiTenantStall(_) => "multi-tenant-stall",
+            WorkloadKind::UnequalPool(_) => "unequal-pool",
         }
     }
 
@@ -239,9 +338,11 @@ impl WorkloadKind {
             "multi-turn" => WorkloadKind::MultiTurn(MultiTurnParams::default()),
             "agent" => WorkloadKind::Agent(AgentParams::default()),
             "interference" => WorkloadKind::Interference(InterferenceParams::default()),
-            other => {
-                bail!("unknown workload {other:?} (multi-tenant, multi-turn, agent, interference)")
-            }
+            "shared-agent" => WorkloadKind::SharedAgent(SharedAgentParams::default()),
+            "long-unique" => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
+            "multi-tenant-stall" => WorkloadKind::MultiTenantStall(MultiTenantParams::stall()),
+            "unequal-pool" => WorkloadKind::UnequalPool(UniqueParams::default()),
+            other => bail!("unknown workload {other:?} ({})", Self::NAMES.join(", ")),
         })
     }
 }
@@ -314,7 +415,7 @@ impl WorkloadSpec {
             "drain timeout must be >= 0"
         );
         match &self.workload {
-            WorkloadKind::MultiTenant(p) => {
+            WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
                 ensure!(p.tenants >= 1, "tenants must be >= 1");
                 ensure!(p.zipf_s.is_finite() && p.zipf_s >= 0.0, "zipf must be >= 0");
                 check_range("question words", p.question_words)?;
@@ -332,7 +433,15 @@ impl WorkloadSpec {
                 check_range("tool result words", p.tool_result_words)?;
                 check_range("max tokens", p.max_tokens)?;
             }
-            WorkloadKind::Interference(p) => {
+            WorkloadKind::SharedAgent(p) => {
+                check_range("context words", p.context_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
+            WorkloadKind::UnequalPool(p) => {
+                check_range("prompt words", p.prompt_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
+            WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
                 ensure!(
                     p.long_share.is_finite() && (0.0..=1.0).contains(&p.long_share),
                     "long share must be between 0 and 1"
@@ -426,7 +535,7 @@ pub struct Slot {
     pub index: u64,
     /// Open loop: arrival offset from the start in simulated seconds. Closed loop: 0.
     pub arrival_s: f64,
-    /// `tenant-N`, `conv-N`, `agent-N`, `stream-N` or `long-N`.
+    /// `tenant-N`, `conv-N`, `agent-N`, `stream-N`, `long-N`, `call-N` or `req-N`.
     pub session: String,
     pub session_id: u64,
     /// Turn (step) within the session, from 0; for tenants, the tenant's request count so far.
@@ -570,6 +679,13 @@ enum Family {
         /// Draws each slot's kind, in slot order.
         kind_rng: Box<StdRng>,
     },
+    SharedAgent {
+        p: SharedAgentParams,
+        prefix: String,
+    },
+    Unique {
+        p: UniqueParams,
+    },
 }
 
 /// The stateful generator of one run's requests. See the module documentation.
@@ -599,7 +715,7 @@ impl WorkloadGen {
             Load::Closed { .. } => None,
         };
         let family = match &spec.workload {
-            WorkloadKind::MultiTenant(p) => {
+            WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
                 let prompts = (0..p.tenants as u64)
                     .map(|t| vocab.text(&mut rng_for(seed, "tenant-system", t, 0), p.system_words))
                     .collect();
@@ -625,10 +741,15 @@ impl WorkloadGen {
                 rotation: Rotation::new(seed, p.sessions, p.steps, p.stagger),
                 sessions: HashMap::new(),
             },
-            WorkloadKind::Interference(p) => Family::Interference {
+            WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => Family::Interference {
                 p: p.clone(),
                 kind_rng: Box::new(rng_for(seed, "interference-kind", 0, 0)),
             },
+            WorkloadKind::SharedAgent(p) => Family::SharedAgent {
+                p: p.clone(),
+                prefix: vocab.text(&mut rng_for(seed, "shared-prefix", 0, 0), p.prefix_words),
+            },
+            WorkloadKind::UnequalPool(p) => Family::Unique { p: p.clone() },
         };
         Ok(Self {
             seed,
@@ -706,6 +827,8 @@ impl WorkloadGen {
                 };
                 (format!("{kind}-{index}"), index, 0)
             }
+            Family::SharedAgent { .. } => (format!("call-{index}"), index, 0),
+            Family::Unique { .. } => (format!("req-{index}"), index, 0),
         };
         Some(Slot {
             index,
@@ -809,6 +932,27 @@ impl WorkloadGen {
                     max_tokens,
                 )
             }
+            Family::SharedAgent { p, prefix } => {
+                let mut rng = rng_for(seed, "shared-agent-call", slot.index, 0);
+                let n = rng.gen_range(p.context_words.0..=p.context_words.1);
+                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
+                (
+                    vec![
+                        Message::new("system", prefix.clone()),
+                        Message::new("user", vocab.text(&mut rng, n)),
+                    ],
+                    max_tokens,
+                )
+            }
+            Family::Unique { p } => {
+                let mut rng = rng_for(seed, "unique", slot.index, 0);
+                let n = rng.gen_range(p.prompt_words.0..=p.prompt_words.1);
+                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
+                (
+                    vec![Message::new("user", vocab.text(&mut rng, n))],
+                    max_tokens,
+                )
+            }
         };
         let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
         let body = self.body(&messages, max_tokens);
@@ -824,7 +968,10 @@ impl WorkloadGen {
     /// seeded stand-in is resent instead). Forgets a session after its last turn.
     pub fn record_reply(&mut self, slot: &Slot, reply: Option<&str>) {
         let (sessions, last) = match &mut self.family {
-            Family::MultiTenant { .. } | Family::Interference { .. } => return,
+            Family::MultiTenant { .. }
+            | Family::Interference { .. }
+            | Family::SharedAgent { .. }
+            | Family::Unique { .. } => return,
             Family::MultiTurn { p, sessions, .. } => (sessions, p.turns),
             Family::Agent { p, sessions, .. } => (sessions, p.steps),
         };
@@ -839,6 +986,22 @@ impl WorkloadGen {
                 .replies
                 .insert(slot.turn, text.to_owned());
         }
+    }
+
+    /// Requests to send to *every* pod directly (not through the router) before the run, so that
+    /// what the workload says every pod holds is held: for `shared-agent`, the shared prefix as a
+    /// system message (one output token, not streamed). Empty for the other workloads. A pure
+    /// function of the spec.
+    pub fn prewarm_bodies(&self) -> Vec<Value> {
+        let Family::SharedAgent { prefix, .. } = &self.family else {
+            return Vec::new();
+        };
+        let mut body = self.body(&[Message::new("system", prefix.clone())], 1);
+        if let Value::Object(map) = &mut body {
+            map.insert("stream".into(), json!(false));
+            map.remove("stream_options");
+        }
+        vec![body]
     }
 
     fn body(&self, messages: &[Message], max_tokens: u32) -> Value {
@@ -890,4 +1053,175 @@ fn agent_step(seed: u64, vocab: &Vocab, p: &AgentParams, id: u64, t: u32) -> (St
         vocab.text(&mut rng, n)
     };
     (tool, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, load: Load, seed: u64) -> WorkloadSpec {
+        let mut s = WorkloadSpec::new(WorkloadKind::from_name(name).expect("known"), load);
+        s.seed = seed;
+        s.duration_s = 30.0;
+        s.max_requests = Some(40);
+        s
+    }
+
+    /// Every request of a run: slot and body.
+    fn generate(spec: &WorkloadSpec) -> Vec<(Slot, PlannedRequest)> {
+        let mut gen = WorkloadGen::new(spec).expect("valid");
+        let mut out = Vec::new();
+        while let Some(slot) = gen.next_slot() {
+            let plan = gen.build_request(&slot);
+            gen.record_reply(&slot, None);
+            out.push((slot, plan));
+        }
+        out
+    }
+
+    const NEW: [&str; 4] = [
+        "shared-agent",
+        "long-unique",
+        "multi-tenant-stall",
+        "unequal-pool",
+    ];
+
+    #[test]
+    fn every_name_round_trips() {
+        for name in WorkloadKind::NAMES {
+            assert_eq!(WorkloadKind::from_name(name).expect("known").name(), name);
+        }
+        assert!(WorkloadKind::from_name("nope").is_err());
+    }
+
+    #[test]
+    fn new_workloads_are_pure_functions_of_the_seed() {
+        for name in NEW {
+            let load = Load::Open { rate: 2.0 };
+            let a = generate(&spec(name, load, 7));
+            let b = generate(&spec(name, load, 7));
+            let c = generate(&spec(name, load, 8));
+            assert!(!a.is_empty(), "{name}");
+            let bodies = |v: &[(Slot, PlannedRequest)]| -> Vec<Value> {
+                v.iter().map(|(_, p)| p.body.clone()).collect()
+            };
+            let slots = |v: &[(Slot, PlannedRequest)]| -> Vec<Slot> {
+                v.iter().map(|(s, _)| s.clone()).collect()
+            };
+            assert_eq!(slots(&a), slots(&b), "{name}");
+            assert_eq!(bodies(&a), bodies(&b), "{name}");
+            assert_ne!(bodies(&a), bodies(&c), "{name}: another seed, other text");
+            let w = WorkloadGen::new(&spec(name, load, 7)).expect("valid");
+            let w2 = WorkloadGen::new(&spec(name, load, 7)).expect("valid");
+            assert_eq!(w.prewarm_bodies(), w2.prewarm_bodies(), "{name}");
+        }
+    }
+
+    #[test]
+    fn shared_agent_calls_share_the_prewarmed_prefix_and_bring_their_own_context() {
+        let s = spec("shared-agent", Load::Closed { concurrency: 24 }, 3);
+        let reqs = generate(&s);
+        let p = SharedAgentParams::default();
+        let gen = WorkloadGen::new(&s).expect("valid");
+        let warm = gen.prewarm_bodies();
+        assert_eq!(warm.len(), 1);
+        assert_eq!(warm[0]["stream"], false);
+        assert_eq!(warm[0]["max_tokens"], 1);
+        let prefix = warm[0]["messages"][0]["content"].as_str().expect("text");
+        assert_eq!(word_count(prefix), p.prefix_words);
+        let mut contexts = std::collections::HashSet::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(slot.session, format!("call-{}", slot.index));
+            assert_eq!(plan.messages.len(), 2);
+            assert_eq!(plan.messages[0].role, "system");
+            assert_eq!(
+                plan.messages[0].content, prefix,
+                "every call starts with the prefix"
+            );
+            let n = word_count(&plan.messages[1].content);
+            assert!((p.context_words.0..=p.context_words.1).contains(&n), "{n}");
+            assert!((p.max_tokens.0..=p.max_tokens.1).contains(&plan.max_tokens));
+            assert!(contexts.insert(plan.messages[1].content.clone()), "unique");
+        }
+        assert!(!gen.is_sequential());
+    }
+
+    #[test]
+    fn long_unique_mixes_rare_8000_word_prompts_into_streams() {
+        let mut s = spec("long-unique", Load::Open { rate: 2.6 }, 1);
+        s.max_requests = Some(400);
+        s.duration_s = 1000.0;
+        let reqs = generate(&s);
+        let p = InterferenceParams::long_unique();
+        let long: Vec<_> = reqs
+            .iter()
+            .filter(|(s, _)| InterferenceParams::is_long_session(&s.session))
+            .collect();
+        let share = long.len() as f64 / reqs.len() as f64;
+        assert!((0.03..0.15).contains(&share), "{share}");
+        for (_, plan) in &long {
+            assert_eq!(plan.prompt_words, 8000);
+            assert!((p.long_max_tokens.0..=p.long_max_tokens.1).contains(&plan.max_tokens));
+        }
+        for (slot, plan) in &reqs {
+            if InterferenceParams::is_stream_session(&slot.session) {
+                assert!((50..=150).contains(&plan.prompt_words));
+                assert!((400..=800).contains(&plan.max_tokens));
+            }
+        }
+        assert_eq!(s.workload.name(), "long-unique");
+    }
+
+    #[test]
+    fn multi_tenant_stall_has_12_long_system_prompts_and_short_questions() {
+        let mut s = spec("multi-tenant-stall", Load::Open { rate: 4.0 }, 2);
+        s.max_requests = Some(200);
+        s.duration_s = 1000.0;
+        let reqs = generate(&s);
+        let mut systems = std::collections::HashMap::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(word_count(&plan.messages[0].content), 6000);
+            let q = word_count(&plan.messages[1].content);
+            assert!((20..=60).contains(&q), "{q}");
+            let prev = systems.insert(slot.session.clone(), plan.messages[0].content.clone());
+            if let Some(prev) = prev {
+                assert_eq!(prev, plan.messages[0].content, "a tenant keeps its prompt");
+            }
+        }
+        assert_eq!(systems.len(), 12);
+        assert!(WorkloadGen::new(&s)
+            .expect("valid")
+            .prewarm_bodies()
+            .is_empty());
+    }
+
+    #[test]
+    fn unequal_pool_prompts_are_unique_and_in_range() {
+        let reqs = generate(&spec("unequal-pool", Load::Open { rate: 2.0 }, 5));
+        let mut seen = std::collections::HashSet::new();
+        for (slot, plan) in &reqs {
+            assert_eq!(slot.session, format!("req-{}", slot.index));
+            assert!((2000..=4000).contains(&plan.prompt_words));
+            assert!((64..=256).contains(&plan.max_tokens));
+            assert!(seen.insert(plan.messages[0].content.clone()));
+        }
+    }
+
+    #[test]
+    fn new_workloads_reject_empty_ranges() {
+        let bad = WorkloadKind::SharedAgent(SharedAgentParams {
+            context_words: (10, 5),
+            ..SharedAgentParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Closed { concurrency: 1 })
+            .validate()
+            .is_err());
+        let bad = WorkloadKind::UnequalPool(UniqueParams {
+            max_tokens: (9, 1),
+            ..UniqueParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Open { rate: 1.0 })
+            .validate()
+            .is_err());
+    }
 }

@@ -18,9 +18,10 @@ use wasm_tests::bench::compare::{self, Policy, StackOptions};
 use wasm_tests::bench::compare_pd::{self, PdMode, PdStackOptions, Scenario};
 use wasm_tests::bench::demo::{self, DemoOptions, UpOptions};
 use wasm_tests::bench::overhead::{self, OverheadOptions, PromptKind};
+use wasm_tests::bench::summary;
 use wasm_tests::bench::{
     render_json, render_table, run, AgentParams, Api, InterferenceParams, Load, MultiTenantParams,
-    MultiTurnParams, WorkloadKind, WorkloadSpec,
+    MultiTurnParams, SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 
 #[derive(Parser, Debug)]
@@ -49,13 +50,36 @@ enum Command {
     Up(UpArgs),
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum WorkloadArg {
     MultiTenant,
     MultiTurn,
     Agent,
     /// Streaming decodes with long uncached prompts among them (the `compare-pd` defaults)
     Interference,
+    /// A 4,000-word prefix every pod holds + a unique ~5,000-word context per call
+    SharedAgent,
+    /// Unique 8,000-word prompts among ~32 streaming decodes
+    LongUnique,
+    /// 12 tenants × 6,000-word system prompts on an engine whose prefills stall decodes
+    MultiTenantStall,
+    /// Unique prompts on a pool with one pod half as fast
+    UnequalPool,
+}
+
+impl WorkloadArg {
+    fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::MultiTenant => "multi-tenant",
+            WorkloadArg::MultiTurn => "multi-turn",
+            WorkloadArg::Agent => "agent",
+            WorkloadArg::Interference => "interference",
+            WorkloadArg::SharedAgent => "shared-agent",
+            WorkloadArg::LongUnique => "long-unique",
+            WorkloadArg::MultiTenantStall => "multi-tenant-stall",
+            WorkloadArg::UnequalPool => "unequal-pool",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -71,7 +95,8 @@ struct RunArgs {
     /// Base URL of the target, e.g. http://127.0.0.1:10000
     #[arg(long)]
     target: String,
-    /// Pods whose /metrics are scraped for the cache-hit ratio: ip:port,ip:port
+    /// Pods whose /metrics are scraped for the cache-hit ratio (and, for shared-agent, which get
+    /// the shared prefix first): ip:port,ip:port
     #[arg(long, value_delimiter = ',')]
     pods: Vec<String>,
     #[arg(long, value_enum)]
@@ -126,12 +151,12 @@ struct SpecArgs {
     #[arg(long, default_value_t = 600.0)]
     drain_timeout: f64,
 
-    /// multi-tenant: number of tenants [default: 8; compare: 48]
+    /// multi-tenant: number of tenants [default: 8; compare: 48; multi-tenant-stall: 12]
     #[arg(long)]
     tenants: Option<usize>,
-    /// multi-tenant: words per tenant system prompt
-    #[arg(long, default_value_t = MultiTenantParams::default().system_words)]
-    tenant_system_words: usize,
+    /// multi-tenant: words per tenant system prompt [default: 3000; multi-tenant-stall: 6000]
+    #[arg(long)]
+    tenant_system_words: Option<usize>,
     /// multi-tenant: Zipf exponent of tenant popularity (0 = uniform)
     #[arg(long, default_value_t = MultiTenantParams::default().zipf_s)]
     zipf: f64,
@@ -164,8 +189,8 @@ struct SpecArgs {
 /// What a flag left out means: `run` and `compare` differ.
 #[derive(Clone, Copy, Debug)]
 struct SpecDefaults {
-    /// Open-loop rate without `--rate`/`--concurrency` (`None`: one of them is required).
-    rate: Option<f64>,
+    /// The load without `--rate`/`--concurrency` (`None`: one of them is required).
+    load: Option<Load>,
     duration_s: f64,
     tenants: usize,
 }
@@ -174,7 +199,7 @@ impl SpecDefaults {
     /// `run`: the library's defaults, and the load must be given.
     fn run() -> Self {
         Self {
-            rate: None,
+            load: None,
             duration_s: 60.0,
             tenants: MultiTenantParams::default().tenants,
         }
@@ -187,19 +212,17 @@ impl SpecDefaults {
     /// requests). At 4 requests/s round-robin recomputes ~58% of the prompt tokens and queues (p90
     /// TTFT ≈ 13 s) while kvroute serves ~96% from cache; multi-turn and agent rates are chosen the
     /// same way. 300 s of which the first 60 s (the cold start) are not measured: under 20 s of wall
-    /// time per policy at time scale 0.05.
-    fn compare(workload: WorkloadArg) -> Self {
-        let rate = match workload {
-            WorkloadArg::MultiTenant => 4.0,
-            WorkloadArg::MultiTurn => 5.0,
-            WorkloadArg::Agent => 1.0,
-            WorkloadArg::Interference => compare_pd::INTERFERENCE_RATE,
-        };
-        Self {
-            rate: Some(rate),
-            duration_s: 300.0,
-            tenants: 48,
-        }
+    /// time per policy at time scale 0.05. The other workloads: see `compare::bench_defaults`.
+    fn compare(workload: WorkloadArg) -> anyhow::Result<Self> {
+        let d = compare::bench_defaults(workload.name())?;
+        Ok(Self {
+            load: Some(d.load),
+            duration_s: d.duration_s,
+            tenants: match workload {
+                WorkloadArg::MultiTenantStall => MultiTenantParams::stall().tenants,
+                _ => 48,
+            },
+        })
     }
 }
 
@@ -209,10 +232,24 @@ impl SpecArgs {
         let workload = match workload {
             WorkloadArg::MultiTenant => WorkloadKind::MultiTenant(MultiTenantParams {
                 tenants: self.tenants.unwrap_or(defaults.tenants),
-                system_words: self.tenant_system_words,
+                system_words: self
+                    .tenant_system_words
+                    .unwrap_or(MultiTenantParams::default().system_words),
                 zipf_s: self.zipf,
                 ..MultiTenantParams::default()
             }),
+            WorkloadArg::MultiTenantStall => {
+                let base = MultiTenantParams::stall();
+                WorkloadKind::MultiTenantStall(MultiTenantParams {
+                    tenants: self.tenants.unwrap_or(base.tenants),
+                    system_words: self.tenant_system_words.unwrap_or(base.system_words),
+                    zipf_s: self.zipf,
+                    ..base
+                })
+            }
+            WorkloadArg::SharedAgent => WorkloadKind::SharedAgent(SharedAgentParams::default()),
+            WorkloadArg::LongUnique => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
+            WorkloadArg::UnequalPool => WorkloadKind::UnequalPool(UniqueParams::default()),
             WorkloadArg::MultiTurn => WorkloadKind::MultiTurn(MultiTurnParams {
                 conversations: self.conversations,
                 turns: self.turns,
@@ -230,10 +267,10 @@ impl SpecArgs {
                 ..AgentParams::default()
             }),
         };
-        let load = match (self.rate, self.concurrency, defaults.rate) {
+        let load = match (self.rate, self.concurrency, defaults.load) {
             (Some(rate), _, _) => Load::Open { rate },
             (None, Some(concurrency), _) => Load::Closed { concurrency },
-            (None, None, Some(rate)) => Load::Open { rate },
+            (None, None, Some(load)) => load,
             (None, None, None) => anyhow::bail!("give --rate or --concurrency"),
         };
         let mut spec = WorkloadSpec::new(workload, load);
@@ -260,8 +297,38 @@ enum CompareWorkload {
     MultiTenant,
     MultiTurn,
     Agent,
-    /// The three workloads in turn
+    SharedAgent,
+    LongUnique,
+    MultiTenantStall,
+    UnequalPool,
+    /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
+    Interference,
+    /// Every workload above but interference, in turn
     All,
+}
+
+impl CompareWorkload {
+    fn workloads(self) -> Vec<WorkloadArg> {
+        match self {
+            CompareWorkload::MultiTenant => vec![WorkloadArg::MultiTenant],
+            CompareWorkload::MultiTurn => vec![WorkloadArg::MultiTurn],
+            CompareWorkload::Agent => vec![WorkloadArg::Agent],
+            CompareWorkload::SharedAgent => vec![WorkloadArg::SharedAgent],
+            CompareWorkload::LongUnique => vec![WorkloadArg::LongUnique],
+            CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
+            CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
+            CompareWorkload::Interference => vec![WorkloadArg::Interference],
+            CompareWorkload::All => vec![
+                WorkloadArg::MultiTenant,
+                WorkloadArg::MultiTurn,
+                WorkloadArg::Agent,
+                WorkloadArg::SharedAgent,
+                WorkloadArg::LongUnique,
+                WorkloadArg::MultiTenantStall,
+                WorkloadArg::UnequalPool,
+            ],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -269,6 +336,10 @@ enum PolicyArg {
     Kvroute,
     RoundRobin,
     LeastRequest,
+    /// The client probes every simulated pod and sends each request to the earliest first token
+    PerfectKnowledge,
+    /// The same, minimising the request's first token plus the wait it adds to those queued there
+    PerfectKnowledgeTotal,
 }
 
 impl From<PolicyArg> for Policy {
@@ -277,22 +348,30 @@ impl From<PolicyArg> for Policy {
             PolicyArg::Kvroute => Policy::Kvroute,
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
+            PolicyArg::PerfectKnowledge => Policy::Oracle,
+            PolicyArg::PerfectKnowledgeTotal => Policy::OracleTotal,
         }
     }
 }
 
 /// Durations and rates are in simulated seconds (wall = simulated × time scale). Without `--rate` or
-/// `--concurrency`, each workload runs open loop at its default rate: multi-tenant 5/s, multi-turn
-/// 5/s, agent 1/s.
+/// `--concurrency`, each workload runs at its default load on its default pods (see
+/// `compare::bench_defaults`): multi-tenant 4/s, multi-turn 5/s, agent 1/s, shared-agent 24 clients
+/// on 3 pods, long-unique 2.6/s, multi-tenant-stall 4/s, unequal-pool 2/s on 3 + 1 half-speed pods.
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("load").args(["rate", "concurrency"])))]
 struct CompareArgs {
     /// Policies to compare, in this order
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kvroute", "round-robin", "least-request"])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kvroute", "round-robin", "least-request", "perfect-knowledge"])]
     policies: Vec<PolicyArg>,
-    /// Simulated pods (fresh ones for every policy)
-    #[arg(long, default_value_t = 4)]
-    pods: usize,
+    /// Simulated pods (fresh ones for every policy) [default: the workload's; with several kvsim
+    /// processes, this sets the first one's]
+    #[arg(long)]
+    pods: Option<usize>,
+    /// Seeds to run every workload with: --seed, --seed + 1, …; with more than one, a summary of
+    /// medians and spreads and a verdict per workload follow
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
     /// Extra kvsim arguments, space-separated, e.g. "--num-gpu-blocks 2048"
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     sim_args: String,
@@ -302,10 +381,11 @@ struct CompareArgs {
     #[arg(long, value_enum, default_value = "multi-tenant")]
     workload: CompareWorkload,
     /// Simulated seconds at the start of the run that are sent but not measured (the pods start
-    /// with empty caches); 0 = measure everything
-    #[arg(long, default_value_t = 60.0)]
-    warmup: f64,
-    /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios)
+    /// with empty caches); 0 = measure everything [default: the workload's, 30 or 60]
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
+    /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     #[command(flatten)]
@@ -410,6 +490,10 @@ struct ComparePdArgs {
     /// agent: simulated seconds sent but not measured (cold caches)
     #[arg(long, default_value_t = compare_pd::AGENT_WARMUP)]
     agent_warmup: f64,
+    /// Leave out the round-robin P/D baselines (a plain Envoy; the client round-robins prefill and
+    /// decode pods, splitting every request, or only prompts over 512 words)
+    #[arg(long)]
+    no_baselines: bool,
     /// agent: leave out the control row (the aggregated pods with kvroute's prefix scorer weighted
     /// 6 against 1 per load scorer)
     #[arg(long)]
@@ -559,6 +643,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .label
                 .clone()
                 .unwrap_or_else(|| spec.workload.name().to_owned());
+            // What the workload says every pod holds (shared-agent's prefix), on the pods given.
+            let prewarm = wasm_tests::bench::workload::WorkloadGen::new(&spec)?.prewarm_bodies();
+            compare::prewarm_pods(&args.pods, spec.api, &prewarm).await?;
             let report = run(&args.target, &args.pods, &spec, args.time_scale).await?;
             let rows = [(label, report)];
             print!("{}", render_table(&rows));
@@ -603,50 +690,98 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
         args.time_scale.is_finite() && args.time_scale > 0.0,
         "time scale must be > 0"
     );
-    let workloads: Vec<WorkloadArg> = match args.workload {
-        CompareWorkload::MultiTenant => vec![WorkloadArg::MultiTenant],
-        CompareWorkload::MultiTurn => vec![WorkloadArg::MultiTurn],
-        CompareWorkload::Agent => vec![WorkloadArg::Agent],
-        CompareWorkload::All => vec![
-            WorkloadArg::MultiTenant,
-            WorkloadArg::MultiTurn,
-            WorkloadArg::Agent,
-        ],
-    };
+    anyhow::ensure!(args.seeds >= 1, "--seeds must be at least 1");
     // Validate every spec before starting anything.
-    let specs = workloads
-        .iter()
-        .map(|&w| args.spec.spec(w, SpecDefaults::compare(w)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    for spec in &specs {
+    let mut cases = Vec::new();
+    for w in args.workload.workloads() {
+        let spec = args.spec.spec(w, SpecDefaults::compare(w)?)?;
+        let defaults = compare::bench_defaults(w.name())?;
+        let warmup = args.warmup.unwrap_or(defaults.warmup_s);
         anyhow::ensure!(
-            args.warmup.is_finite() && args.warmup >= 0.0 && args.warmup < spec.duration_s,
-            "--warmup ({} s) must be >= 0 and shorter than --duration ({} s)",
-            args.warmup,
+            warmup.is_finite() && warmup >= 0.0 && warmup < spec.duration_s,
+            "{}: the warm-up ({warmup} s) must be >= 0 and shorter than the duration ({} s)",
+            w.name(),
             spec.duration_s
         );
+        let mut groups = defaults.groups;
+        if let (Some(n), Some(first)) = (args.pods, groups.first_mut()) {
+            first.pods = n;
+        }
+        anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "--pods must be >= 1");
+        cases.push((w, spec, warmup, groups));
     }
     let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
     anyhow::ensure!(!policies.is_empty(), "no policies given");
-    let opts = StackOptions {
-        pods: args.pods,
-        sim_args: split_args(&args.sim_args),
-        time_scale: args.time_scale,
-        ..StackOptions::default()
-    };
-    for spec in &specs {
-        let rows = compare::compare(&policies, spec, &opts, args.warmup).await?;
+    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.spec.seed + i).collect();
+    let t0 = std::time::Instant::now();
+    let mut verdicts = Vec::new();
+    for (w, spec, warmup, groups) in &cases {
+        let opts = StackOptions {
+            groups: groups.clone(),
+            sim_args: split_args(&args.sim_args),
+            time_scale: args.time_scale,
+            ..StackOptions::default()
+        };
+        let pool = compare::describe_groups(groups);
+        let mut runs = Vec::new();
+        for &seed in &seeds {
+            let mut spec = spec.clone();
+            spec.seed = seed;
+            let rows = compare::compare(&policies, &spec, &opts, *warmup).await?;
+            println!();
+            if args.sim_args.trim().is_empty() {
+                println!("pool: {pool}");
+            } else {
+                println!("pool: {pool}; every pod also: {}", args.sim_args.trim());
+            }
+            print!("{}", compare::render_text(&rows, *warmup));
+            if let Some(dir) = &args.out {
+                let stem = if seeds.len() == 1 {
+                    w.name().to_owned()
+                } else {
+                    format!("{}-seed{seed}", w.name())
+                };
+                compare::write_outputs(dir, &stem, &rows, *warmup)?;
+                eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
+            }
+            runs.push(rows);
+        }
+        let summaries = summary::summarize(&runs);
+        let verdict = summary::verdict(w.name(), &runs, &summaries);
+        let text = format!(
+            "pool: {pool}\n{}",
+            summary::render_summary(w.name(), &summaries, &verdict)
+        );
         println!();
-        print!("{}", compare::render_text(&rows, args.warmup));
+        print!("{text}");
         if let Some(dir) = &args.out {
-            compare::write_outputs(dir, spec.workload.name(), &rows, args.warmup)?;
-            eprintln!(
-                "wrote {0}/{1}.json and {0}/{1}.txt",
-                dir.display(),
-                spec.workload.name()
-            );
+            std::fs::create_dir_all(dir)?;
+            let stem = format!("{}-summary", w.name());
+            let doc = serde_json::json!({
+                "workload": w.name(),
+                "pool": groups,
+                "seeds": seeds,
+                "warmup_s": warmup,
+                "policies": summaries,
+                "verdict": verdict,
+            });
+            std::fs::write(
+                dir.join(format!("{stem}.json")),
+                serde_json::to_string_pretty(&doc)? + "\n",
+            )?;
+            std::fs::write(dir.join(format!("{stem}.txt")), &text)?;
+            eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
+        }
+        verdicts.push(verdict);
+    }
+    if verdicts.len() > 1 {
+        println!();
+        println!("== verdicts ({} seeds each) ==", seeds.len());
+        for v in &verdicts {
+            println!("{}", summary::verdict_line(v));
         }
     }
+    eprintln!("compare: {:.0} s wall in all", t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -686,7 +821,14 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
                 args.seed,
             ),
             warmup_s: args.interference_warmup,
-            setups: setups(args.interference_gpus),
+            setups: {
+                let mut rows = setups(args.interference_gpus);
+                if !args.no_baselines {
+                    let (_, p, d) = args.interference_gpus;
+                    rows.extend(compare_pd::round_robin_baselines(p, d));
+                }
+                rows
+            },
         });
     }
     if matches!(args.scenario, PdScenarioArg::Agent | PdScenarioArg::All) {
@@ -705,6 +847,10 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
             warmup_s: args.agent_warmup,
             setups: {
                 let mut rows = setups(args.agent_gpus);
+                if !args.no_baselines {
+                    let (_, p, d) = args.agent_gpus;
+                    rows.extend(compare_pd::round_robin_baselines(p, d));
+                }
                 if !args.no_control {
                     rows.push(compare_pd::prefix_weighted_control(args.agent_gpus.0));
                 }

@@ -58,6 +58,7 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/sim/fault", post(sim_fault))
         .route("/sim/reset", post(sim_reset))
         .route("/sim/kv-pulled", post(sim_kv_pulled))
+        .route("/sim/probe", post(super::probe::sim_probe))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(pod.clone(), pod_layer))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

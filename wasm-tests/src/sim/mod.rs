@@ -19,6 +19,7 @@ mod metrics;
 mod net;
 mod pod;
 pub mod profile;
+mod probe;
 mod request;
 mod tokens;
 
