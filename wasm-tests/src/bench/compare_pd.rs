@@ -296,7 +296,7 @@ impl PdStack {
 #[derive(Clone, Debug, Serialize)]
 pub struct Setup {
     pub topology: Topology,
-    /// A control row's name (`prefix-weighted`); `None` for kvroute as configured for every row.
+    /// A control row's name (`tie band 0.2`); `None` for kvroute as configured for every row.
     pub variant: Option<String>,
     /// kvroute configuration fields this row adds (objects merged field by field).
     pub plugin_extra: Value,
@@ -989,12 +989,11 @@ fn render_counters(rows: &[PdRow]) -> String {
         if r.setup.topology.is_kvroute_pd() {
             let _ = write!(
                 line,
-                "; pd: disaggregated {}, decode-only {}, prefill failures {}, rejected {}, threshold {} tokens at the end",
+                "; pd: disaggregated {}, decode-only {}, prefill failures {}, rejected {}",
                 stat("kvroute.pd.disaggregated"),
                 stat("kvroute.pd.decode_only"),
                 stat("kvroute.pd.prefill_failures"),
                 stat("kvroute.pd.prefill_rejected"),
-                stat("kvroute.pd.threshold_tokens"),
             );
         }
         if r.setup.variant.is_some() {
@@ -1104,14 +1103,14 @@ pub fn round_robin_baselines(prefill: usize, decode: usize) -> Vec<Setup> {
     .collect()
 }
 
-/// The agent scenario's control row: the aggregated pods with kvroute's prefix scorer weighted 6
-/// against 1 for each load scorer (defaults 3 against 2 + 1 + 2). It shows how much the aggregated
-/// baseline depends on keeping agent sessions on the pod holding their context.
-pub fn prefix_weighted_control(pods: usize) -> Setup {
+/// The agent scenario's control row: the aggregated pods with kvroute's tie band widened from 5% to
+/// 20% of the best prediction (more requests decided by rendezvous among near-equal pods). It shows
+/// how much the aggregated baseline depends on that one knob.
+pub fn wide_tie_band_control(pods: usize) -> Setup {
     Setup {
         topology: Topology::Aggregated { pods },
-        variant: Some("prefix-weighted".to_owned()),
-        plugin_extra: json!({"weights": {"prefix": 6, "queue": 1, "kv_cache": 1, "inflight": 1}}),
+        variant: Some("tie band 0.2".to_owned()),
+        plugin_extra: json!({"prediction": {"tie_band": 0.2}}),
     }
 }
 
@@ -1249,10 +1248,10 @@ mod tests {
             &[record("stream-0", 0.0, 0.2, &[0.1; 10], 2.0)],
         );
         let control = row(
-            prefix_weighted_control(4),
+            wide_tie_band_control(4),
             &[record("stream-0", 0.0, 0.2, &[0.3; 10], 4.0)],
         );
-        assert_eq!(control.label, "aggregated 4 (prefix-weighted)");
+        assert_eq!(control.label, "aggregated 4 (tie band 0.2)");
         assert_eq!(pd.label, "P/D sidecar 2P+2D");
         let scenario = Scenario {
             name: "interference".to_owned(),
@@ -1269,7 +1268,7 @@ mod tests {
         assert_eq!(itl[0].against, "aggregated 4");
         assert!((itl[0].value.unwrap() - 9.0).abs() < 1e-9);
         assert_eq!(itl[0].met, Some(true));
-        assert_eq!(itl[1].against, "aggregated 4 (prefix-weighted)");
+        assert_eq!(itl[1].against, "aggregated 4 (tie band 0.2)");
         assert_eq!(itl[1].met, Some(false), "3× is short of 5×");
         let text = render_verdicts(&v);
         assert!(text.contains("9.0× lower with P/D"), "{text}");

@@ -45,7 +45,8 @@ pub enum PdSplit {
 }
 
 impl PdSplit {
-    /// The selective baseline's threshold: kvroute's default `pd.threshold_tokens`.
+    /// The selective baseline's threshold: the fixed 512 uncached tokens kvroute split at before its
+    /// split was decided by cost.
     pub const SELECTIVE_THRESHOLD: usize = 512;
 
     pub fn label(self) -> String {

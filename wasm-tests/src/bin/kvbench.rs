@@ -852,7 +852,7 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
                     rows.extend(compare_pd::round_robin_baselines(p, d));
                 }
                 if !args.no_control {
-                    rows.push(compare_pd::prefix_weighted_control(args.agent_gpus.0));
+                    rows.push(compare_pd::wide_tie_band_control(args.agent_gpus.0));
                 }
                 rows
             },
