@@ -219,8 +219,55 @@ impl CostFit {
             }
             *bi += lambda * p;
         }
-        solve3(a, b)
+        // Non-negative least squares by active set: a coefficient the data want below zero (an
+        // overhead partly hidden because the step in progress was already under way when the
+        // request was routed) is fixed at zero and the others re-solved, rather than clamped after
+        // the fact (which would shift every prediction up by the clamped amount).
+        let mut fixed = [false; 3];
+        for _ in 0..3 {
+            let x = solve3(pin(a, &fixed), pin_rhs(b, &fixed))?;
+            let negative: Vec<usize> = (0..3)
+                .filter(|&i| {
+                    x.get(i).is_some_and(|v| *v < 0.0) && !fixed.get(i).copied().unwrap_or(true)
+                })
+                .collect();
+            if negative.is_empty() {
+                return Some(x);
+            }
+            for i in negative {
+                if let Some(f) = fixed.get_mut(i) {
+                    *f = true;
+                }
+            }
+        }
+        solve3(pin(a, &fixed), pin_rhs(b, &fixed))
     }
+}
+
+/// The system with the `fixed` coefficients held at zero (their rows made identity rows, their
+/// columns cleared elsewhere).
+fn pin(mut a: [[f64; 3]; 3], fixed: &[bool; 3]) -> [[f64; 3]; 3] {
+    for (i, row) in a.iter_mut().enumerate() {
+        for (k, cell) in row.iter_mut().enumerate() {
+            let row_fixed = fixed.get(i).copied().unwrap_or(false);
+            let col_fixed = fixed.get(k).copied().unwrap_or(false);
+            if row_fixed {
+                *cell = if i == k { 1.0 } else { 0.0 };
+            } else if col_fixed {
+                *cell = 0.0;
+            }
+        }
+    }
+    a
+}
+
+fn pin_rhs(mut b: [f64; 3], fixed: &[bool; 3]) -> [f64; 3] {
+    for (v, f) in b.iter_mut().zip(fixed) {
+        if *f {
+            *v = 0.0;
+        }
+    }
+    b
 }
 
 /// Cramer's rule on a symmetric positive definite 3×3 system; `None` when (nearly) singular.
@@ -312,6 +359,29 @@ mod tests {
             (p - truth(5000.0, 4.0)).abs() / truth(5000.0, 4.0) < 0.05,
             "{p}"
         );
+    }
+
+    #[test]
+    fn a_negative_overhead_is_fixed_at_zero_not_clamped_after_the_fact() {
+        // Work ahead is counted whole although the step in progress is half done: the data say
+        // ttft = 0.02 × tokens − 30 ms. Clamping the solved −30 to 0 would predict 30 ms too much
+        // everywhere; fixing it at zero refits the slope through the data instead.
+        let cfg = CostConfig::default();
+        let mut fit = CostFit::new(&cfg);
+        for i in 0..200 {
+            let tokens = 3000.0 + 500.0 * f64::from(i % 10);
+            fit.observe(&cfg, tokens, 0.0, 0.020 * tokens - 30.0);
+        }
+        let c = fit.coefficients();
+        assert_eq!(c.overhead_ms, 0.0);
+        let mean_error: f64 = (0..10)
+            .map(|i| {
+                let tokens = 3000.0 + 500.0 * f64::from(i);
+                c.predict_ms(tokens, 0.0) - (0.020 * tokens - 30.0)
+            })
+            .sum::<f64>()
+            / 10.0;
+        assert!(mean_error.abs() < 3.0, "mean error {mean_error} ms, {c:?}");
     }
 
     #[test]

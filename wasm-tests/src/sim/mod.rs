@@ -18,8 +18,8 @@ mod http;
 mod metrics;
 mod net;
 mod pod;
-pub mod profile;
 mod probe;
+pub mod profile;
 mod request;
 mod tokens;
 
