@@ -848,7 +848,10 @@ fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>> {
             setups: {
                 let mut rows = setups(args.agent_gpus);
                 if !args.no_baselines {
-                    let (_, p, d) = args.agent_gpus;
+                    let (a, p, d) = args.agent_gpus;
+                    rows.push(compare_pd::Setup::plain(
+                        compare_pd::Topology::AggregatedRoundRobin { pods: a },
+                    ));
                     rows.extend(compare_pd::round_robin_baselines(p, d));
                 }
                 if !args.no_control {

@@ -1,0 +1,73 @@
+//! The core's own cost per request, natively: parse a 16 KB chat body, hash it, plan (scheduler and
+//! P/D) and observe, as the request path does, against 4 pods that hold part of the prompt.
+//! `cargo run --release --example plan_cost` — prints µs per request (median of 5 rounds).
+//!
+//! It only uses API that both the count-based scheduler (commit 4b8e149) and the predicted-TTFT one
+//! share but the parser's path, so the same file times either (in a checkout of 4b8e149, copy it and
+//! replace `kvroute::flow::parse` with `kvroute::request`).
+#![allow(clippy::expect_used, clippy::indexing_slicing)] // a measurement tool, not plugin code
+
+use std::time::Instant;
+
+fn main() {
+    let pods = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"];
+    let config = kvroute::config::Config::parse(
+        format!(
+            r#"{{"pools":[{{"name":"p","endpoints":["{}","{}","{}","{}"]}}]}}"#,
+            pods[0], pods[1], pods[2], pods[3]
+        )
+        .as_bytes(),
+    )
+    .expect("config");
+    let now = 1_000_000u64;
+    let table = format!(
+        r#"{{"format":2,"version":1,"published_ms":{now},"pods":[{}]}}"#,
+        pods.iter()
+            .map(|a| format!(
+                r#"{{"addr":"{a}","role":"aggregated","metrics_at_ms":{now},"failing":false,
+                   "metrics":{{"waiting":1,"running":4,"kv_usage":0.3,"block_size":16,"num_gpu_blocks":4096,"models":["m"]}}}}"#
+            ))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut router = kvroute::router::Router::new();
+    router.apply_load_table(
+        &config,
+        kvroute::state::load::LoadTable::decode(table.as_bytes()).expect("table"),
+    );
+    let system = "You are a careful assistant. ".repeat(560); // ~16 KB
+    let rounds: Vec<f64> = (0..5)
+        .map(|round| {
+            let n = 4000;
+            let start = Instant::now();
+            for i in 0..n {
+                let body = format!(
+                    r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {round} {i}"}}]}}"#
+                );
+                let view = parse(&body);
+                let blocks = kvroute::router::Router::blocks(&config, &view, None);
+                let plan = router.plan(&config, &view.model, &blocks, Default::default(), now);
+                if let kvroute::scheduler::Decision::Route { ranked, .. } = &plan.decision {
+                    let addr = ranked[0].addr.clone();
+                    router.observe(&kvroute::state::messages::Observation {
+                        addr,
+                        hashes: blocks.hashes,
+                    });
+                }
+            }
+            start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+        })
+        .collect();
+    let mut sorted = rounds.clone();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "parse + hash + plan + observe, 16 KB chat body, 4 pods: {:.2} µs per request (median of 5; rounds {:?})",
+        sorted[2],
+        rounds.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>()
+    );
+}
+
+fn parse(body: &str) -> kvroute::flow::parse::RequestView {
+    kvroute::flow::parse::parse(kvroute::flow::parse::Endpoint::ChatCompletions, body.as_bytes())
+        .expect("body")
+}
