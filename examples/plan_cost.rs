@@ -10,7 +10,12 @@
 use std::time::Instant;
 
 fn main() {
-    let pods = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"];
+    let pods = [
+        "10.0.0.1:8000",
+        "10.0.0.2:8000",
+        "10.0.0.3:8000",
+        "10.0.0.4:8000",
+    ];
     let config = kvroute::config::Config::parse(
         format!(
             r#"{{"pools":[{{"name":"p","endpoints":["{}","{}","{}","{}"]}}]}}"#,
@@ -68,6 +73,9 @@ fn main() {
 }
 
 fn parse(body: &str) -> kvroute::flow::parse::RequestView {
-    kvroute::flow::parse::parse(kvroute::flow::parse::Endpoint::ChatCompletions, body.as_bytes())
-        .expect("body")
+    kvroute::flow::parse::parse(
+        kvroute::flow::parse::Endpoint::ChatCompletions,
+        body.as_bytes(),
+    )
+    .expect("body")
 }
