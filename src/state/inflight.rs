@@ -1,7 +1,7 @@
-//! The in-flight board: every VM's unfinished requests per pod, and the prefill work among them,
-//! in one shared-data key.
+//! The work board (key `kvroute.inflight`): every VM's unfinished requests per pod, and the prefill
+//! work among them, in one shared-data key.
 //!
-//! Why a board and not reports to the leader: the affinity cap and the load scorers must see the
+//! Why a board and not reports to the leader: the predictor and the overload guard must see the
 //! requests other worker VMs sent a moment ago. A burst on one hot prefix arrives within
 //! milliseconds, far inside one leader tick, and with per-VM counts alone each VM sent its share of
 //! the burst to the prefix holder before anyone saw the pile-up. Each VM owns one row and rewrites it
