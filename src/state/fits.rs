@@ -10,6 +10,7 @@
 //! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
 //! one entry per pod.
 
+use super::rows::{Entry, RowBoard};
 use crate::scheduler::cost::Coefficients;
 use hashbrown::HashMap;
 
@@ -25,119 +26,78 @@ pub struct PodFit {
     pub itl_ms: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Row {
-    vm: u64,
-    written_ms: u64,
-    fits: Vec<PodFit>,
-}
+impl Entry for PodFit {
+    const FORMAT: &'static str = FORMAT;
 
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct FitBoard {
-    rows: Vec<Row>,
-}
-
-impl FitBoard {
-    pub fn decode(bytes: &[u8]) -> FitBoard {
-        let text = String::from_utf8_lossy(bytes);
-        let mut lines = text.lines();
-        if lines.next() != Some(FORMAT) {
-            return FitBoard::default();
-        }
-        FitBoard {
-            rows: lines.filter_map(parse_row).collect(),
+    fn write(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let c = &self.cost;
+        let _ = write!(
+            out,
+            "{}={:.3}/{:.4}/{:.3}/{:.2}/",
+            self.addr, c.overhead_ms, c.us_per_token, c.us_per_decoding, self.samples
+        );
+        match self.itl_ms {
+            Some(itl) => {
+                let _ = write!(out, "{itl:.3}");
+            }
+            None => out.push('-'),
         }
     }
 
+    fn parse(field: &str) -> Option<PodFit> {
+        let (addr, value) = field.rsplit_once('=')?;
+        let parts: Vec<&str> = value.split('/').collect();
+        let [o, t, d, n, itl] = parts.as_slice() else {
+            return None;
+        };
+        let number = |text: &str| {
+            text.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+        };
+        let itl_ms = match *itl {
+            "-" => None,
+            text => Some(number(text)?),
+        };
+        Some(PodFit {
+            addr: addr.to_string(),
+            cost: Coefficients {
+                overhead_ms: number(o)?,
+                us_per_token: number(t)?,
+                us_per_decoding: number(d)?,
+            },
+            samples: number(n)?,
+            itl_ms,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FitBoard(RowBoard<PodFit>);
+
+impl FitBoard {
+    pub fn decode(bytes: &[u8]) -> FitBoard {
+        FitBoard(RowBoard::decode(bytes))
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        use std::fmt::Write as _;
-        let mut out = String::from(FORMAT);
-        out.push('\n');
-        for row in &self.rows {
-            let _ = write!(out, "{:x} {}", row.vm, row.written_ms);
-            for f in &row.fits {
-                let c = &f.cost;
-                let _ = write!(
-                    out,
-                    " {}={:.3}/{:.4}/{:.3}/{:.2}/",
-                    f.addr, c.overhead_ms, c.us_per_token, c.us_per_decoding, f.samples
-                );
-                match f.itl_ms {
-                    Some(itl) => {
-                        let _ = write!(out, "{itl:.3}");
-                    }
-                    None => out.push('-'),
-                }
-            }
-            out.push('\n');
-        }
-        out.into_bytes()
+        self.0.encode()
     }
 
     /// Replaces `vm`'s row and drops rows older than `ttl_ms`.
     pub fn put_row(&mut self, vm: u64, now_ms: u64, fits: Vec<PodFit>, ttl_ms: u64) {
-        self.rows
-            .retain(|r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms);
-        self.rows.push(Row {
-            vm,
-            written_ms: now_ms,
-            fits,
-        });
-        self.rows.sort_by_key(|r| r.vm);
+        self.0.put_row(vm, now_ms, fits, ttl_ms);
     }
 
     /// Every other live VM's fits, per pod.
     pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, Vec<PodFit>> {
         let mut out: HashMap<String, Vec<PodFit>> = HashMap::new();
-        for row in &self.rows {
-            if row.vm == vm || now_ms.saturating_sub(row.written_ms) > ttl_ms {
-                continue;
-            }
-            for f in &row.fits {
-                out.entry_ref(f.addr.as_str()).or_default().push(f.clone());
-            }
+        for f in self.0.others(vm, now_ms, ttl_ms) {
+            out.entry_ref(f.addr.as_str()).or_default().push(f.clone());
         }
         out
     }
-}
-
-fn parse_fit(field: &str) -> Option<PodFit> {
-    let (addr, value) = field.rsplit_once('=')?;
-    let parts: Vec<&str> = value.split('/').collect();
-    let [o, t, d, n, itl] = parts.as_slice() else {
-        return None;
-    };
-    let number = |text: &str| {
-        text.parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
-    };
-    let itl_ms = match *itl {
-        "-" => None,
-        text => Some(number(text)?),
-    };
-    Some(PodFit {
-        addr: addr.to_string(),
-        cost: Coefficients {
-            overhead_ms: number(o)?,
-            us_per_token: number(t)?,
-            us_per_decoding: number(d)?,
-        },
-        samples: number(n)?,
-        itl_ms,
-    })
-}
-
-fn parse_row(line: &str) -> Option<Row> {
-    let mut fields = line.split(' ');
-    let vm = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let written_ms = fields.next()?.parse().ok()?;
-    let fits = fields.filter_map(parse_fit).collect();
-    Some(Row {
-        vm,
-        written_ms,
-        fits,
-    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@
 //! a few host calls per request (`make bench-overhead` measured 15–70 µs); at dozens of workers with
 //! hundreds of pods, per-VM keys would remove the contention.
 
+use super::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
 /// The format line every board value starts with.
@@ -55,104 +56,61 @@ impl PodWork {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Row {
-    vm: u64,
-    written_ms: u64,
-    counts: Vec<(String, PodWork)>,
+/// One pod's entry in a VM's row.
+pub type WorkEntry = (String, PodWork);
+
+impl Entry for WorkEntry {
+    const FORMAT: &'static str = FORMAT;
+
+    fn write(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let (addr, w) = self;
+        let _ = write!(
+            out,
+            "{addr}={}/{}/{}",
+            w.inflight, w.prefill_tokens, w.prefill_requests
+        );
+    }
+
+    fn parse(field: &str) -> Option<Self> {
+        let (addr, value) = field.rsplit_once('=')?;
+        let mut parts = value.split('/');
+        let work = PodWork {
+            inflight: parts.next()?.parse().ok()?,
+            prefill_tokens: parts.next()?.parse().ok()?,
+            prefill_requests: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then(|| (addr.to_string(), work))
+    }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Board {
-    rows: Vec<Row>,
-}
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Board(RowBoard<WorkEntry>);
 
 impl Board {
     pub fn decode(bytes: &[u8]) -> Board {
-        let text = String::from_utf8_lossy(bytes);
-        let mut lines = text.lines();
-        if lines.next() != Some(FORMAT) {
-            return Board::default();
-        }
-        let rows = lines.filter_map(parse_row).collect();
-        Board { rows }
+        Board(RowBoard::decode(bytes))
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        use std::fmt::Write as _;
-        let mut out = String::from(FORMAT);
-        out.push('\n');
-        for row in &self.rows {
-            let _ = write!(out, "{:x} {}", row.vm, row.written_ms);
-            for (addr, w) in &row.counts {
-                let _ = write!(
-                    out,
-                    " {addr}={}/{}/{}",
-                    w.inflight, w.prefill_tokens, w.prefill_requests
-                );
-            }
-            out.push('\n');
-        }
-        out.into_bytes()
+        self.0.encode()
     }
 
     /// Replaces `vm`'s row with `counts` (empty entries left out) and drops rows older than
     /// `ttl_ms`.
-    pub fn put_row(&mut self, vm: u64, now_ms: u64, counts: &[(String, PodWork)], ttl_ms: u64) {
-        self.rows
-            .retain(|r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms);
-        self.rows.push(Row {
-            vm,
-            written_ms: now_ms,
-            counts: counts
-                .iter()
-                .filter(|(_, w)| !w.is_empty())
-                .cloned()
-                .collect(),
-        });
-        self.rows.sort_by_key(|r| r.vm);
+    pub fn put_row(&mut self, vm: u64, now_ms: u64, counts: &[WorkEntry], ttl_ms: u64) {
+        let entries = counts.iter().filter(|(_, w)| !w.is_empty()).cloned();
+        self.0.put_row(vm, now_ms, entries.collect(), ttl_ms);
     }
 
     /// Work per pod from every VM but `vm`, counting rows younger than `ttl_ms`.
     pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, PodWork> {
         let mut sums: HashMap<String, PodWork> = HashMap::new();
-        for row in &self.rows {
-            if row.vm == vm || now_ms.saturating_sub(row.written_ms) > ttl_ms {
-                continue;
-            }
-            for (addr, w) in &row.counts {
-                sums.entry_ref(addr.as_str()).or_default().add(w);
-            }
+        for (addr, w) in self.0.others(vm, now_ms, ttl_ms) {
+            sums.entry_ref(addr.as_str()).or_default().add(w);
         }
         sums
     }
-}
-
-fn parse_work(value: &str) -> Option<PodWork> {
-    let mut parts = value.split('/');
-    let work = PodWork {
-        inflight: parts.next()?.parse().ok()?,
-        prefill_tokens: parts.next()?.parse().ok()?,
-        prefill_requests: parts.next()?.parse().ok()?,
-    };
-    parts.next().is_none().then_some(work)
-}
-
-fn parse_row(line: &str) -> Option<Row> {
-    let mut fields = line.split(' ');
-    let vm = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let written_ms = fields.next()?.parse().ok()?;
-    let counts = fields
-        .filter_map(|f| {
-            let (addr, w) = f.rsplit_once('=')?;
-            Some((addr.to_string(), parse_work(w)?))
-        })
-        .collect();
-    Some(Row {
-        vm,
-        written_ms,
-        counts,
-    })
 }
 
 #[cfg(test)]
@@ -209,7 +167,7 @@ mod tests {
             "vm 1 went silent"
         );
         b.put_row(2, 3005, &counts(&[("a:1", 0)]), 3000);
-        assert_eq!(b.rows.len(), 1, "expired row dropped on write");
+        assert_eq!(b.0.rows(), 1, "expired row dropped on write");
         assert!(
             b.others(9, 3005, 3000).is_empty(),
             "empty entries are not stored"

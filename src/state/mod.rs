@@ -20,6 +20,7 @@ pub mod inflight;
 pub mod lease;
 pub mod load;
 pub mod messages;
+pub mod rows;
 
 pub const LEASE_KEY: &str = "kvroute.lease";
 pub const LOAD_KEY: &str = "kvroute.load";
