@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The header `override_host` reads.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
@@ -357,27 +357,10 @@ async fn probe(
 /// The body of the prefill leg: the request cut to one token, not streamed, marked for a remote
 /// decode (as vLLM's NixlConnector proxy and llm-d's sidecar send it).
 pub fn prefill_body(body: &Value) -> Value {
-    let mut b = body.clone();
-    if let Value::Object(map) = &mut b {
-        map.insert("max_tokens".into(), json!(1));
-        if map.contains_key("max_completion_tokens") {
-            map.insert("max_completion_tokens".into(), json!(1));
-        }
-        map.insert("stream".into(), json!(false));
-        map.remove("stream_options");
-        map.insert(
-            "kv_transfer_params".into(),
-            json!({
-                "do_remote_decode": true,
-                "do_remote_prefill": false,
-                "remote_engine_id": null,
-                "remote_block_ids": null,
-                "remote_host": null,
-                "remote_port": null,
-            }),
-        );
+    match body {
+        Value::Object(map) => Value::Object(crate::sim::remote_decode_prefill(map)),
+        other => other.clone(),
     }
-    b
 }
 
 /// Prefills on `prefill_pod` through Envoy (`url`) and returns the decode leg's body: the original
@@ -419,6 +402,7 @@ async fn prefill_then_decode_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn earliest_picks_the_soonest_first_token_and_rotates_ties() {

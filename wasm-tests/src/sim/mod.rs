@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 pub use config::{
     parse_link_gbps, EngineKind, Role, SimConfig, ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
 };
-pub use pod::{Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
+pub use pod::{remote_decode_prefill, Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
 pub use profile::{Profile, PROFILES};
 pub use tokens::{block_hashes, render_chat, tokenize, ChatMessage};
 

@@ -303,25 +303,7 @@ impl Pod {
         path: &str,
         req: &InferenceRequest,
     ) -> Result<KvTransferParams> {
-        let mut body = req.body.clone();
-        body.insert("max_tokens".into(), json!(1));
-        if body.contains_key("max_completion_tokens") {
-            body.insert("max_completion_tokens".into(), json!(1));
-        }
-        body.insert("stream".into(), json!(false));
-        // vLLM rejects stream_options on a non-streaming request.
-        body.remove("stream_options");
-        body.insert(
-            "kv_transfer_params".into(),
-            json!({
-                "do_remote_decode": true,
-                "do_remote_prefill": false,
-                "remote_engine_id": null,
-                "remote_block_ids": null,
-                "remote_host": null,
-                "remote_port": null,
-            }),
-        );
+        let body = remote_decode_prefill(&req.body);
         // Generous: the prefill may queue behind other work on a busy prefill pod.
         let timeout = Duration::from_secs_f64((600.0 * self.cfg.time_scale).max(10.0));
         let resp = self
@@ -392,4 +374,31 @@ pub fn prefiller_target(headers: &HeaderMap) -> Option<Result<String, String>> {
     } else {
         Err(format!("not a host:port: {text:?}"))
     })
+}
+
+/// The prefill leg of a disaggregated request, as vLLM's NixlConnector proxy and llm-d's routing
+/// sidecar send it: the client's body cut to one token, not streamed, marked for a remote decode.
+pub fn remote_decode_prefill(
+    body: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut body = body.clone();
+    body.insert("max_tokens".into(), json!(1));
+    if body.contains_key("max_completion_tokens") {
+        body.insert("max_completion_tokens".into(), json!(1));
+    }
+    body.insert("stream".into(), json!(false));
+    // vLLM rejects stream_options on a non-streaming request.
+    body.remove("stream_options");
+    body.insert(
+        "kv_transfer_params".into(),
+        json!({
+            "do_remote_decode": true,
+            "do_remote_prefill": false,
+            "remote_engine_id": null,
+            "remote_block_ids": null,
+            "remote_host": null,
+            "remote_port": null,
+        }),
+    );
+    body
 }
