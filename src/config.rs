@@ -104,7 +104,8 @@ pub struct Config {
     pub admin_cluster: Option<String>,
     pub poll_interval_ms: u64,
     pub poll_timeout_ms: u64,
-    /// Metrics older than this make a pod unroutable.
+    /// Metrics older than this are stale: the pod is still routed, on the gateway's own view of its
+    /// work (see `crate::health`).
     pub stale_after_ms: u64,
     /// How often cluster membership is re-read from the admin API.
     pub discovery_interval_ms: u64,
@@ -135,6 +136,8 @@ pub struct Config {
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
     pub slo: crate::scheduler::slo::SloConfig,
+    /// Passive health: when pods whose requests fail are ejected (see `crate::health`).
+    pub health: crate::health::HealthConfig,
 }
 
 impl Default for Config {
@@ -163,6 +166,7 @@ impl Default for Config {
             session: Default::default(),
             shedding: Default::default(),
             slo: Default::default(),
+            health: Default::default(),
         }
     }
 }
@@ -276,6 +280,9 @@ impl Config {
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         self.shedding
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
+        self.health
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         if static_members > MAX_PODS {

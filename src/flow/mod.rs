@@ -26,6 +26,7 @@ pub mod usage;
 
 use crate::config::NoEndpointPolicy;
 use crate::headers::DEBUG;
+use crate::health::{RequestEnd, Verdict};
 use crate::metrics::{Counter, Histogram};
 use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
@@ -124,6 +125,8 @@ pub struct Route {
     pub prefiller: Option<String>,
     /// Inline P/D: make this call first and give its answer to [`RequestFlow::on_prefill_answer`].
     pub prefill_call: Option<HttpCall>,
+    /// `x-envoy-upstream-rq-per-try-timeout-ms` (streamed requests, see `crate::health`).
+    pub first_byte_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +168,8 @@ pub struct RequestFlow {
     /// Inline P/D: the client's body, waiting for the prefill pod's answer.
     prefill_original: Option<Map<String, Value>>,
     awaiting: Option<Awaiting>,
+    /// The response's status, once its headers came.
+    status: Option<u32>,
     response_ok: bool,
     streamed: bool,
     /// Streamed responses: chunks seen, and when the first and last arrived (µs).
@@ -277,7 +282,11 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         }
         let first_token = plan.first_token();
-        let Plan { decision, pd } = plan;
+        let Plan {
+            decision,
+            pd,
+            observer_suspect,
+        } = plan;
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
             Decision::NoEndpoint(rejection) => {
@@ -288,6 +297,11 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         };
         host.count(Counter::Routed, 1);
+        if observer_suspect {
+            host.count(Counter::ObserverSuspect, 1);
+        } else if primary.stale {
+            host.count(Counter::RoutedStale, 1);
+        }
         if primary.meets_slo == Some(false) {
             host.count(Counter::SloPredictedMiss, 1);
         }
@@ -346,10 +360,18 @@ impl RequestFlow {
                 hashes: blocks.hashes.clone(),
             },
         );
+        let slowest = ranked
+            .iter()
+            .map(|c| c.prediction.ttft_ms)
+            .fold(0.0, f64::max);
         let mut route = Route {
             destinations,
             prefiller: None,
             prefill_call: None,
+            first_byte_timeout_ms: view
+                .stream
+                .then(|| vm.config.health.first_byte_timeout(slowest))
+                .flatten(),
         };
         let Some(prefill_addr) = prefill_pod else {
             return BodyOutcome::Route(route);
@@ -485,6 +507,7 @@ impl RequestFlow {
         end_of_stream: bool,
     ) -> Option<(&'static str, String)> {
         if self.routed_to.is_some() {
+            self.status = status.and_then(|s| s.parse().ok());
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
@@ -524,8 +547,20 @@ impl RequestFlow {
         }
     }
 
-    /// The request is over (done, reset, timed out or answered locally).
-    pub fn on_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+    /// Whether [`Self::on_done`] wants to know how the request ended upstream (it was routed).
+    pub fn wants_end(&self) -> bool {
+        self.routed_to.is_some()
+    }
+
+    /// The request is over (done, reset, timed out or answered locally). `upstream` and `details`
+    /// are the proxy's account of the last upstream attempt, when [`Self::wants_end`] asked.
+    pub fn on_done(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        upstream: Option<String>,
+        details: Option<String>,
+    ) {
         // Reset, timeout or a local reply before any response byte: the prefill stops counting,
         // and teaches nothing.
         let completed = self.response_ok;
@@ -534,6 +569,21 @@ impl RequestFlow {
         let Some(addr) = self.routed_to.take() else {
             return;
         };
+        let end = RequestEnd {
+            status: self.status,
+            upstream,
+            details,
+        };
+        let verdicts = crate::health::judge(&addr, &end);
+        let failed = verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Failed)
+            .count();
+        if failed > 0 {
+            log::debug!("kvroute: a request failed on {addr}: {end:?}");
+            host.count(Counter::RequestFailures, failed as u64);
+        }
+        vm.record_verdicts(verdicts);
         if completed && self.chunks >= 3 {
             let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
             let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);

@@ -91,7 +91,7 @@ fn a_routed_request_counts_as_work_until_its_first_byte_then_teaches_the_pod() {
     assert!(vm.router.fit_samples(&pod) > 0.0);
     let w = vm.router.work(&pod);
     assert_eq!((w.inflight, w.prefill_requests), (1, 0), "prefill done");
-    flow.on_done(vm, host);
+    flow.on_done(vm, host, None, None);
     assert_eq!(vm.router.work(&pod).inflight, 0);
 }
 
@@ -184,7 +184,7 @@ fn an_inline_prefill_that_times_out_falls_back_to_decode_only() {
     flow.on_response_headers(vm, host, Some("200"), false);
     flow.on_response_body(vm, host, 10, None, false);
     assert_eq!(vm.router.fit_samples(PODS[0]), 0.0);
-    flow.on_done(vm, host);
+    flow.on_done(vm, host, None, None);
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn an_inline_prefill_hands_its_kv_to_the_decode_pod_and_a_refusal_goes_back() {
     );
     assert_eq!(decoded["stream"], true, "the client's own request");
     assert_eq!(host.counter(Counter::PdDisaggregated), 1);
-    flow.on_done(vm, host);
+    flow.on_done(vm, host, None, None);
     let (mut flow, _) = send(&mut c, 0, &[], &chat_body("m", &"other ".repeat(3000)));
     let (vm, host) = &mut c.vms[0];
     let PrefillOutcome::Reply(reply) = flow.on_prefill_answer(vm, host, 400, b"{\"error\":1}")
@@ -226,4 +226,198 @@ fn sidecar_mode_names_the_prefiller() {
     };
     assert_eq!(route.prefiller.as_deref(), Some(PODS[0]));
     assert!(route.prefill_call.is_none());
+}
+
+/// A poll's answer: status (0: none), body, and how long after the poll it came.
+type PollAnswer = (u32, Vec<u8>, u64);
+
+/// The leader (VM 0) ticks and answers its polls with `answer(pod)`.
+fn lead_once(c: &mut Cluster, answer: &dyn Fn(&str) -> PollAnswer) {
+    let (vm, host) = &mut c.vms[0];
+    let now = host.now_ms();
+    vm.tick(host, now);
+    for (token, call) in host.take_calls() {
+        if call.path == "/metrics" {
+            let (status, body, after_ms) = answer(&call.authority);
+            let at = now + after_ms;
+            vm.on_call_response(host, token, status, &body, at);
+        }
+    }
+    // The answers are published on the next tick.
+    vm.tick(host, now);
+}
+
+/// A prompt whose first block is its own (short prompts share the chain seed's rendezvous key).
+fn distinct(tag: &str) -> String {
+    format!("{tag} {}", "and so on ".repeat(20))
+}
+
+fn primary_of(outcome: &BodyOutcome) -> String {
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    route.destinations.split(',').next().unwrap().to_string()
+}
+
+#[test]
+fn late_polls_make_figures_stale_and_refused_polls_make_pods_down() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    // Pod 0's /metrics never answers within the timeout (a busy API process); pod 1 refuses.
+    let timeout = cfg.poll_timeout_ms;
+    for _ in 0..3 {
+        c.advance_ms(cfg.stale_after_ms);
+        lead_once(&mut c, &|pod| {
+            if pod == PODS[0] {
+                (504, b"upstream request timeout".to_vec(), timeout)
+            } else {
+                (503, b"upstream connect error".to_vec(), 2)
+            }
+        });
+    }
+    let host = &c.vms[0].1;
+    assert_eq!(host.counter(Counter::PollsLate), 3);
+    assert_eq!(host.counter(Counter::PollFailures), 3);
+    assert_eq!(host.gauges[crate::metrics::Gauge::PodsHealthy.name()], 1);
+    assert_eq!(host.gauges[crate::metrics::Gauge::PodsStale.name()], 1);
+    for i in 0..5 {
+        let (mut flow, outcome) = send(&mut c, 0, &[], &chat_body("m", &format!("sys {i}")));
+        assert_eq!(primary_of(&outcome), PODS[0], "the late pod still serves");
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_headers(vm, host, Some("200"), false);
+        flow.on_done(vm, host, Some(PODS[0].to_string()), None);
+    }
+    assert_eq!(
+        c.vms[0].1.counter(Counter::RoutedStale),
+        0,
+        "all stale: the observer"
+    );
+    assert_eq!(c.vms[0].1.counter(Counter::ObserverSuspect), 5);
+    // The refusing pod answers again: pod 0 is now the only stale one, routed on the board.
+    c.advance_ms(cfg.poll_interval_ms);
+    lead_once(&mut c, &|pod| {
+        if pod == PODS[0] {
+            (0, Vec::new(), timeout)
+        } else {
+            (200, crate::vm::tests::metrics("m", 0), 1)
+        }
+    });
+    let sent: Vec<String> = (0..8)
+        .map(|i| {
+            primary_of(
+                &send(
+                    &mut c,
+                    0,
+                    &[],
+                    &chat_body("m", &distinct(&format!("other {i}"))),
+                )
+                .1,
+            )
+        })
+        .collect();
+    assert!(sent.iter().any(|p| p == PODS[0]), "{sent:?}");
+    assert!(c.vms[0].1.counter(Counter::RoutedStale) > 0);
+}
+
+#[test]
+fn a_leader_that_misses_ticks_causes_no_refusal() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    assert_eq!(c.leaders(), vec![0]);
+    // The leader's worker is stuck (or the whole proxy was throttled) for many stale periods;
+    // the follower's table is as old.
+    c.vms[1].1.advance_ms(5 * cfg.stale_after_ms);
+    let (_, outcome) = send(&mut c, 1, &[], &chat_body("m", "sys"));
+    assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+    assert_eq!(c.vms[1].1.counter(Counter::ObserverSuspect), 1);
+    assert_eq!(c.vms[1].1.counter(Counter::NoEndpoint), 0);
+}
+
+#[test]
+fn a_pod_failing_its_requests_is_ejected_for_every_vm_and_comes_back() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let bad = PODS[0];
+    let good = PODS[1];
+    // VM 1 sends requests; those landing on the bad pod get a 500 or are answered by the good
+    // pod after Envoy's retry walked past the bad one.
+    let mut failures = 0;
+    for i in 0..40 {
+        let (mut flow, outcome) =
+            send(&mut c, 1, &[], &chat_body("m", &distinct(&format!("p{i}"))));
+        let pod = primary_of(&outcome);
+        let (vm, host) = &mut c.vms[1];
+        if pod == bad {
+            failures += 1;
+            if i % 2 == 0 {
+                flow.on_response_headers(vm, host, Some("500"), true);
+                flow.on_done(vm, host, Some(bad.to_string()), Some("via_upstream".into()));
+            } else {
+                flow.on_response_headers(vm, host, Some("200"), false);
+                flow.on_done(
+                    vm,
+                    host,
+                    Some(good.to_string()),
+                    Some("via_upstream".into()),
+                );
+            }
+        } else {
+            flow.on_response_headers(vm, host, Some("200"), false);
+            flow.on_done(
+                vm,
+                host,
+                Some(good.to_string()),
+                Some("via_upstream".into()),
+            );
+        }
+    }
+    assert!(failures >= 5, "{failures} of 40 landed on the bad pod");
+    assert_eq!(c.vms[1].1.counter(Counter::RequestFailures), failures);
+    c.tick();
+    c.advance_ms(100);
+    c.tick();
+    assert_eq!(
+        c.vms[0].1.counter(Counter::Ejections),
+        1,
+        "the leader ejected it"
+    );
+    for i in 0..20 {
+        let (_, outcome) = send(&mut c, 1, &[], &chat_body("m", &distinct(&format!("q{i}"))));
+        assert_eq!(
+            primary_of(&outcome),
+            good,
+            "the follower avoids the ejected pod"
+        );
+    }
+    let BodyOutcome::Route(route) = send(&mut c, 1, &[], &chat_body("m", &distinct("r"))).1 else {
+        panic!()
+    };
+    assert!(!route.destinations.contains(bad), "not even as a fallback");
+    // After the ejection it takes traffic again.
+    c.advance_ms(cfg.health.base_ejection_ms + 100);
+    c.tick();
+    let back = (0..20)
+        .filter(|i| {
+            primary_of(&send(&mut c, 1, &[], &chat_body("m", &distinct(&format!("s{i}")))).1) == bad
+        })
+        .count();
+    assert!(back > 0, "the pod came back");
+}
+
+#[test]
+fn a_client_that_leaves_counts_against_no_pod() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    for i in 0..10 {
+        let (mut flow, _) = send(&mut c, 0, &[], &chat_body("m", &distinct(&format!("p{i}"))));
+        let (vm, host) = &mut c.vms[0];
+        flow.on_done(vm, host, None, Some("downstream_remote_disconnect".into()));
+    }
+    c.tick();
+    assert_eq!(c.vms[0].1.counter(Counter::RequestFailures), 0);
+    assert_eq!(c.vms[0].1.counter(Counter::Ejections), 0);
 }

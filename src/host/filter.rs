@@ -4,7 +4,7 @@
 
 use super::root::Node;
 use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
-use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
+use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
 use crate::metrics::Counter;
 use crate::port::Host;
 use proxy_wasm::hostcalls;
@@ -29,6 +29,12 @@ fn request_header(name: &str) -> Option<String> {
 
 fn set_request_header(name: &str, value: &str) -> bool {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
+}
+
+/// A string attribute of the stream (Envoy's `upstream.address`, `response.code_details`).
+fn property(path: &[&str]) -> Option<String> {
+    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
+    String::from_utf8(bytes).ok()
 }
 
 fn send(reply: &Reply) {
@@ -150,6 +156,9 @@ impl HttpContext for Filter {
                 if let Some(prefiller) = &route.prefiller {
                     set_request_header(PREFILLER, prefiller);
                 }
+                if let Some(ms) = route.first_byte_timeout_ms {
+                    set_request_header(PER_TRY_TIMEOUT, &ms.to_string());
+                }
                 let Some(call) = route.prefill_call else {
                     return Action::Continue;
                 };
@@ -203,9 +212,17 @@ impl HttpContext for Filter {
     }
 
     fn on_log(&mut self) {
+        let (upstream, details) = if self.flow.wants_end() {
+            (
+                property(&["upstream", "address"]),
+                property(&["response", "code_details"]),
+            )
+        } else {
+            (None, None)
+        };
         self.with_node(|flow, node| {
             let Node { vm, host } = node;
-            flow.on_done(vm, host)
+            flow.on_done(vm, host, upstream, details)
         });
     }
 }
