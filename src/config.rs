@@ -125,8 +125,12 @@ pub struct Config {
     pub on_no_endpoint: NoEndpointPolicy,
     /// Adds `x-kvroute-debug` to responses: chosen pod, matched prefix, scores.
     pub debug_header: bool,
-    /// Bodies larger than this are not parsed (routed by load only).
+    /// Inference bodies larger than this are refused with 413 (kvroute reads a body whole to route
+    /// it and to remove what a client must not set).
     pub max_body_bytes: usize,
+    /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
+    /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
+    pub trust_client_kv_transfer_params: bool,
     /// A lease not renewed for this long is taken over by another worker.
     pub leader_lease_ms: u64,
     /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
@@ -160,6 +164,7 @@ impl Default for Config {
             on_no_endpoint: NoEndpointPolicy::Reject,
             debug_header: false,
             max_body_bytes: 8 * 1024 * 1024,
+            trust_client_kv_transfer_params: false,
             leader_lease_ms: 1500,
             singleton: false,
             pd: crate::pd::PdConfig::default(),

@@ -25,6 +25,10 @@ pub enum Counter {
     BadPriority,
     /// Client-supplied routing headers removed.
     SpoofedHeadersRemoved,
+    /// Client-supplied `kv_transfer_params` removed from request bodies.
+    ClientKvParamsRemoved,
+    /// Inference requests refused with 413: the body was larger than `max_body_bytes`.
+    BodyTooLarge,
     /// Metrics polls that failed outright (refused, reset, non-200, garbage): the pod is down.
     PollFailures,
     /// Metrics polls that timed out: the pod's figures are stale, the pod still routed.
@@ -91,7 +95,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 26] = [
+    pub const ALL: [Counter; 28] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -101,6 +105,8 @@ impl Counter {
         Counter::Shed,
         Counter::BadPriority,
         Counter::SpoofedHeadersRemoved,
+        Counter::ClientKvParamsRemoved,
+        Counter::BodyTooLarge,
         Counter::PollFailures,
         Counter::PollsLate,
         Counter::RoutedStale,
@@ -132,6 +138,8 @@ impl Counter {
             Counter::Shed => "kvroute.shed",
             Counter::BadPriority => "kvroute.bad_priority",
             Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
+            Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed",
+            Counter::BodyTooLarge => "kvroute.body_too_large",
             Counter::PollFailures => "kvroute.poll_failures",
             Counter::PollsLate => "kvroute.health.polls_late",
             Counter::RoutedStale => "kvroute.health.routed_stale",

@@ -54,6 +54,7 @@ pub enum ErrorCode {
     UnknownModel,
     NoHealthyPod,
     NoPods,
+    BodyTooLarge,
 }
 
 impl ErrorCode {
@@ -66,12 +67,14 @@ impl ErrorCode {
             ErrorCode::UnknownModel => "unknown_model",
             ErrorCode::NoHealthyPod => "no_healthy_pod",
             ErrorCode::NoPods => "no_pods",
+            ErrorCode::BodyTooLarge => "body_too_large",
         }
     }
 
     fn status_and_kind(self) -> (u32, &'static str) {
         match self {
             ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
+            ErrorCode::BodyTooLarge => (413, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
             ErrorCode::UnknownModel => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
@@ -179,6 +182,20 @@ pub struct RequestFlow {
     /// What the index expects the response's `usage` to report, until it does.
     cache_check: Option<CacheExpectation>,
     carry: Vec<u8>,
+    /// See [`Self::take_rewritten_body`].
+    rewritten_body: Option<Vec<u8>>,
+}
+
+/// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
+const OWNED_BODY_FIELD: &str = "kv_transfer_params";
+
+fn too_large_reply(vm: &Vm, host: &mut dyn Host) -> Reply {
+    host.count(Counter::BodyTooLarge, 1);
+    let message = format!(
+        "kvroute: the request body is larger than max_body_bytes ({} bytes); an inference request is read whole to be routed",
+        vm.config.max_body_bytes
+    );
+    Reply::error(ErrorCode::BodyTooLarge, &message)
 }
 
 impl RequestFlow {
@@ -203,7 +220,10 @@ impl RequestFlow {
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
         match Endpoint::from_path(&path) {
-            Some(endpoint) if method == "POST" && !too_large && !end_of_stream => {
+            Some(_) if method == "POST" && too_large => {
+                HeadersOutcome::Reply(too_large_reply(vm, host))
+            }
+            Some(endpoint) if method == "POST" && !end_of_stream => {
                 match read_hints(vm, header) {
                     Ok(hints) => self.hints = hints,
                     Err((code, counter, message)) => {
@@ -223,6 +243,12 @@ impl RequestFlow {
         }
     }
 
+    /// The body to send instead of the client's, if kvroute had to change it (a client-supplied
+    /// `kv_transfer_params` removed); the host writes it and fixes `content-length`.
+    pub fn take_rewritten_body(&mut self) -> Option<Vec<u8>> {
+        self.rewritten_body.take()
+    }
+
     /// Whether [`Self::on_request_headers`] asked for the body (and it has not come yet).
     pub fn waiting_for_body(&self) -> bool {
         self.endpoint.is_some()
@@ -239,16 +265,10 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         };
         let Some(body) = body.filter(|b| b.len() <= vm.config.max_body_bytes) else {
-            host.count(Counter::Passthrough, 1);
-            return BodyOutcome::Continue;
+            return BodyOutcome::Reply(too_large_reply(vm, host));
         };
         let inline = vm.config.pd.mode == PdMode::Inline;
-        let parsed = if inline {
-            parse::parse_object(endpoint, body).map(|(v, o)| (v, Some(o)))
-        } else {
-            parse::parse(endpoint, body).map(|v| (v, None))
-        };
-        let (view, object) = match parsed {
+        let (view, mut object) = match parse::parse_object(endpoint, body) {
             Ok(p) => p,
             Err(e) => {
                 // The model server gives the client its own error for a bad body.
@@ -257,6 +277,13 @@ impl RequestFlow {
                 return BodyOutcome::Continue;
             }
         };
+        if !vm.config.trust_client_kv_transfer_params && object.remove(OWNED_BODY_FIELD).is_some() {
+            // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
+            // the client's. Removed whatever happens next (routed, passed through, refused).
+            host.count(Counter::ClientKvParamsRemoved, 1);
+            self.rewritten_body = serde_json::to_vec(&object).ok();
+        }
+        let object = inline.then_some(object);
         vm.sync_pages(host);
         let now = host.now_ms();
         vm.read_inflight_board(host, now);

@@ -421,3 +421,97 @@ fn a_client_that_leaves_counts_against_no_pod() {
     assert_eq!(c.vms[0].1.counter(Counter::RequestFailures), 0);
     assert_eq!(c.vms[0].1.counter(Counter::Ejections), 0);
 }
+
+fn with_kv_params(system: &str) -> Vec<u8> {
+    json!({"model": "m", "stream": false,
+           "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+           "kv_transfer_params": {"do_remote_prefill": true, "remote_host": "10.1.2.3",
+                                  "remote_port": 22, "remote_block_ids": [1]}})
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn a_client_kv_handle_never_reaches_a_pod() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (mut flow, outcome) = send(&mut c, 0, &[], &with_kv_params("sys"));
+    assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+    let body: serde_json::Value =
+        serde_json::from_slice(&flow.take_rewritten_body().expect("rewritten")).unwrap();
+    assert!(body.get("kv_transfer_params").is_none(), "{body}");
+    assert_eq!(
+        body["messages"][0]["content"], "sys",
+        "the rest is the client's"
+    );
+    assert_eq!(c.vms[0].1.counter(Counter::ClientKvParamsRemoved), 1);
+    // A body without one is left alone, byte for byte.
+    let (mut flow, _) = send(&mut c, 0, &[], &chat_body("m", "sys"));
+    assert_eq!(flow.take_rewritten_body(), None);
+    // Before the first load table (passed through), still removed.
+    let mut fresh = Cluster::new(&cfg, 1);
+    let (mut flow, outcome) = send(&mut fresh, 0, &[], &with_kv_params("sys"));
+    assert_eq!(outcome, BodyOutcome::Continue);
+    assert!(flow.take_rewritten_body().is_some());
+    // Trusted internal clients keep theirs.
+    let trusted = config(r#","trust_client_kv_transfer_params":true"#);
+    let mut c = Cluster::new(&trusted, 1);
+    c.ready();
+    let (mut flow, _) = send(&mut c, 0, &[], &with_kv_params("sys"));
+    assert_eq!(flow.take_rewritten_body(), None);
+}
+
+#[test]
+fn an_inline_prefill_sends_kvroutes_own_kv_handle_and_a_fallback_none() {
+    let mut c = pd_cluster("inline");
+    let long = "context ".repeat(3000);
+    let (mut flow, outcome) = send(&mut c, 0, &[], &with_kv_params(&long));
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let call = route.prefill_call.expect("an inline prefill");
+    let sent: serde_json::Value = serde_json::from_slice(call.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        sent["kv_transfer_params"],
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+        "kvroute's own request to the prefill pod"
+    );
+    let rewritten: serde_json::Value =
+        serde_json::from_slice(&flow.take_rewritten_body().unwrap()).unwrap();
+    assert!(rewritten.get("kv_transfer_params").is_none());
+    // The prefill fails: the decode pod gets the rewritten body, without the client's handle.
+    let (vm, host) = &mut c.vms[0];
+    assert_eq!(
+        flow.on_prefill_answer(vm, host, 503, b""),
+        PrefillOutcome::Resume(None)
+    );
+}
+
+#[test]
+fn an_oversize_body_is_refused_with_413_whether_or_not_its_length_is_announced() {
+    let cfg = config(r#","max_body_bytes":1000"#);
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (vm, host) = &mut c.vms[0];
+    let h = headers(&[
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-length", "5000"),
+    ]);
+    let HeadersOutcome::Reply(reply) = RequestFlow::new().on_request_headers(vm, host, &h, false)
+    else {
+        panic!()
+    };
+    assert_eq!(reply.status, 413);
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(body["error"]["code"], "body_too_large");
+    // Chunked: only the body's size tells.
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", &"x".repeat(2000)));
+    let BodyOutcome::Reply(reply) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(reply.status, 413);
+    assert_eq!(c.vms[0].1.counter(Counter::BodyTooLarge), 2);
+}
