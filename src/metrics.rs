@@ -64,6 +64,9 @@ pub enum Gauge {
     PdPrefillPoolQueueX1000,
     /// Mean queued requests per decode pod, × 1000.
     PdDecodePoolQueueX1000,
+    /// 1, named after the module's version (`kvroute.build.version.<version>.info`): which
+    /// module every gateway runs, during a rollout too.
+    BuildInfo,
 }
 
 /// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
@@ -73,6 +76,8 @@ pub enum Histogram {
     TtftMs,
     /// |predicted − observed| / observed time to first byte, in percent.
     TtftPredictionErrorPct,
+    /// Time kvroute spent deciding one request in the filter (parse, hash, predict, pick), µs.
+    DecisionUs,
 }
 
 impl Counter {
@@ -129,12 +134,13 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 5] = [
+    pub const ALL: [Gauge; 6] = [
         Gauge::PodsHealthy,
         Gauge::PodsKnown,
         Gauge::IndexEntries,
         Gauge::PdPrefillPoolQueueX1000,
         Gauge::PdDecodePoolQueueX1000,
+        Gauge::BuildInfo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -144,17 +150,25 @@ impl Gauge {
             Gauge::IndexEntries => "kvroute.index_entries",
             Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",
             Gauge::PdDecodePoolQueueX1000 => "kvroute.pd.decode_pool_queue_x1000",
+            Gauge::BuildInfo => {
+                concat!("kvroute.build.version.", env!("CARGO_PKG_VERSION"), ".info")
+            }
         }
     }
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 2] = [Histogram::TtftMs, Histogram::TtftPredictionErrorPct];
+    pub const ALL: [Histogram; 3] = [
+        Histogram::TtftMs,
+        Histogram::TtftPredictionErrorPct,
+        Histogram::DecisionUs,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Histogram::TtftMs => "kvroute.ttft_ms",
             Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_pct",
+            Histogram::DecisionUs => "kvroute.decision_us",
         }
     }
 }
