@@ -99,20 +99,20 @@ fn a_misspelt_field_is_caught_in_every_kind() {
     misspell(
         &deploy,
         &format!("{k}overlays/gateway-api/gateway.yaml"),
-        "gatewayClassName:",
-        "gatewayClass:",
+        "  gatewayClassName: istio",
+        "  gatewayClass: istio",
     );
     misspell(
         &deploy,
         &format!("{k}components/autoscaling-keda/scaledobjects.yaml"),
-        "  minReplicaCount: 1\n  maxReplicaCount: 8\n  pollingInterval",
-        "  minReplicas: 1\n  maxReplicaCount: 8\n  pollingInterval",
+        "{name: vllm-prefill}\n  minReplicaCount",
+        "{name: vllm-prefill}\n  minReplicas",
     );
     misspell(
         &deploy,
         &format!("{k}components/autoscaling-hpa/hpa.yaml"),
-        "name: vllm-prefill\n  minReplicas",
-        "name: vllm-prefill\n  minReplica",
+        "name: vllm-prefill}\n  minReplicas:",
+        "name: vllm-prefill}\n  minReplica:",
     );
     let (ok, out) = check(&deploy, &[]);
     assert!(!ok, "typos passed:\n{out}");
