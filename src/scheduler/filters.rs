@@ -10,6 +10,8 @@ pub enum Rejection {
     NoPods,
     /// Pods exist but all are down.
     NoneHealthy,
+    /// Pods exist but none has been heard from yet (start-up).
+    NoneKnownYet,
     /// Healthy pods exist but none reports serving the requested model.
     UnknownModel,
     /// Every candidate is saturated and the request's priority is negative (shed).
@@ -22,6 +24,7 @@ impl Rejection {
     pub fn as_str(&self) -> &'static str {
         match self {
             Rejection::NoPods => "no pods are known for this pool",
+            Rejection::NoneKnownYet => "no pod has answered its first metrics poll yet",
             Rejection::NoneHealthy => {
                 "no pod is healthy (all refuse their metrics polls or fail their requests)"
             }
@@ -47,9 +50,13 @@ pub fn filter<'p, 'a>(
     if of_role.is_empty() {
         return Err(Rejection::NoPods);
     }
+    use crate::health::Health;
+    if of_role.iter().all(|p| p.health == Health::Unknown) {
+        return Err(Rejection::NoneKnownYet);
+    }
     let healthy: Vec<&PodView> = of_role
         .into_iter()
-        .filter(|p| p.health != crate::health::Health::Down)
+        .filter(|p| matches!(p.health, Health::Fresh | Health::Stale))
         .collect();
     if healthy.is_empty() {
         return Err(Rejection::NoneHealthy);

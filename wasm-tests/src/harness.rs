@@ -37,6 +37,34 @@ pub fn envoy_bin() -> Result<PathBuf> {
     bail!("no Envoy under {}: run `make tools`", lib.display())
 }
 
+/// A program `make tools` installed into `.tools/venv/bin` (python, kubectl, …).
+pub fn tools_bin(name: &str) -> Result<PathBuf> {
+    let p = repo_root().join(".tools/venv/bin").join(name);
+    if !p.exists() {
+        bail!("{} missing: run `make tools`", p.display());
+    }
+    Ok(p)
+}
+
+/// `kubectl kustomize` of an overlay under `deploy/kustomize/overlays/`: the rendered YAML text.
+pub fn render_overlay(overlay: &str) -> Result<String> {
+    let dir = repo_root().join("deploy/kustomize/overlays").join(overlay);
+    let out = Command::new(tools_bin("kubectl")?)
+        .arg("kustomize")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .context("running kubectl kustomize")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The plugin: `$KVROUTE_WASM`, else the release build.
 pub fn wasm_path() -> Result<PathBuf> {
     let p = match std::env::var("KVROUTE_WASM") {

@@ -1,4 +1,5 @@
-//! The Istio manifests of `istio/`, proven on the real Envoy binary.
+//! The Istio manifests of `deploy/kustomize` (rendered by `kubectl kustomize`), proven on the real
+//! Envoy binary.
 //!
 //! The Envoy fragments a platform engineer applies are taken out of the YAML as they are: the
 //! EnvoyFilter's patches (the Wasm filter's ECDS configuration with kvroute's own configuration, the
@@ -32,7 +33,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use wasm_tests::harness::{envoy_bin, free_port, repo_root, wasm_path, Envoy, Sim};
+use wasm_tests::harness::{envoy_bin, free_port, render_overlay, repo_root, wasm_path, Envoy, Sim};
 
 const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const HCM: &str = "envoy.filters.network.http_connection_manager";
@@ -41,34 +42,30 @@ const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 // ---------------------------------------------------------------------------------------------
 // The manifests and the fragments in them.
 
-/// Every document of every `istio/*.yaml`.
+/// Every document of the rendered `aggregated` overlay (`kubectl kustomize
+/// deploy/kustomize/overlays/aggregated`): what a platform engineer applies.
 fn manifests() -> Vec<Value> {
-    let dir = repo_root().join("istio");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no YAML in {}", dir.display());
+    overlay_docs("aggregated")
+}
+
+/// Every document of a rendered overlay.
+fn overlay_docs(overlay: &str) -> Vec<Value> {
+    let text = render_overlay(overlay).unwrap();
     let mut docs = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            if v.is_null() {
-                continue;
-            }
-            for key in ["apiVersion", "kind", "metadata"] {
-                assert!(
-                    v.get(key).is_some(),
-                    "{}: a document without {key}",
-                    file.display()
-                );
-            }
-            docs.push(v);
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("overlays/{overlay}: {e}"));
+        if v.is_null() {
+            continue;
         }
+        for key in ["apiVersion", "kind", "metadata"] {
+            assert!(
+                v.get(key).is_some(),
+                "overlays/{overlay}: a document without {key}"
+            );
+        }
+        docs.push(v);
     }
+    assert!(!docs.is_empty(), "overlays/{overlay} rendered nothing");
     docs
 }
 
@@ -78,7 +75,7 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 fn one_of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let found = of_kind(docs, kind);
-    assert_eq!(found.len(), 1, "exactly one {kind} in istio/");
+    assert_eq!(found.len(), 1, "exactly one {kind} in the overlay");
     found[0]
 }
 
@@ -94,7 +91,7 @@ fn u64_at(v: &Value, pointer: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number at {pointer} in {v}"))
 }
 
-/// The Envoy fragments of `istio/`, each exactly as written there.
+/// The Envoy fragments of a rendered overlay, each exactly as written there.
 struct Fragments {
     /// EXTENSION_CONFIG / ADD: the `TypedExtensionConfig` that ECDS serves.
     extension_config: Value,
@@ -123,16 +120,22 @@ impl Fragments {
         let filters = of_kind(docs, "EnvoyFilter");
         assert_eq!(filters.len(), 1, "one EnvoyFilter");
         let ef = filters[0];
-        assert_eq!(
-            ef["spec"]["workloadSelector"]["labels"]["istio"], "ingressgateway",
-            "the EnvoyFilter selects the ingress gateway"
-        );
         let patches = ef["spec"]["configPatches"]
             .as_array()
             .expect("configPatches");
+        // One proxy: every patch but the extension config matches the same context.
+        let context = patches
+            .iter()
+            .find(|p| p["applyTo"] == "HTTP_FILTER")
+            .map(|p| p["match"]["context"].clone())
+            .expect("an HTTP_FILTER patch");
+        assert!(
+            context == "GATEWAY" || context == "SIDECAR_OUTBOUND",
+            "{context}"
+        );
         for p in patches {
             if p["applyTo"] != "EXTENSION_CONFIG" {
-                assert_eq!(p["match"]["context"], "GATEWAY", "patch context: {p}");
+                assert_eq!(p["match"]["context"], context, "patch context: {p}");
             }
         }
         let select = |apply_to: &str, op: &str| -> Vec<&Value> {
@@ -163,13 +166,33 @@ impl Fragments {
         let plugin_config: Value = serde_json::from_str(configuration)
             .unwrap_or_else(|e| panic!("kvroute configuration is not JSON ({e}): {configuration}"));
 
-        let vs = one_of_kind(docs, "VirtualService");
-        let routes = vs["spec"]["http"]
-            .as_array()
-            .expect("VirtualService http routes");
-        assert_eq!(routes.len(), 1, "one inference route");
-        let destinations = routes[0]["route"].as_array().expect("route destinations");
-        assert_eq!(destinations.len(), 1, "one destination: the pool");
+        // The route: a VirtualService's destination and retries, or (Gateway API) an HTTPRoute's
+        // backend, which gets Istio's default retry policy.
+        let (retries, route_host, route_port) = match of_kind(docs, "VirtualService").first() {
+            Some(vs) => {
+                let routes = vs["spec"]["http"]
+                    .as_array()
+                    .expect("VirtualService http routes");
+                assert_eq!(routes.len(), 1, "one inference route");
+                let destinations = routes[0]["route"].as_array().expect("route destinations");
+                assert_eq!(destinations.len(), 1, "one destination: the pool");
+                (
+                    routes[0]["retries"].clone(),
+                    str_at(&destinations[0], "/destination/host").to_string(),
+                    u64_at(&destinations[0], "/destination/port/number"),
+                )
+            }
+            None => {
+                let route = one_of_kind(docs, "HTTPRoute");
+                let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+                let host = format!(
+                    "{}.{}.svc.cluster.local",
+                    str_at(backend, "/name"),
+                    str_at(route, "/metadata/namespace")
+                );
+                (json!({}), host, u64_at(backend, "/port"))
+            }
+        };
 
         Fragments {
             http_filter: filter["patch"]["value"].clone(),
@@ -180,9 +203,9 @@ impl Fragments {
             pool_port: u64_at(pool, "/match/cluster/portNumber"),
             pool_merge: pool["patch"]["value"].clone(),
             added_clusters,
-            retries: routes[0]["retries"].clone(),
-            route_host: str_at(&destinations[0], "/destination/host").to_string(),
-            route_port: u64_at(&destinations[0], "/destination/port/number"),
+            retries,
+            route_host,
+            route_port,
             extension_config,
             plugin_config,
         }
@@ -351,7 +374,7 @@ fn local_extension_config(fr: &Fragments, local: &Local) -> Value {
 }
 
 /// The bootstrap: an Istio-gateway-like listener, pool cluster and node, with every fragment of
-/// `istio/` applied the way istiod applies it.
+/// the overlay applied the way istiod applies it.
 fn bootstrap(fr: &Fragments, local: &Local) -> Value {
     let pool_name = fr.pool_cluster_name();
     let ec = local_extension_config(fr, local);
@@ -509,6 +532,11 @@ fn no_edit(_: &mut Value) {}
 
 #[test]
 fn the_manifests_fit_together() {
+    let ef = one_of_kind(&manifests(), "EnvoyFilter").clone();
+    assert_eq!(
+        ef["spec"]["workloadSelector"]["labels"]["istio"], "ingressgateway",
+        "the EnvoyFilter selects the ingress gateway"
+    );
     let docs = manifests();
     let fr = Fragments::load(&docs);
 
@@ -706,7 +734,7 @@ fn envoy_validates_the_assembled_fragments_and_kvroute_checks_its_configuration(
     assert!(!ok, "a misspelt kvroute field passed validation:\n{out}");
     assert!(out.contains("field `pols`"), "{out}");
 
-    // Why istio/README.md rules out locality load balancing on the pool's DestinationRule: istiod
+    // Why deploy/README.md rules out locality load balancing on the pool's DestinationRule: istiod
     // then sets locality_weighted_lb_config, which Envoy refuses next to load_balancing_policy.
     let (ok, out) = envoy_validate(
         &bootstrap(
@@ -725,6 +753,51 @@ fn envoy_validates_the_assembled_fragments_and_kvroute_checks_its_configuration(
         out.contains("load_balancing_policy cannot be combined"),
         "{out}"
     );
+}
+
+/// The other overlays (P/D pools, sidecar mode, Gateway API): each one's fragments, assembled as
+/// istiod would, pass `envoy --mode validate` with kvroute's own configuration check, and its
+/// routed pool is the cluster its CLUSTER MERGE patches and its route targets.
+#[test]
+fn every_overlay_assembles_into_a_config_envoy_and_kvroute_accept() {
+    let dir = TempDir::new("overlays");
+    let wasm = wasm_path().unwrap();
+    let pods = ["127.0.0.1:18001".to_string(), "127.0.0.1:18002".to_string()];
+    for overlay in ["pd", "sidecar-mesh", "gateway-api"] {
+        let docs = overlay_docs(overlay);
+        let fr = Fragments::load(&docs);
+        assert_eq!(fr.route_host, fr.pool_service, "overlays/{overlay}");
+        assert_eq!(fr.route_port, fr.pool_port, "overlays/{overlay}");
+        let routed: Vec<&Value> = fr.plugin_config["pools"]
+            .as_array()
+            .expect("pools")
+            .iter()
+            .filter(|p| p["role"] != "prefill")
+            .collect();
+        assert_eq!(routed.len(), 1, "overlays/{overlay}: one routed pool");
+        assert_eq!(
+            routed[0]["cluster"],
+            json!(fr.pool_cluster_name()),
+            "overlays/{overlay}"
+        );
+        let config = bootstrap(
+            &fr,
+            &Local {
+                dir: &dir.0,
+                wasm: &wasm,
+                pods: &pods,
+                admin_port: 15000,
+                form: FilterForm::Inline,
+                plugin_edit: no_edit,
+                pool_base_extra: json!({}),
+            },
+        );
+        let (ok, out) = envoy_validate(&config, &dir.0, overlay);
+        assert!(
+            ok,
+            "overlays/{overlay}: envoy --mode validate refused it:\n{out}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

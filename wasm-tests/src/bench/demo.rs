@@ -338,27 +338,47 @@ pub struct UpOptions {
     pub decode_endpoints: Vec<String>,
     /// `sidecar` or `inline` (kvroute's `pd.mode`).
     pub pd_mode: String,
+    /// Started by `make up`: errors name the make variables the user typed, not the flags.
+    pub via_make: bool,
+}
+
+impl UpOptions {
+    /// What the user calls an option: the flag, or under `make up` its variable.
+    pub fn name(&self, flag: &'static str) -> &'static str {
+        if !self.via_make {
+            return flag;
+        }
+        match flag {
+            "--endpoints" => "ENDPOINTS=",
+            "--port" => "PORT=",
+            "--prefill-endpoints" => "PREFILL=",
+            "--decode-endpoints" => "DECODE=",
+            "--pd-mode" => "PD_MODE=",
+            other => other,
+        }
+    }
 }
 
 /// `http://host:port/` or `host:port` → an `ip:port` Envoy's static cluster accepts.
-pub async fn resolve_endpoint(endpoint: &str) -> Result<String> {
+/// `list` names the option the endpoint came from, for the error.
+pub async fn resolve_endpoint(endpoint: &str, list: &str) -> Result<String> {
     let e = endpoint.trim();
     let e = e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/');
     if e.is_empty() {
-        bail!("empty endpoint in --endpoints");
+        bail!("empty endpoint in {list}");
     }
     if let Ok(addr) = e.parse::<SocketAddr>() {
         return Ok(addr.to_string());
     }
     let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host(e)
         .await
-        .with_context(|| format!("endpoint {endpoint:?}: expected ip:port or host:port"))?
+        .with_context(|| format!("{list} endpoint {endpoint:?}: expected ip:port or host:port"))?
         .collect();
     addrs.sort_by_key(|a| !a.is_ipv4());
     addrs
         .first()
         .map(SocketAddr::to_string)
-        .with_context(|| format!("endpoint {endpoint:?} resolves to no address"))
+        .with_context(|| format!("{list} endpoint {endpoint:?} resolves to no address"))
 }
 
 /// The first model `GET /v1/models` of `endpoint` lists.
@@ -412,14 +432,17 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
     if opts.port != 0 {
         std::net::TcpListener::bind(("127.0.0.1", opts.port)).with_context(|| {
             format!(
-                "port {} is not free on 127.0.0.1: choose another with --port",
-                opts.port
+                "port {} is not free on 127.0.0.1: choose another with {}",
+                opts.port,
+                opts.name("--port")
             )
         })?;
     }
     anyhow::ensure!(
         opts.prefill_endpoints.is_empty() || !opts.decode_endpoints.is_empty(),
-        "--prefill-endpoints needs --decode-endpoints (the pods that decode what they prefill)"
+        "{} needs {} (the pods that decode what they prefill)",
+        opts.name("--prefill-endpoints"),
+        opts.name("--decode-endpoints")
     );
     if !opts.decode_endpoints.is_empty() {
         return up_pd(opts).await;
@@ -437,7 +460,7 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
     } else {
         let mut pods = Vec::new();
         for e in &opts.endpoints {
-            pods.push(resolve_endpoint(e).await?);
+            pods.push(resolve_endpoint(e, opts.name("--endpoints")).await?);
         }
         (pods, None)
     };
@@ -487,13 +510,9 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
     println!("  kvroute stats curl -s {admin}/stats | grep wasmcustom.kvroute");
     println!();
     println!("Try (the x-kvroute-debug response header says which pod kvroute chose and why):");
-    let body = json!({
-        "model": model,
-        "messages": [{"role": "user", "content": "Hello! What can you do?"}],
-        "max_tokens": 32
-    });
+    println!("{}", curl_line(&url, &model));
     println!(
-        "  curl -si {url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'"
+        "  Run it twice: the second answer's x-kvroute-debug says reason=prefix, the same pod."
     );
     println!();
     println!("Ctrl-C to stop.");
@@ -506,10 +525,36 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
     Ok(())
 }
 
-async fn resolve_all(endpoints: &[String]) -> Result<Vec<String>> {
+/// The request `kvbench up` suggests. Its system prompt spans several 64-byte blocks, so the
+/// second identical request finds them on the pod the first one went to: the prefix hit shows.
+pub fn try_request(model: &str) -> Value {
+    let system = "You are the support assistant of a cloud hosting company. Answer in two short \
+                  sentences, name the relevant product page, never invent prices, and ask one \
+                  clarifying question when the customer does not say which region or plan they \
+                  use. Products: compute instances, managed databases, object storage, load \
+                  balancers, private networks and the command line tool.";
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "How do I resize a compute instance?"}
+        ],
+        "max_tokens": 32
+    })
+}
+
+/// `  curl …` with [`try_request`]'s body, on one line for copy and paste.
+pub fn curl_line(url: &str, model: &str) -> String {
+    format!(
+        "  curl -si {url}/v1/chat/completions -H 'content-type: application/json' -d '{}'",
+        try_request(model)
+    )
+}
+
+async fn resolve_all(endpoints: &[String], list: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for e in endpoints {
-        out.push(resolve_endpoint(e).await?);
+        out.push(resolve_endpoint(e, list).await?);
     }
     Ok(out)
 }
@@ -518,13 +563,15 @@ async fn resolve_all(endpoints: &[String]) -> Result<Vec<String>> {
 /// Envoy's pool cluster holds the decode and aggregated pods, kvroute knows all three pools and
 /// disaggregates long prompts in `pd_mode`.
 async fn up_pd(opts: &UpOptions) -> Result<()> {
-    let aggregated = resolve_all(&opts.endpoints).await?;
-    let prefill = resolve_all(&opts.prefill_endpoints).await?;
-    let decode = resolve_all(&opts.decode_endpoints).await?;
     anyhow::ensure!(
         matches!(opts.pd_mode.as_str(), "sidecar" | "inline"),
-        "--pd-mode must be sidecar or inline"
+        "{} must be sidecar or inline, not {:?}",
+        opts.name("--pd-mode"),
+        opts.pd_mode
     );
+    let aggregated = resolve_all(&opts.endpoints, opts.name("--endpoints")).await?;
+    let prefill = resolve_all(&opts.prefill_endpoints, opts.name("--prefill-endpoints")).await?;
+    let decode = resolve_all(&opts.decode_endpoints, opts.name("--decode-endpoints")).await?;
     let mut pools = vec![
         json!({"name": "prefill", "role": "prefill", "endpoints": prefill}),
         json!({"name": "decode", "role": "decode", "endpoints": decode}),
@@ -565,8 +612,8 @@ async fn up_pd(opts: &UpOptions) -> Result<()> {
         stack.admin_url()
     );
     println!(
-        "  try           curl -si {}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'",
-        stack.url()
+        "  try           {}",
+        curl_line(&stack.url(), &model).trim_start()
     );
     println!(
         "  (x-kvroute-debug shows pd=disaggregated|decode_only and the prefill pod; Ctrl-C stops)"

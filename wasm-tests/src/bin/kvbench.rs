@@ -618,6 +618,9 @@ struct UpArgs {
     /// How a disaggregated request is carried out: sidecar (x-prefiller-host-port) or inline
     #[arg(long, default_value = "sidecar")]
     pd_mode: String,
+    /// Set by `make up`: errors name its variables (PORT=, DECODE=, …) instead of these flags
+    #[arg(long, hide = true)]
+    via_make: bool,
 }
 
 fn split_args(s: &str) -> Vec<String> {
@@ -678,6 +681,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 prefill_endpoints: args.prefill_endpoints.clone(),
                 decode_endpoints: args.decode_endpoints.clone(),
                 pd_mode: args.pd_mode.clone(),
+                via_make: args.via_make,
             };
             demo::up(&opts).await?;
         }

@@ -1,0 +1,68 @@
+//! The same source gives the same module, byte for byte, wherever it is built: a copy of the
+//! sources in another directory, built by the Makefile's own rule into another target directory,
+//! yields the kvroute-lite.wasm `make build` wrote here (so the same image digest). What varies
+//! between builders — the checkout's path, the cargo registry's — is remapped by the Makefile;
+//! the toolchain is the same one (the Makefile's `RUST_VERSION` names the published one). (The lite module: a minute to build from
+//! nothing; the full one differs only by the tiktoken crate.)
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use wasm_tests::harness::{lite_wasm_path, repo_root};
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_copy_elsewhere_builds_the_same_module() {
+    let here = std::fs::read(lite_wasm_path().unwrap()).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvroute-repro-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let copy = dir.join("elsewhere/kvroute");
+    let root = repo_root();
+    for file in ["Cargo.toml", "Cargo.lock", "Makefile", "clippy.toml"] {
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::copy(root.join(file), copy.join(file)).unwrap();
+    }
+    for tree in ["src", "examples", "tools", "wasm-tests/src"] {
+        copy_tree(&root.join(tree), &copy.join(tree));
+    }
+    std::fs::copy(
+        root.join("wasm-tests/Cargo.toml"),
+        copy.join("wasm-tests/Cargo.toml"),
+    )
+    .unwrap();
+    let out = Command::new("make")
+        .current_dir(&copy)
+        .args([
+            "--no-print-directory",
+            "lite-module",
+            "LITE_TARGET_DIR=other-target",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("make");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let there = std::fs::read(copy.join("target/wasm32-wasip1/release/kvroute-lite.wasm")).unwrap();
+    assert_eq!(there.len(), here.len(), "sizes differ");
+    assert!(
+        there == here,
+        "the module built in {} differs",
+        copy.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
