@@ -146,7 +146,7 @@ mod tests {
             published_ms: 5,
             pods: vec![p],
         };
-        assert_eq!(LoadTable::decode(&t.encode()), Some(t));
+        assert_eq!(LoadTable::decode(&t.encode()), Some(t.clone()));
         assert_eq!(LoadTable::decode(b"junk"), None);
         // A pod reporting an absurd geometry gets the configured ceiling, not an overflow.
         let mut absurd = t.pods[0].clone();
