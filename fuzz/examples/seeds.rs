@@ -123,11 +123,19 @@ fn main() {
     }
     c.put("prom", "tiny-trtllm", b"trtllm_num_requests_waiting 2\ntrtllm_num_requests_running 5\ntrtllm_kv_cache_utilization 0.5\n");
     let clusters = sample("envoy-clusters");
-    for name in ["pool", "checked", "outbound|8000||vllm.default.svc.cluster.local"] {
+    for name in [
+        "pool",
+        "checked",
+        "outbound|8000||vllm.default.svc.cluster.local",
+    ] {
         let mut input = name.as_bytes().to_vec();
         input.push(b'\n');
         input.extend_from_slice(&clusters);
-        c.put("admin_clusters", &format!("envoy-{}", name.replace('|', "_")), &input);
+        c.put(
+            "admin_clusters",
+            &format!("envoy-{}", name.replace('|', "_")),
+            &input,
+        );
     }
 
     // Request bodies, each with what a pod answers (streamed with usage, whole, a prefill answer).
@@ -148,8 +156,13 @@ fn main() {
             c.put("request_body", &format!("{name}-{tag}"), &input);
         }
         // The prefill pod's answer to this client body.
-        for (status, response, tag) in [(200u8, &prefill, "ok"), (0, &sample("vllm-error"), "404")] {
-            let mut input = if status == 200 { vec![1, 0] } else { vec![3, 0] };
+        for (status, response, tag) in [(200u8, &prefill, "ok"), (0, &sample("vllm-error"), "404")]
+        {
+            let mut input = if status == 200 {
+                vec![1, 0]
+            } else {
+                vec![3, 0]
+            };
             input.extend_from_slice(body);
             input.push(0xff);
             input.extend_from_slice(response);
@@ -204,7 +217,10 @@ fn main() {
             if flow.on_request_headers(vm, host, &header, false) != HeadersOutcome::WaitForBody {
                 continue;
             }
-            let routed = matches!(flow.on_request_body(vm, host, Some(body)), BodyOutcome::Route(_));
+            let routed = matches!(
+                flow.on_request_body(vm, host, Some(body)),
+                BodyOutcome::Route(_)
+            );
             if routed && n <= 3 {
                 // The work board while the request is open.
                 let board = host.shared_get(INFLIGHT_KEY).0.unwrap_or_default();
@@ -249,12 +265,24 @@ fn main() {
         let get = |k: &str| host.shared_get(k).0.unwrap_or_default();
         c.put("lease", &format!("{config_name}-lease"), &get(LEASE_KEY));
         c.put("load_table", &format!("{config_name}-load"), &get(LOAD_KEY));
-        c.put("work_board", &format!("{config_name}-idle"), &get(INFLIGHT_KEY));
+        c.put(
+            "work_board",
+            &format!("{config_name}-idle"),
+            &get(INFLIGHT_KEY),
+        );
         c.put("fits_board", &format!("{config_name}-fits"), &get(FITS_KEY));
-        c.put("pages", &format!("{config_name}-snapshot"), &get(SNAPSHOT_KEY));
+        c.put(
+            "pages",
+            &format!("{config_name}-snapshot"),
+            &get(SNAPSHOT_KEY),
+        );
         let head = u64::from_le_bytes(get(PAGE_HEAD_KEY)[..8].try_into().unwrap());
         for seq in 1..=head {
-            c.put("pages", &format!("{config_name}-page-{seq}"), &get(&page_key(seq)));
+            c.put(
+                "pages",
+                &format!("{config_name}-page-{seq}"),
+                &get(&page_key(seq)),
+            );
         }
     }
     println!("wrote {} seed files under {}", c.written, c.root.display());

@@ -18,7 +18,9 @@ pub const CLUSTER_MEMBERS: [&str; 2] = ["10.0.1.1:8000", "10.0.1.2:8000"];
 /// A vLLM page; with a model, every sample carries it (the pod serves only that model), without,
 /// the pod serves any.
 pub fn vllm_page(waiting: u32, model: Option<&str>) -> Vec<u8> {
-    let labels = model.map_or("engine=\"0\"".to_string(), |m| format!("model_name=\"{m}\""));
+    let labels = model.map_or("engine=\"0\"".to_string(), |m| {
+        format!("model_name=\"{m}\"")
+    });
     format!(
         "vllm:num_requests_waiting{{{labels}}} {waiting}\n\
          vllm:num_requests_running{{{labels}}} 1\n\

@@ -38,9 +38,9 @@ use kvroute::state::lease::{self, Lease};
 use kvroute::state::load::{LoadTable, PodLoad, LOAD_FORMAT};
 use kvroute::state::messages::{Message, Observation, Page};
 use kvroute::state::QUEUE_ID_KEY;
+use kvroute::vm::discovery;
 use kvroute::vm::leader::{Leader, PollResult};
 use kvroute::vm::prom::{self, PodMetrics};
-use kvroute::vm::discovery;
 use serde_json::{Map, Value};
 
 /// The most a request body may cost to parse: the JSON tree the parser builds. Its worst case is
@@ -79,7 +79,8 @@ fn check_destinations(destinations: &str, known: &[&str], max: usize) {
 }
 
 fn route_some_prompt(router: &Router, config: &Config, now: u64) -> Decision {
-    let body = br#"{"model":"m","messages":[{"role":"user","content":"hello there, general kenobi"}]}"#;
+    let body =
+        br#"{"model":"m","messages":[{"role":"user","content":"hello there, general kenobi"}]}"#;
     let view = parse::parse(Endpoint::ChatCompletions, body).unwrap();
     let blocks = Router::blocks(config, &view, None);
     let decision = router.route(
@@ -119,7 +120,11 @@ pub fn request_body(data: &[u8]) {
     assert_bounded("parse", peak, body.len(), REQUEST_PARSE_FACTOR);
     let (object, peak) = peak_during(|| parse::parse_object(endpoint, body));
     assert_bounded("parse_object", peak, body.len(), REQUEST_PARSE_FACTOR);
-    assert_eq!(parsed, object.map(|(view, _)| view), "the two parsers agree");
+    assert_eq!(
+        parsed,
+        object.map(|(view, _)| view),
+        "the two parsers agree"
+    );
 
     let config = if flags & 2 == 2 {
         inline_pd_config()
@@ -133,11 +138,7 @@ pub fn request_body(data: &[u8]) {
     for i in [0, vms - 1] {
         match g.request(i, path, body, response) {
             BodyOutcome::Route(route) => {
-                check_destinations(
-                    &route.destinations,
-                    &PODS,
-                    config.max_endpoints_in_header,
-                );
+                check_destinations(&route.destinations, &PODS, config.max_endpoints_in_header);
                 if let Some(call) = &route.prefill_call {
                     let sent: Value = serde_json::from_slice(call.body.as_deref().unwrap_or(b""))
                         .expect("the prefill body is JSON");
@@ -273,7 +274,8 @@ pub fn config(data: &[u8]) {
     assert_eq!(config.validate(), Ok(()));
     let mut g = Gateway::ready(&config, 2);
     let body = br#"{"model":"m","messages":[{"role":"user","content":"a config's first request"}],"stream":true}"#;
-    let response = br#"data: {"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}"#;
+    let response =
+        br#"data: {"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}"#;
     for i in [0, 1, 1] {
         let _ = g.request(i, "/v1/chat/completions", body, response);
         g.tick();
@@ -479,7 +481,11 @@ fn harness_table() -> LoadTable {
     let config = aggregated_config();
     let mut leader = Leader::new(&config);
     for p in PODS {
-        leader.on_poll(p, PollResult::Answered(200, &harness::vllm_page(1, None)), 1000);
+        leader.on_poll(
+            p,
+            PollResult::Answered(200, &harness::vllm_page(1, None)),
+            1000,
+        );
     }
     leader.table(1000)
 }
@@ -549,7 +555,12 @@ pub fn fits_board(data: &[u8]) {
     assert_eq!(once.others(0, now, 10_000), twice.others(0, now, 10_000));
     for fits in decoded.others(0, now, 10_000).values() {
         for f in fits {
-            for v in [f.cost.overhead_ms, f.cost.us_per_token, f.cost.us_per_decoding, f.samples] {
+            for v in [
+                f.cost.overhead_ms,
+                f.cost.us_per_token,
+                f.cost.us_per_decoding,
+                f.samples,
+            ] {
                 assert!(v.is_finite() && v >= 0.0, "{f:?}");
             }
         }
@@ -635,7 +646,10 @@ pub fn inline_prefill(data: &[u8]) {
                     assert_eq!(decode.get(k), Some(v), "the client's `{k}` changed");
                 }
             }
-            assert_eq!(decode.len(), original.len() + usize::from(!original.contains_key("kv_transfer_params")));
+            assert_eq!(
+                decode.len(),
+                original.len() + usize::from(!original.contains_key("kv_transfer_params"))
+            );
         }
         Answer::Fallback => {
             assert!(!(400..500).contains(&status));
@@ -651,7 +665,10 @@ pub fn usage(data: &[u8]) {
     let Some((cached, prompt)) = report else {
         return;
     };
-    for (key, n) in [(&b"\"cached_tokens\""[..], cached), (b"\"prompt_tokens\"", prompt)] {
+    for (key, n) in [
+        (&b"\"cached_tokens\""[..], cached),
+        (b"\"prompt_tokens\"", prompt),
+    ] {
         let at = data
             .windows(key.len())
             .rposition(|w| w == key)
