@@ -296,7 +296,8 @@ pub fn lease(data: &[u8]) {
         expires_ms: g.u64(),
     };
     assert_eq!(Lease::decode(&built.encode()), Some(built));
-    let (me, now, ttl) = (g.u64(), g.u64() >> 1, g.u64() >> 1);
+    // Any clock and any configured lease time (`leader_lease_ms` is a u64).
+    let (me, now, ttl) = (g.u64(), g.u64(), g.u64());
     let current = Lease::decode(data).or(Some(built));
     match lease::claim(current, me, now, ttl, g.u8() & 1 == 1) {
         Some(new) => {

@@ -148,6 +148,12 @@ mod tests {
         };
         assert_eq!(LoadTable::decode(&t.encode()), Some(t.clone()));
         assert_eq!(LoadTable::decode(b"junk"), None);
+        // Every f64 reads back exactly (serde_json's `float_roundtrip`; found by fuzzing
+        // `load_table`: the default parser read this one back an ulp off).
+        let mut exact = t.clone();
+        exact.pods[0].metrics.kv_usage = 0.43802143457299597;
+        exact.pods[0].metrics.waiting = 1345.5798573199613;
+        assert_eq!(LoadTable::decode(&exact.encode()), Some(exact));
         // A pod reporting an absurd geometry gets the configured ceiling, not an overflow.
         let mut absurd = t.pods[0].clone();
         absurd.capacity_hint_blocks = None;
