@@ -43,11 +43,12 @@ use kvroute::vm::leader::{Leader, PollResult};
 use kvroute::vm::prom::{self, PodMetrics};
 use serde_json::{Map, Value};
 
-/// The most a request body may cost to parse: the JSON tree the parser builds. Its worst case is
-/// a long array of one-digit numbers: a 32-byte `serde_json::Value` for every two input bytes,
-/// twice while its vector grows. (Issue 11 replaces the tree by a parse bounded by a configured
-/// budget; this bound then becomes that budget.)
-pub const REQUEST_PARSE_FACTOR: usize = 40;
+/// The most a request body costs to parse today, per input byte: the JSON tree the parser builds.
+/// Its worst case is a list of one-key objects (`{"":0},`: a B-tree node of ~630 bytes for 7 input
+/// bytes, plus the list growing: 99x measured; `tests/amplification.rs` measures each costly
+/// shape), so an 8 MiB body takes ~830 MB. That is the defect of issue 11, item 1 (memory bounded by a configured budget, not by the
+/// body): when the budgeted parse lands, this bound becomes that budget.
+pub const REQUEST_PARSE_FACTOR: usize = 128;
 /// Decoders of shared data and of pods' pages build at most this many bytes per input byte: each
 /// element they keep is at most a few dozen bytes and takes at least a few input bytes.
 pub const DECODE_FACTOR: usize = 32;
@@ -62,7 +63,27 @@ fn split_ff(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// With `KVROUTE_FUZZ_REPORT` set, each new worst ratio of bytes allocated to input bytes (inputs
+/// of 1 KiB and more) is printed: how close the fuzzer came to a bound.
+fn report_ratio(what: &str, peak: usize, input: usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    static WORST_X100: AtomicUsize = AtomicUsize::new(0);
+    if input < 1024 || !*ON.get_or_init(|| std::env::var_os("KVROUTE_FUZZ_REPORT").is_some()) {
+        return;
+    }
+    let ratio = peak * 100 / input;
+    if WORST_X100.fetch_max(ratio, Relaxed) < ratio {
+        eprintln!(
+            "worst ratio {what}: {:.2} ({peak} bytes for {input})",
+            ratio as f64 / 100.0
+        );
+    }
+}
+
 fn assert_bounded(what: &str, peak: usize, input: usize, factor: usize) {
+    report_ratio(what, peak, input);
     assert!(
         peak <= linear_bound(input, factor),
         "{what}: {peak} bytes allocated at once for {input} input bytes"
@@ -688,8 +709,11 @@ pub fn usage(data: &[u8]) {
     }
 }
 
-/// Every target by name, for the corpus replay and the seed generator.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A target's checks, given one input.
+pub type Check = fn(&[u8]);
+
+/// Every target by name, for the corpus replay.
+pub const TARGETS: &[(&str, Check)] = &[
     ("request_body", request_body),
     ("prom", prom),
     ("admin_clusters", admin_clusters),

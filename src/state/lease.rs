@@ -98,7 +98,16 @@ mod tests {
         let forever = claim(None, 4, 10, u64::MAX, false).map(|l| l.expires_ms);
         assert_eq!(forever, Some(u64::MAX), "a huge lease time does not wrap");
         assert_eq!(
-            claim(Some(Lease { holder: 4, expires_ms: u64::MAX }), 5, 11, 500, false),
+            claim(
+                Some(Lease {
+                    holder: 4,
+                    expires_ms: u64::MAX
+                }),
+                5,
+                11,
+                500,
+                false
+            ),
             None,
             "and is respected"
         );
