@@ -21,7 +21,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Starts kvsim with the given flags; prints the first pod's address.
+# Starts kvsim with the given flags; sets ADDR to its pod's address (not in a subshell, so that
+# its PID stays in PIDS for the cleanup).
 start_kvsim() {
   local log=$TMP/kvsim-$RANDOM.out
   "$KVSIM" --pods 1 --time-scale 1 "$@" >"$log" 2>&1 &
@@ -30,16 +31,16 @@ start_kvsim() {
     if grep -q '"pods"' "$log" 2>/dev/null; then break; fi
     sleep 0.1
   done
-  sed -n 's/.*"pods":\["\([^"]*\)".*/\1/p' "$log" | head -n1
+  ADDR=$(sed -n 's/.*"pods":\["\([^"]*\)".*/\1/p' "$log" | head -n1)
 }
 
 chat() { # addr body
   curl -s -H 'content-type: application/json' "http://$1/v1/chat/completions" -d "$2"
 }
 
-VLLM=$(start_kvsim --engine vllm --model meta-llama/Llama-3.1-8B-Instruct)
-SGLANG=$(start_kvsim --engine sglang --model Qwen/Qwen2.5-7B-Instruct)
-PREFILL=$(start_kvsim --engine vllm --role prefill --model meta-llama/Llama-3.1-8B-Instruct)
+start_kvsim --engine vllm --model meta-llama/Llama-3.1-8B-Instruct; VLLM=$ADDR
+start_kvsim --engine sglang --model Qwen/Qwen2.5-7B-Instruct; SGLANG=$ADDR
+start_kvsim --engine vllm --role prefill --model meta-llama/Llama-3.1-8B-Instruct; PREFILL=$ADDR
 
 curl -s "http://$VLLM/metrics" >"$OUT/vllm-metrics-idle.txt"
 curl -s "http://$SGLANG/metrics" >"$OUT/sglang-metrics-idle.txt"
