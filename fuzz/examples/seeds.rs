@@ -240,7 +240,7 @@ fn main() {
                 flow.on_response_body(vm, host, chunk.len(), bytes, false);
                 host.advance_ms(2);
             }
-            flow.on_done(vm, host);
+            flow.on_done(vm, host, None, None);
             let queue = host
                 .shared_get(QUEUE_ID_KEY)
                 .0

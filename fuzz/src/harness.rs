@@ -124,8 +124,22 @@ impl Gateway {
     }
 
     /// One request through VM `i`: headers, then `body`; a routed request gets `response` back as
-    /// its pod's answer (and as the inline prefill pod's), then ends. Returns the body outcome.
+    /// its pod's answer (and as the inline prefill pod's), then ends. After a `0xfe` in
+    /// `response` come what the proxy says of the last upstream attempt at the end (the pod's
+    /// address, a newline, the response details); without one, the primary pod and
+    /// `via_upstream`. Returns the body outcome.
     pub fn request(&mut self, i: usize, path: &str, body: &[u8], response: &[u8]) -> BodyOutcome {
+        let (response, end) = match response.iter().position(|b| *b == 0xfe) {
+            Some(at) => {
+                let meta = String::from_utf8_lossy(&response[at + 1..]).into_owned();
+                let (upstream, details) = meta.split_once('\n').unwrap_or((&meta, ""));
+                (
+                    &response[..at],
+                    Some((upstream.to_string(), details.to_string())),
+                )
+            }
+            None => (response, None),
+        };
         let Some((vm, host)) = self.vms.get_mut(i) else {
             return BodyOutcome::Continue;
         };
@@ -141,7 +155,15 @@ impl Gateway {
             return BodyOutcome::Continue;
         }
         let outcome = flow.on_request_body(vm, host, Some(body));
+        let (mut upstream, mut details) = (None, None);
         if let BodyOutcome::Route(route) = &outcome {
+            (upstream, details) = match end {
+                Some((u, d)) => (Some(u), Some(d)),
+                None => (
+                    route.destinations.split(',').next().map(str::to_string),
+                    Some("via_upstream".to_string()),
+                ),
+            };
             if route.prefill_call.is_some() {
                 let _ = flow.on_prefill_answer(vm, host, 200, response);
             }
@@ -154,7 +176,12 @@ impl Gateway {
                 flow.on_response_body(vm, host, chunk.len(), bytes, last);
             }
         }
-        flow.on_done(vm, host);
+        let (upstream, details) = if flow.wants_end() {
+            (upstream, details)
+        } else {
+            (None, None)
+        };
+        flow.on_done(vm, host, upstream, details);
         outcome
     }
 

@@ -126,7 +126,8 @@ fn route_some_prompt(router: &Router, config: &Config, now: u64) -> Decision {
 }
 
 /// `request_body`: flags byte (bit 0 chat, bit 1 inline P/D, bit 2 a second worker VM), the body,
-/// `0xff`, what the pod answers.
+/// `0xff`, what the pod answers (then optionally `0xfe`, the upstream address, a newline and the
+/// response details the proxy reports at the end).
 pub fn request_body(data: &[u8]) {
     let Some((flags, rest)) = data.split_first() else {
         return;
@@ -347,6 +348,8 @@ fn gen_table(g: &mut Gen) -> LoadTable {
             role: [Role::Aggregated, Role::Prefill, Role::Decode][usize::from(g.u8() % 3)],
             metrics_at_ms: g.u64() >> 1,
             failing: g.u8() & 1 == 1,
+            late: g.u8() & 1 == 1,
+            ejected_until_ms: g.u64() >> 1,
             metrics: gen_metrics(g),
             capacity_hint_blocks: (g.u8() & 1 == 1).then(|| g.u32()),
         })
@@ -411,7 +414,20 @@ pub fn messages(data: &[u8]) {
     }
     let mut g = Gen::new(data);
     let vm = g.u64();
-    let built = match g.u8() % 3 {
+    let built = match g.u8() % 4 {
+        3 => Message::Verdicts {
+            vm,
+            pods: (0..g.len(5))
+                .map(|_| {
+                    let tally = kvroute::health::Tally {
+                        served: g.u32(),
+                        failed: g.u32(),
+                        trailing_failures: g.u32(),
+                    };
+                    (g.string(30), tally)
+                })
+                .collect(),
+        },
         0 => Message::Observation {
             vm,
             observation: gen_observation(&mut g),

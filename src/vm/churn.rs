@@ -167,7 +167,14 @@ impl Churn {
             let bytes = flow.wants_response_bytes().then_some(&usage[..]);
             flow.on_response_body(vm, host, usage.len(), bytes, true);
         }
-        flow.on_done(vm, host);
+        let (upstream, details) = match &outcome {
+            BodyOutcome::Route(route) => (
+                route.destinations.split(',').next().map(str::to_string),
+                Some("via_upstream".to_string()),
+            ),
+            _ => (None, None),
+        };
+        flow.on_done(vm, host, upstream, details);
         host.now_us = start_us + 100;
     }
 
