@@ -27,7 +27,8 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests clean
+.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests clean \
+        fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
 
@@ -98,18 +99,48 @@ fmt:
 
 lint: tools
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release --no-default-features -- -D warnings
 	$(CARGO) clippy -p wasm-tests --all-targets -- -D warnings
+	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
 integration: build nextest sysdeps
 	$(CARGO) build --release -p wasm-tests --bins --tests
 	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
 
-# The README's test command: unit tests, the wasm build, lint, then the real-Envoy tests.
-test: tools unit build lint integration
+# The README's test command: unit tests, the wasm build, lint, the short fuzz run, then the
+# real-Envoy tests.
+test: tools unit build lint fuzz-test integration
+
+# Fuzzing (fuzz/README.md): libFuzzer through cargo-fuzz on the stable toolchain (`-s none`:
+# coverage instrumentation without a sanitizer, so no nightly). `make fuzz` runs every target for
+# FUZZ_SECONDS; `make fuzz-test` (in `make test`) replays the committed corpora and regression
+# inputs through every target's checks, then fuzzes each target for FUZZ_TEST_SECONDS.
+FUZZ_SECONDS      ?= 60
+FUZZ_TEST_SECONDS ?= 5
+CARGO_FUZZ_VERSION := 0.13.2
+CARGO_FUZZ        := $(TOOLS)/cargo/bin/cargo-fuzz
+
+$(CARGO_FUZZ):
+	$(CARGO) install --locked cargo-fuzz@$(CARGO_FUZZ_VERSION) --root $(TOOLS)/cargo
+
+# libFuzzer itself is C++ (built by the libfuzzer-sys crate).
+fuzz-tools: $(CARGO_FUZZ)
+	@command -v c++ >/dev/null || (apt-get update && apt-get install -y g++)
+
+fuzz: fuzz-tools
+	CARGO_FUZZ=$(CARGO_FUZZ) fuzz/run.sh $(FUZZ_SECONDS)
+
+fuzz-test: fuzz-tools
+	$(CARGO) test --manifest-path fuzz/Cargo.toml
+	CARGO_FUZZ=$(CARGO_FUZZ) fuzz/run.sh $(FUZZ_TEST_SECONDS)
+
+# Rewrites fuzz/corpus/ from fuzz/seeds/ (fuzz/seeds/capture.sh re-records the samples).
+fuzz-seeds:
+	$(CARGO) run --manifest-path fuzz/Cargo.toml --example seeds
 
 demo: build build-tools
 	target/release/kvbench demo

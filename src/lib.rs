@@ -27,7 +27,7 @@ pub mod scheduler;
 pub mod state;
 pub mod vm;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 #[cfg(target_arch = "wasm32")]

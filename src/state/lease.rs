@@ -41,7 +41,9 @@ pub fn claim(
 ) -> Option<Lease> {
     let mine = Lease {
         holder: me,
-        expires_ms: now_ms + ttl_ms,
+        // Saturating: `leader_lease_ms` may be any u64 (found by fuzzing `lease`); a wrapped
+        // expiry would look expired at once and let every VM take the lease on every tick.
+        expires_ms: now_ms.saturating_add(ttl_ms),
     };
     match current {
         Some(l) if l.holder == me => Some(mine),
@@ -92,6 +94,22 @@ mod tests {
             claim(held, 3, 10, 500, true).map(|l| l.holder),
             Some(3),
             "the singleton preempts"
+        );
+        let forever = claim(None, 4, 10, u64::MAX, false).map(|l| l.expires_ms);
+        assert_eq!(forever, Some(u64::MAX), "a huge lease time does not wrap");
+        assert_eq!(
+            claim(
+                Some(Lease {
+                    holder: 4,
+                    expires_ms: u64::MAX
+                }),
+                5,
+                11,
+                500,
+                false
+            ),
+            None,
+            "and is respected"
         );
     }
 }

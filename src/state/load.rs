@@ -48,7 +48,8 @@ impl PodLoad {
     ) -> usize {
         let reported = match (self.metrics.block_size, self.metrics.num_gpu_blocks) {
             (Some(bs), Some(n)) if our_block_tokens > 0 => {
-                Some((u64::from(bs) * n / u64::from(our_block_tokens)).max(1))
+                // Saturating: a pod may report any `num_gpu_blocks` (found by fuzzing `prom`).
+                Some((u64::from(bs).saturating_mul(n) / u64::from(our_block_tokens)).max(1))
             }
             _ => None,
         };
@@ -145,8 +146,20 @@ mod tests {
             published_ms: 5,
             pods: vec![p],
         };
-        assert_eq!(LoadTable::decode(&t.encode()), Some(t));
+        assert_eq!(LoadTable::decode(&t.encode()), Some(t.clone()));
         assert_eq!(LoadTable::decode(b"junk"), None);
+        // Every f64 reads back exactly (serde_json's `float_roundtrip`; found by fuzzing
+        // `load_table`: the default parser read this one back an ulp off).
+        let mut exact = t.clone();
+        exact.pods[0].metrics.kv_usage = 0.43802143457299597;
+        exact.pods[0].metrics.waiting = 1345.5798573199613;
+        assert_eq!(LoadTable::decode(&exact.encode()), Some(exact));
+        // A pod reporting an absurd geometry gets the configured ceiling, not an overflow.
+        let mut absurd = t.pods[0].clone();
+        absurd.capacity_hint_blocks = None;
+        absurd.metrics.block_size = Some(u32::MAX);
+        absurd.metrics.num_gpu_blocks = Some(u64::MAX);
+        assert_eq!(absurd.capacity_blocks(16, 500, 1000), 1000);
         assert_eq!(
             LoadTable::decode(br#"{"version":3,"published_ms":5,"pods":[]}"#),
             None,

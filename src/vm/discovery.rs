@@ -33,11 +33,14 @@ pub fn cluster_members(admin_json: &[u8], cluster: &str) -> Option<Vec<String>> 
             let sa = h.get("address")?.get("socket_address")?;
             let ip = sa.get("address")?.as_str()?;
             let port = sa.get("port_value")?.as_u64()?;
-            Some(if ip.contains(':') {
+            let member = if ip.contains(':') {
                 format!("[{ip}]:{port}")
             } else {
                 format!("{ip}:{port}")
-            })
+            };
+            // Only what a configured endpoint could be: a member is written into the destination
+            // header (a comma list) and the work board (space-separated), and polled.
+            crate::config::is_host_port(&member).then_some(member)
         })
         .collect();
     members.sort();
@@ -69,6 +72,18 @@ mod tests {
             ])
         );
         assert_eq!(cluster_members(doc, "missing"), None);
+        // Found by fuzzing: members no pod can be (port 0 or beyond 65535, an address with a
+        // comma or a space that would split the destination header or a work-board row).
+        let odd = br#"{"cluster_statuses":[{"name":"c","host_statuses":[
+            {"address":{"socket_address":{"address":"::1","port_value":0}}},
+            {"address":{"socket_address":{"address":"10.0.0.1","port_value":70000}}},
+            {"address":{"socket_address":{"address":"10.0.0.1,10.6.6.6","port_value":80}}},
+            {"address":{"socket_address":{"address":"10.0.0.1 9 x=1/2/3","port_value":80}}},
+            {"address":{"socket_address":{"address":"10.0.0.5","port_value":80}}}]}]}"#;
+        assert_eq!(
+            cluster_members(odd, "c"),
+            Some(vec!["10.0.0.5:80".to_string()])
+        );
         assert_eq!(cluster_members(b"not json", "x"), None);
     }
 }

@@ -642,3 +642,7 @@ fn set_u64(host: &mut dyn Host, key: &str, value: u64) {
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod churn;

@@ -118,7 +118,9 @@ pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
             }
         }
     }
-    if !(saw_waiting && saw_running) {
+    // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could not
+    // carry it (JSON has no infinity) and no worker would read the table; such a page is garbage.
+    if !(saw_waiting && saw_running && m.waiting.is_finite() && m.running.is_finite()) {
         return Err(PromError::NoLoadMetrics);
     }
     Ok(m)
@@ -204,6 +206,11 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
         assert_eq!(
             parse(b"vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n"),
             Err(PromError::NoLoadMetrics)
+        );
+        assert_eq!(
+            parse(b"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 0\n"),
+            Err(PromError::NoLoadMetrics),
+            "samples adding up to infinity"
         );
         // Broken lines are skipped, good ones still count.
         let m = parse(b"vllm:num_requests_running{model_name=\"a\" 1\nvllm:num_requests_running 2\nvllm:num_requests_waiting} 1\nvllm:num_requests_waiting 0\n").unwrap();
