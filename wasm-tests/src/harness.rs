@@ -348,6 +348,10 @@ pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "inference",
+            "stream_idle_timeout": "900s",
+            "local_reply_config": {"mappers": [{"filter": {"response_flag_filter": {}},
+                "body_format_override": {"json_format": {"error": {"message": "%LOCAL_REPLY_BODY%",
+                    "type": "server_error", "param": null, "code": "%RESPONSE_CODE_DETAILS%"}}}}]},
             "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
                 "route": {"cluster": "pool", "timeout": "0s", "retry_policy": {

@@ -249,3 +249,28 @@ async fn a_pod_that_never_starts_answering_a_stream_is_retried_elsewhere() {
     sim_fault(&holder, json!({})).await;
     drop(sim);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_pool_answers_in_json_before_and_after_the_poll_notices() {
+    let (mut sim, envoy) = stack(2, &[], json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    sim.proc.kill();
+    // At once: kvroute still routes, every attempt is refused, Envoy answers (its local reply,
+    // in the shipped configs' JSON); once the polls fail, kvroute answers itself.
+    let first = post(&fresh_client(), &url, &chat("s", "q", 2, false), &[]).await;
+    assert_eq!(first.status, 503, "{}", first.body);
+    let code = first.json()["error"]["code"].as_str().map(str::to_string);
+    assert!(code.is_some(), "JSON error: {}", first.body);
+    gauge_reaches(&envoy, "pods_healthy", 0, Duration::from_secs(5)).await;
+    // Every worker adopts the leader's table within a tick.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let later = post(&fresh_client(), &url, &chat("s", "q", 2, false), &[]).await;
+    assert_eq!(later.status, 503);
+    assert_eq!(
+        later.json()["error"]["code"],
+        "no_healthy_pod",
+        "{}",
+        later.body
+    );
+    eprintln!("before the poll noticed: {code:?}");
+}

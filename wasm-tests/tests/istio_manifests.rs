@@ -639,7 +639,7 @@ fn the_manifests_fit_together() {
             "{retry}"
         );
     }
-    assert_eq!(retry["retriable_status_codes"], json!([503]));
+    assert_eq!(retry["retriable_status_codes"], json!([500, 502, 503, 504]));
     assert!(u64_at(&retry, "/num_retries") >= 1);
 
     // The Gateway serves the VirtualService on the ingress gateway.
