@@ -12,7 +12,7 @@ CARGO         ?= cargo
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci clean
+.PHONY: all tools build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci soak clean
 
 all: build
 
@@ -94,3 +94,10 @@ oci: build
 clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS) bench-out
+
+# Envoy + kvroute + simulated pods at a steady rate for SOAK_SECONDS with one pod at a time faulted
+# on a schedule (refuse, 500s, a hang, late metrics): requests, errors by cause, p99 drift and Envoy
+# RSS per window in bench-out/soak.csv and bench-out/soak.svg; fails if a request was lost.
+SOAK_SECONDS ?= 600
+soak: build build-tools
+	target/release/kvbench soak --seconds $(SOAK_SECONDS) --time-scale $(TIME_SCALE) --out bench-out

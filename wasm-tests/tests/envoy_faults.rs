@@ -583,7 +583,9 @@ async fn run_pod_case(envoy: &Envoy, sim: &Sim, case: &PodCase, index: usize) ->
     let mut m = load(envoy, &faulty, case.stream, 3000, &tag).await;
     m.notice = notice_watch.await.unwrap();
     let cleared = Instant::now();
-    sim_fault(&faulty, json!({})).await;
+    // Cleared through a sibling: a refusing pod answers nothing.
+    let sibling = sim.pods.iter().find(|p| **p != faulty).unwrap();
+    sim_fault(sibling, json!({"pod": faulty})).await;
     if wait_for(Duration::from_secs(20), case.name, || async {
         gauges_hold(envoy, case.recover).await
     })

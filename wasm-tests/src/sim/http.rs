@@ -7,7 +7,6 @@
 //! first token) and then one chunk per decode step, so a client measures TTFT and inter-token
 //! latency exactly as it would against a GPU.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
