@@ -10,12 +10,12 @@ use wasm_tests::bench::soak::{soak, SoakOptions};
 async fn a_short_soak_with_scheduled_faults_loses_no_request() {
     let out = std::env::temp_dir().join(format!("kvroute-soak-{}", std::process::id()));
     let opts = SoakOptions {
-        seconds: 44,
+        seconds: 45,
         rate: 15.0,
         pods: 4,
         // Eight phases of 5 s: every fault of the schedule once, each followed by a healthy spell.
         phase_s: 5,
-        window_s: 4,
+        window_s: 5,
         out: out.clone(),
         ..SoakOptions::default()
     };
