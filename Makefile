@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests clean \
+.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -197,3 +197,10 @@ manifests: $(PYTOOLS_STAMP)
 clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS) bench-out
+
+# Envoy + kvroute + simulated pods at a steady rate for SOAK_SECONDS with one pod at a time faulted
+# on a schedule (refuse, 500s, a hang, late metrics): requests, errors by cause, p99 drift and Envoy
+# RSS per window in bench-out/soak.csv and bench-out/soak.svg; fails if a request was lost.
+SOAK_SECONDS ?= 600
+soak: build build-tools
+	target/release/kvbench soak --seconds $(SOAK_SECONDS) --time-scale $(TIME_SCALE) --out bench-out

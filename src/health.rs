@@ -93,7 +93,11 @@ pub fn judge(primary: &str, end: &RequestEnd) -> Vec<(String, Verdict)> {
     if details.starts_with("downstream") || details.contains("client_disconnect") {
         return Vec::new(); // the client left: nothing is known about the pod
     }
+    // A pod that dies mid-stream leaves the 200 it had already sent as the status: only the
+    // details tell the client's stream was cut.
+    let cut = details.starts_with("upstream_reset_after_response_started");
     let by_status = |status: Option<u32>| match status {
+        _ if cut => Some(Verdict::Failed),
         Some(500..=599) | None => Some(Verdict::Failed),
         // An engine's 429 is back-pressure, not a fault.
         Some(429) => None,
@@ -390,6 +394,18 @@ mod tests {
             judge(
                 p,
                 &end(None, Some(p), "upstream_reset_after_response_started")
+            ),
+            vec![(p.to_string(), Verdict::Failed)]
+        );
+        // Envoy keeps the 200 the pod sent before it died mid-stream.
+        assert_eq!(
+            judge(
+                p,
+                &end(
+                    Some(200),
+                    Some(p),
+                    "upstream_reset_after_response_started{connection_termination}"
+                )
             ),
             vec![(p.to_string(), Verdict::Failed)]
         );

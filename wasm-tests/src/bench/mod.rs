@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod overhead;
 pub mod report;
 pub mod routing;
+pub mod soak;
 pub mod summary;
 pub mod workload;
 

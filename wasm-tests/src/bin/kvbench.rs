@@ -48,6 +48,33 @@ enum Command {
     Demo(DemoArgs),
     /// Run Envoy with kvroute in the foreground (until Ctrl-C) in front of endpoints or simulated pods.
     Up(UpArgs),
+    /// Envoy + kvroute + simulated pods at a steady rate with faults on a schedule: requests,
+    /// errors by cause, p99 drift and Envoy RSS over time (soak.csv, soak.svg); fails if any
+    /// request was lost.
+    Soak(SoakArgs),
+}
+
+#[derive(Args, Debug)]
+struct SoakArgs {
+    /// How long to run
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
+    /// Requests per second (open loop, streamed)
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+    /// Simulated pods
+    #[arg(long, default_value_t = 4)]
+    pods: usize,
+    /// Seconds per schedule phase (each fault, each healthy spell)
+    #[arg(long, default_value_t = 10)]
+    phase_seconds: u64,
+    /// Seconds per reported window
+    #[arg(long, default_value_t = 10)]
+    window_seconds: u64,
+    #[arg(long, default_value_t = 0.05)]
+    time_scale: f64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -661,6 +688,27 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::Compare(args) => compare_main(&args).await?,
         Command::ComparePd(args) => compare_pd_main(&args).await?,
         Command::Overhead(args) => overhead_main(&args).await?,
+        Command::Soak(args) => {
+            let opts = wasm_tests::bench::soak::SoakOptions {
+                seconds: args.seconds,
+                rate: args.rate,
+                pods: args.pods,
+                phase_s: args.phase_seconds,
+                window_s: args.window_seconds,
+                time_scale: args.time_scale,
+                out: args.out.clone(),
+            };
+            let report = wasm_tests::bench::soak::soak(&opts).await?;
+            println!("start_s  fault              requests  errors  p50_ms  p99_ms  envoy_rss_mib");
+            for w in &report.windows {
+                println!(
+                    "{:>7}  {:<17}  {:>8}  {:>6}  {:>6.0}  {:>6.0}  {:>13.1}",
+                    w.start_s, w.fault, w.requests, w.errors, w.p50_ms, w.p99_ms, w.envoy_rss_mib
+                );
+            }
+            println!("{}", report.summary());
+            anyhow::ensure!(report.lost() == 0, "{} requests lost", report.lost());
+        }
         Command::Demo(args) => {
             let opts = DemoOptions {
                 pods: args.pods,

@@ -7,7 +7,6 @@
 //! first token) and then one chunk per decode step, so a client measures TTFT and inter-token
 //! latency exactly as it would against a GPU.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -376,6 +375,7 @@ fn stream_response(
     };
     let (endpoint, max_tokens, include_usage) =
         (meta.endpoint, meta.max_tokens, meta.include_usage);
+    let die_mid_stream = pod.faults().die_mid_stream;
     let events = async_stream::stream! {
         loop {
             match rx.recv().await {
@@ -390,7 +390,7 @@ fn stream_response(
                         Endpoint::Chat => {
                             if index == 0 {
                                 // vLLM opens a chat stream with the role, then the content.
-                                yield Ok::<Bytes, Infallible>(sse(&chunk(json!([{
+                                yield Ok::<Bytes, std::io::Error>(sse(&chunk(json!([{
                                     "index": 0, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": null, "finish_reason": null,
                                 }]))));
@@ -402,6 +402,13 @@ fn stream_response(
                         }
                     };
                     yield Ok(sse(&chunk(json!([choice]))));
+                    if die_mid_stream {
+                        pod.count_failure();
+                        // An error item makes hyper reset the connection: the client sees a
+                        // stream cut short, as when an engine process is killed.
+                        yield Err(std::io::Error::other("kvsim fault: the engine died mid-stream"));
+                        break;
+                    }
                 }
                 Some(SeqEvent::Finished(o)) => {
                     if include_usage {
@@ -477,10 +484,14 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
-    let text = if pod.faults().garbage_metrics {
+    let faults = pod.faults();
+    let text = if faults.garbage_metrics {
         GARBAGE_METRICS.to_string()
     } else {
-        metrics::render(&pod.cfg, &pod.engine.snapshot())
+        lie(
+            metrics::render(&pod.cfg, &pod.engine.snapshot()),
+            &faults.metrics_lie,
+        )
     };
     (
         [(
@@ -490,6 +501,34 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Rewrites the load gauges (queue, running, KV usage) of well-formed metrics text with a lie.
+fn lie(text: String, how: &str) -> String {
+    let value = match how {
+        "nan" => "NaN",
+        "negative" => "-7",
+        "absurd" => "1e300",
+        _ => return text,
+    };
+    const LOAD_GAUGES: [&str; 6] = [
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+    ];
+    text.lines()
+        .map(|l| match l.rsplit_once(' ') {
+            Some((series, _)) if LOAD_GAUGES.iter().any(|g| l.starts_with(g)) => {
+                format!("{series} {value}")
+            }
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 async fn sim_stats(State(pod): State<Arc<Pod>>) -> Json<Value> {
@@ -511,6 +550,10 @@ struct FaultRequest {
     garbage_metrics: bool,
     #[serde(default)]
     metrics_delay_ms: u64,
+    #[serde(default)]
+    die_mid_stream: bool,
+    #[serde(default)]
+    metrics_lie: String,
     #[serde(default)]
     refuse_ms: Option<u64>,
     #[serde(default)]
@@ -541,6 +584,13 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
             )
         }
     };
+    if !["", "nan", "negative", "absurd"].contains(&req.metrics_lie.as_str()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "metrics_lie must be one of nan, negative, absurd",
+        );
+    }
     if !(0.0..=1.0).contains(&req.fail_ratio) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -561,6 +611,8 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
         refuse: req.refuse,
         garbage_metrics: req.garbage_metrics,
         metrics_delay_ms: req.metrics_delay_ms,
+        die_mid_stream: req.die_mid_stream,
+        metrics_lie: req.metrics_lie,
     };
     target
         .apply_faults(faults.clone(), req.refuse_ms.map(Duration::from_millis))

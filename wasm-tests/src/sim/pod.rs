@@ -44,6 +44,11 @@ pub struct Faults {
     /// Wall-clock delay before answering `/metrics` only: a busy API process whose inference
     /// endpoints still answer (vLLM serves both from one process).
     pub metrics_delay_ms: u64,
+    /// Cut every streamed response after its first token (the engine process dies mid-stream): the
+    /// connection is reset without the stream's end.
+    pub die_mid_stream: bool,
+    /// `/metrics` parses but lies: `nan`, `negative` or `absurd` (1e300) load figures.
+    pub metrics_lie: String,
 }
 
 /// What `/sim/stats` returns.
