@@ -38,6 +38,19 @@ pub use pod::{remote_decode_prefill, Faults, SimStats, DESTINATION_HEADER, PREFI
 pub use profile::{Profile, PROFILES};
 pub use tokens::{block_hashes, render_chat, tokenize, ChatMessage};
 
+/// The prompt token ids a pod computes for a request body (`chat`: `/v1/chat/completions`, else
+/// `/v1/completions`), or vLLM's 400 message: what tests compare a router's rendering with.
+pub fn prompt_tokens(chat: bool, body: &[u8]) -> Result<Vec<u64>, String> {
+    let endpoint = if chat {
+        request::Endpoint::Chat
+    } else {
+        request::Endpoint::Completions
+    };
+    request::parse(endpoint, body)
+        .map(|r| r.tokens)
+        .map_err(|request::BadRequest(message)| message)
+}
+
 use engine::Engine;
 use pod::{Pod, Registry};
 

@@ -5,8 +5,10 @@
 //! * `/v1/completions`: `prompt` as a string, a list of strings (one request over their
 //!   concatenation, a single choice), a list of token ids, or a list of token-id lists (concatenated).
 //! * `/v1/chat/completions`: `messages` with `content` as a string, null, or an array of content parts
-//!   (`{"type":"text","text":..}`; other parts contribute their JSON); `tool_calls` and `tools`
-//!   count as prompt content.
+//!   (text parts joined by newlines as vLLM joins them; a media part as a placeholder and its URL or
+//!   data; other parts as their JSON); `name`, `tool_call_id`, `tool_calls` (function name and
+//!   arguments), `tools`, `chat_template`, `chat_template_kwargs` and `documents` reach the prompt;
+//!   `add_generation_prompt` (default true) ends it with the assistant's turn.
 
 use serde_json::{Map, Value};
 
@@ -217,22 +219,24 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
                 "messages[{i}].role is required and must be a string"
             ));
         };
+        let mut header = role.to_string();
+        for key in ["name", "tool_call_id"] {
+            match m.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(v)) => header.push_str(&format!(" {key}={v}")),
+                Some(_) => return bad(format!("messages[{i}].{key} must be a string")),
+            }
+        }
         let mut content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
-                let mut text = String::new();
+                // vLLM joins a message's parts with newlines for string-content templates.
+                let mut texts = Vec::with_capacity(parts.len());
                 for part in parts {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("text") => match part.get("text").and_then(Value::as_str) {
-                            Some(t) => text.push_str(t),
-                            None => return bad(format!("messages[{i}]: a text part needs 'text'")),
-                        },
-                        Some(_) => text.push_str(&part.to_string()),
-                        None => return bad(format!("messages[{i}]: content parts need 'type'")),
-                    }
+                    texts.push(content_part(i, part)?);
                 }
-                text
+                texts.join("\n")
             }
             Some(_) => {
                 return bad(format!(
@@ -240,11 +244,27 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
                 ))
             }
         };
-        if let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null()) {
-            content.push_str(&calls.to_string());
+        match m.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                // Templates render each call's function name and arguments, not its id.
+                for call in calls {
+                    let function = call.get("function").unwrap_or(call);
+                    let Some(name) = function.get("name").and_then(Value::as_str) else {
+                        return bad(format!("messages[{i}]: a tool call needs function.name"));
+                    };
+                    let arguments = match function.get("arguments") {
+                        Some(Value::String(a)) => a.clone(),
+                        None | Some(Value::Null) => String::new(),
+                        Some(other) => other.to_string(),
+                    };
+                    content.push_str(&format!("\n<|tool_call|> {name} {arguments}"));
+                }
+            }
+            Some(_) => return bad(format!("messages[{i}].tool_calls must be a list")),
         }
         rendered.push(ChatMessage {
-            role: role.to_string(),
+            role: header,
             content,
         });
     }
@@ -253,7 +273,45 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
         Some(v @ Value::Array(_)) => Some(v.to_string()),
         Some(_) => return bad("'tools' must be a list"),
     };
-    Ok(render_chat(&rendered, tools.as_deref()))
+    let mut template = Map::new();
+    for key in ["chat_template", "chat_template_kwargs", "documents"] {
+        if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
+            template.insert(key.to_string(), v.clone());
+        }
+    }
+    let template = (!template.is_empty()).then(|| Value::Object(template).to_string());
+    let generation_prompt = optional_bool(obj, "add_generation_prompt")?.unwrap_or(true);
+    Ok(render_chat(
+        &rendered,
+        tools.as_deref(),
+        template.as_deref(),
+        generation_prompt,
+    ))
+}
+
+/// One content part as the template sees it: text as itself, a media part as a placeholder and
+/// what identifies its content (vLLM keys a media item's cache entries by the item's content).
+fn content_part(i: usize, part: &Value) -> Result<String, BadRequest> {
+    let Some(kind) = part.get("type").and_then(Value::as_str) else {
+        return bad(format!("messages[{i}]: content parts need 'type'"));
+    };
+    if kind == "text" {
+        return match part.get("text").and_then(Value::as_str) {
+            Some(t) => Ok(t.to_string()),
+            None => bad(format!("messages[{i}]: a text part needs 'text'")),
+        };
+    }
+    let media = part.get(kind);
+    let source = media.and_then(|m| match m {
+        Value::String(s) => Some(s.as_str()),
+        _ => ["url", "data", "file_data", "file_id"]
+            .iter()
+            .find_map(|k| m.get(*k).and_then(Value::as_str)),
+    });
+    Ok(match source {
+        Some(source) => format!("<|{kind}|> {source}"),
+        None => part.to_string(),
+    })
 }
 
 #[cfg(test)]
