@@ -50,6 +50,9 @@ pub enum Counter {
     CacheReportedTokens,
     /// Responses whose pod had evidently evicted blocks the index believed it held.
     CacheEvictionsDetected,
+    /// Routed requests whose pod (or Envoy for it) answered with a non-2xx status: the blocks
+    /// they had taught the index about that pod were withdrawn.
+    ObservationsWithdrawn,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -76,7 +79,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 22] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -98,6 +101,7 @@ impl Counter {
         Counter::CachePredictedTokens,
         Counter::CacheReportedTokens,
         Counter::CacheEvictionsDetected,
+        Counter::ObservationsWithdrawn,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -124,6 +128,7 @@ impl Counter {
             Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens",
             Counter::CacheReportedTokens => "kvroute.cache.reported_tokens",
             Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected",
+            Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn",
         }
     }
 }

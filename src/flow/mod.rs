@@ -14,7 +14,11 @@
 //!    pod's body, a refusal for the client, or a fallback to decode-only.
 //! 4. [`RequestFlow::on_response_headers`] / [`RequestFlow::on_response_body`]: the first byte ends
 //!    the prefill's work on the board and teaches the pod's cost model; `usage.cached_tokens` checks
-//!    the index; chunk times give the pod's inter-token latency.
+//!    the index; chunk times give the pod's inter-token latency. The index learns a routed prompt's
+//!    blocks as soon as the request is routed (the next request with the same prefix must find it
+//!    even while this one is still prefilling), and only provisionally: a 2xx makes it final, a
+//!    4xx/5xx (the pod refused the request, or Envoy answered for an upstream that failed) withdraws
+//!    the blocks this request added, in every VM (see [`Provisional`]).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 mod explain;
@@ -154,6 +158,44 @@ struct Awaiting {
     learnable: bool,
 }
 
+/// Blocks a request taught the index about a pod before the pod accepted it: the blocks past the
+/// leading run the index already believed the pod held (those were there before this request and
+/// stay). Withdrawn if the answer is not a 2xx; a request with the same prefix routed in between
+/// loses them too, until the next observation (the window is one pod's time to refuse).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Provisional {
+    learned: Vec<Observation>,
+}
+
+impl Provisional {
+    fn add(&mut self, addr: &str, hashes: &[u64], already_held: usize) {
+        let added = hashes.get(already_held..).unwrap_or_default();
+        if !added.is_empty() {
+            self.learned.push(Observation {
+                addr: addr.to_string(),
+                hashes: added.to_vec(),
+            });
+        }
+    }
+
+    /// The pod answered 2xx: the observations are final.
+    fn confirm(&mut self) {
+        self.learned.clear();
+    }
+
+    /// Withdraws what was learned about `addr` (every pod with `None`).
+    fn withdraw(&mut self, vm: &mut Vm, host: &mut dyn Host, addr: Option<&str>) {
+        let (gone, kept) = std::mem::take(&mut self.learned)
+            .into_iter()
+            .partition(|o| addr.is_none_or(|a| o.addr == a));
+        self.learned = kept;
+        for observation in gone {
+            host.count(Counter::ObservationsWithdrawn, 1);
+            vm.withdraw(host, observation);
+        }
+    }
+}
+
 /// One request's state between the host's callbacks.
 #[derive(Debug, Default)]
 pub struct RequestFlow {
@@ -162,8 +204,9 @@ pub struct RequestFlow {
     hints: Hints,
     routed_to: Option<String>,
     debug: Option<String>,
-    /// Inline P/D: the client's body, waiting for the prefill pod's answer.
+    /// Inline P/D: the client's body, waiting for the prefill pod's answer, and that pod.
     prefill_original: Option<Map<String, Value>>,
+    prefill_pod: Option<String>,
     awaiting: Option<Awaiting>,
     response_ok: bool,
     streamed: bool,
@@ -174,6 +217,8 @@ pub struct RequestFlow {
     /// What the index expects the response's `usage` to report, until it does.
     cache_check: Option<CacheExpectation>,
     carry: Vec<u8>,
+    /// What this request taught the index, until the pod accepts it.
+    provisional: Provisional,
 }
 
 impl RequestFlow {
@@ -255,7 +300,12 @@ impl RequestFlow {
         vm.sync_pages(host);
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
-        let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
+        let blocks = Router::blocks_in_cache(
+            &vm.config,
+            &view,
+            vm.router.cache_model(&view.model),
+            vm.tokenizer.as_deref(),
+        );
         let mut plan = vm
             .router
             .plan(&vm.config, &view.model, &blocks, self.hints, now);
@@ -346,6 +396,8 @@ impl RequestFlow {
                 hashes: blocks.hashes.clone(),
             },
         );
+        self.provisional
+            .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
         let mut route = Route {
             destinations,
             prefiller: None,
@@ -355,6 +407,12 @@ impl RequestFlow {
             return BodyOutcome::Route(route);
         };
         // The prefill pod computes the same blocks: its index learns them too.
+        let prefill_held = pd
+            .as_ref()
+            .and_then(|p| p.prefill.as_ref())
+            .map_or(0, |c| c.matched_blocks);
+        self.provisional
+            .add(&prefill_addr, &blocks.hashes, prefill_held);
         vm.observe(
             host,
             Observation {
@@ -372,6 +430,7 @@ impl RequestFlow {
                     vm.config.pd.prefill_timeout_ms,
                 ));
                 self.prefill_original = Some(original);
+                self.prefill_pod = Some(prefill_addr);
             }
             _ => {
                 host.count(Counter::PdDisaggregated, 1);
@@ -449,8 +508,10 @@ impl RequestFlow {
                 PrefillOutcome::Resume(Some(body))
             }
             Answer::Refused { status, body } => {
-                // The request itself is at fault: the client gets the prefill pod's own answer.
+                // The request itself is at fault: the client gets the prefill pod's own answer,
+                // and neither pod computes its prompt.
                 host.count(Counter::PdPrefillRejected, 1);
+                self.provisional.withdraw(vm, host, None);
                 PrefillOutcome::Reply(Reply {
                     status,
                     headers: vec![("content-type", "application/json".to_string())],
@@ -458,8 +519,11 @@ impl RequestFlow {
                 })
             }
             Answer::Fallback => {
-                // The decode pod prefills by itself, so its first byte says nothing of the split.
+                // The decode pod prefills by itself, so its first byte says nothing of the split;
+                // the prefill pod holds nothing of it.
                 log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                let prefill_pod = self.prefill_pod.take();
+                self.provisional.withdraw(vm, host, prefill_pod.as_deref());
                 if let Some(a) = self.awaiting.as_mut() {
                     a.learnable = false;
                 }
@@ -486,11 +550,21 @@ impl RequestFlow {
     ) -> Option<(&'static str, String)> {
         if self.routed_to.is_some() {
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
+            self.settle_observations(vm, host);
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
             }
         }
         self.debug.take().map(|d| (DEBUG, d))
+    }
+
+    /// A 2xx makes what the index learned final; anything else withdraws it.
+    fn settle_observations(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        if self.response_ok {
+            self.provisional.confirm();
+        } else {
+            self.provisional.withdraw(vm, host, None);
+        }
     }
 
     /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a

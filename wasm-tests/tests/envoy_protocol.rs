@@ -1,0 +1,91 @@
+//! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index nothing.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// The routing VM's `matched_blocks` (m, n) for a request, and the cached tokens the pod reported.
+fn matched_and_cached(r: &Reply) -> ((u64, u64), u64) {
+    assert_eq!(r.status, 200, "{}", r.body);
+    let field = r.debug_field("matched_blocks").expect("debug header");
+    let (m, n) = field.split_once('/').expect("m/n");
+    let cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("usage");
+    ((m.parse().unwrap(), n.parse().unwrap()), cached)
+}
+
+async fn wait_for_stat(envoy: &wasm_tests::harness::Envoy, name: &str, at_least: u64) {
+    let ok = wasm_tests::harness::wait_for(Duration::from_secs(10), name, || async {
+        envoy.stat(name).await >= at_least
+    })
+    .await;
+    if let Err(e) = ok {
+        panic!("{e}: {name} = {}", envoy.stat(name).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_pod_refuses_teaches_the_index_nothing() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    // Refused by the pod with vLLM's 400 (kvroute does not validate parameters): max_tokens 0.
+    let refused: Vec<String> = (0..4)
+        .map(|i| system_prompt(&format!("refused{i}-"), 600))
+        .collect();
+    for prompt in &refused {
+        let mut invalid = chat(prompt, "q", 4, false);
+        invalid["max_tokens"] = json!(0);
+        let r = post(&client, &url, &invalid, &[]).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.pod.is_some() && r.debug.is_some(), "routed to a pod");
+    }
+    // A pod failing with a 500 (not retried): the same.
+    let failed: Vec<String> = (0..2)
+        .map(|i| system_prompt(&format!("failed{i}-"), 600))
+        .collect();
+    for pod in &sim.pods {
+        sim_fault(pod, json!({"fail_ratio": 1.0})).await;
+    }
+    for prompt in &failed {
+        let r = post(&client, &url, &chat(prompt, "q", 4, false), &[]).await;
+        assert_eq!(r.status, 500, "{}", r.body);
+    }
+    for pod in &sim.pods {
+        sim_fault(pod, json!({})).await;
+    }
+    wait_for_stat(&envoy, "wasmcustom.kvroute.cache.observations_withdrawn", 6).await;
+    // The leader publishes within a tick (25 ms); each worker applies the page on its next request.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for prompt in refused.iter().chain(&failed) {
+        // A new connection each: the requests land on both workers' VMs.
+        let r = post(&client, &url, &chat(prompt, "q", 4, false), &[]).await;
+        let ((m, n), cached) = matched_and_cached(&r);
+        assert!(n > 50, "{n} blocks");
+        assert_eq!(cached, 0, "the pod never computed the refused prompt");
+        assert_eq!(
+            m, 0,
+            "the index believed {m}/{n} blocks cached: {:?}",
+            r.debug
+        );
+    }
+    // Accepted requests are learned as before: every worker finds them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (i, prompt) in refused.iter().chain(&failed).enumerate() {
+        let r = post(&client, &url, &chat(prompt, "q", 4, false), &[]).await;
+        let ((m, n), cached) = matched_and_cached(&r);
+        assert_eq!(m, n, "request {i}: {:?}", r.debug);
+        assert!(cached > 0, "request {i}: the pod holds it");
+    }
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.kvroute.cache.observations_withdrawn")
+            .await,
+        6,
+        "accepted requests withdraw nothing"
+    );
+    drop(sim);
+}
