@@ -1,4 +1,6 @@
-//! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index nothing.
+//! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index
+//! nothing; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
+//! report them) and unknown names are refused.
 
 mod common;
 
@@ -86,6 +88,77 @@ async fn a_request_the_pod_refuses_teaches_the_index_nothing() {
             .await,
         6,
         "accepted requests withdraw nothing"
+    );
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliases_and_lora_adapters_route_and_unknown_names_are_refused() {
+    let (sim, envoy) = stack(
+        2,
+        &[
+            "--served-model-name",
+            "sim-model,sim-alias",
+            "--lora-modules",
+            "sql-lora=/adapters/sql",
+            "chat-lora=/adapters/chat",
+        ],
+        json!({}),
+    )
+    .await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let ask = |model: &'static str, prompt: String| {
+        let mut body = chat(&prompt, "q", 4, false);
+        body["model"] = json!(model);
+        let (client, url) = (client.clone(), url.clone());
+        async move { post(&client, &url, &body, &[]).await }
+    };
+    // The leader reads the model lists on its first round; until then only the metrics' label
+    // (the first served name) is known.
+    wasm_tests::harness::wait_for(Duration::from_secs(10), "adapters known", || async {
+        ask("chat-lora", "probe".into()).await.status == 200
+    })
+    .await
+    .unwrap();
+    for model in ["sim-model", "sim-alias", "sql-lora", "chat-lora"] {
+        for i in 0..4 {
+            let r = ask(model, format!("{model} request {i}")).await;
+            assert_eq!(r.status, 200, "{model}: {}", r.body);
+            assert!(
+                r.debug.is_some(),
+                "{model}: routed by kvroute, not passed through"
+            );
+            assert_eq!(r.json()["model"], json!(model));
+        }
+    }
+    for model in ["no-such-lora", "sim-model-2"] {
+        let r = ask(model, "x".into()).await;
+        assert_eq!(r.status, 404, "{model}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "unknown_model", "{}", r.body);
+        assert!(r.pod.is_none(), "refused by kvroute, no pod asked");
+    }
+    // An alias's requests find the base model's cached prefix; an adapter's do not.
+    let prompt = system_prompt("lora-cache-", 600);
+    let first = ask("sim-model", prompt.clone()).await;
+    assert_eq!(first.status, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let alias = ask("sim-alias", prompt.clone()).await;
+    let ((m, n), cached) = matched_and_cached(&alias);
+    assert_eq!(
+        m, n,
+        "the alias shares the base's blocks: {:?}",
+        alias.debug
+    );
+    assert_eq!(alias.pod, first.pod);
+    assert!(cached > 500, "and the pod agrees: {cached} tokens cached");
+    let adapter = ask("sql-lora", prompt.clone()).await;
+    let ((m, _), cached) = matched_and_cached(&adapter);
+    assert_eq!(
+        (m, cached),
+        (0, 0),
+        "an adapter has its own cache: {:?}",
+        adapter.debug
     );
     drop(sim);
 }

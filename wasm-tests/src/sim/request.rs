@@ -2,8 +2,9 @@
 //!
 //! Every malformed input must come back as a clear 400, never a panic, because the router under test
 //! forwards whatever clients send. Accepted shapes:
-//! * `/v1/completions`: `prompt` as a string, a list of strings (one request over their
-//!   concatenation, a single choice), a list of token ids, or a list of token-id lists (concatenated).
+//! * `/v1/completions`: `prompt` as a string or a list of token ids (one prompt), or a list of
+//!   strings or of token-id lists (a batch: one sequence per prompt, as vLLM runs them, and `n`
+//!   choices for each).
 //! * `/v1/chat/completions`: `messages` with `content` as a string, null, or an array of content parts
 //!   (text parts joined by newlines as vLLM joins them; a media part as a placeholder and its URL or
 //!   data; other parts as their JSON); `name`, `tool_call_id`, `tool_calls` (function name and
@@ -25,8 +26,12 @@ pub struct InferenceRequest {
     pub endpoint: Endpoint,
     /// `None` = the first served model (vLLM's `model` field is optional).
     pub model: Option<String>,
-    /// Prompt token ids as the server counts them.
+    /// Prompt token ids as the server counts them (the first prompt of a batch).
     pub tokens: Vec<u64>,
+    /// Every prompt of the request, `tokens` first (a batch of several only on `/v1/completions`).
+    pub batch: Vec<Vec<u64>>,
+    /// Choices per prompt (`n`).
+    pub n: usize,
     pub max_tokens: usize,
     pub stream: bool,
     pub include_usage: bool,
@@ -88,12 +93,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         Some(_) => return bad("'model' must be a string"),
     };
 
-    let tokens = match endpoint {
-        Endpoint::Completions => completion_tokens(&obj)?,
-        Endpoint::Chat => tokenize(&chat_text(&obj)?),
+    let batch = match endpoint {
+        Endpoint::Completions => completion_prompts(&obj)?,
+        Endpoint::Chat => vec![tokenize(&chat_text(&obj)?)],
     };
-    if tokens.is_empty() {
+    if batch.iter().any(Vec::is_empty) {
         return bad("The prompt cannot be empty");
+    }
+    let tokens = batch.first().cloned().unwrap_or_default();
+    let n = optional_count(&obj, "n")?.unwrap_or(1);
+    if n == 0 {
+        return bad("n must be at least 1, got 0.");
     }
 
     let max_tokens = match endpoint {
@@ -138,6 +148,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         cache_salt,
         model,
         tokens,
+        batch,
+        n,
         max_tokens,
         stream,
         include_usage,
@@ -168,25 +180,28 @@ fn token_ids(items: &[Value]) -> Option<Vec<u64>> {
     items.iter().map(Value::as_u64).collect()
 }
 
-fn completion_tokens(obj: &Map<String, Value>) -> Result<Vec<u64>, BadRequest> {
+fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Vec<u64>>, BadRequest> {
     match obj.get("prompt") {
         None | Some(Value::Null) => bad("Field 'prompt' is required"),
-        Some(Value::String(s)) => Ok(tokenize(s)),
+        Some(Value::String(s)) => Ok(vec![tokenize(s)]),
         Some(Value::Array(items)) => {
             if items.is_empty() {
                 return bad("The prompt cannot be empty");
             }
             if items.iter().all(Value::is_string) {
-                let text: String = items.iter().filter_map(Value::as_str).collect();
-                return Ok(tokenize(&text));
+                return Ok(items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(tokenize)
+                    .collect());
             }
             if let Some(ids) = token_ids(items) {
-                return Ok(ids);
+                return Ok(vec![ids]);
             }
             let mut all = Vec::new();
             for item in items {
                 match item.as_array().and_then(|a| token_ids(a)) {
-                    Some(ids) => all.extend(ids),
+                    Some(ids) => all.push(ids),
                     None => {
                         return bad(
                             "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
@@ -327,8 +342,12 @@ mod tests {
         let r = parse_str(Endpoint::Completions, r#"{"prompt":"a b c"}"#).unwrap();
         assert_eq!(r.tokens.len(), 3);
         assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
-        let r = parse_str(Endpoint::Completions, r#"{"prompt":["a b", " c"]}"#).unwrap();
-        assert_eq!(r.tokens.len(), 3);
+        let r = parse_str(Endpoint::Completions, r#"{"prompt":["a b", " c"],"n":2}"#).unwrap();
+        assert_eq!(
+            (r.tokens.len(), r.batch.len(), r.n),
+            (2, 2, 2),
+            "a batch of two prompts"
+        );
         let r = parse_str(
             Endpoint::Completions,
             r#"{"prompt":[1,2,3],"max_tokens":4}"#,
@@ -337,7 +356,8 @@ mod tests {
         assert_eq!(r.tokens, vec![1, 2, 3]);
         assert_eq!(r.max_tokens, 4);
         let r = parse_str(Endpoint::Completions, r#"{"prompt":[[1],[2,3]]}"#).unwrap();
-        assert_eq!(r.tokens, vec![1, 2, 3]);
+        assert_eq!(r.batch, vec![vec![1], vec![2, 3]]);
+        assert_eq!(r.n, 1);
     }
 
     #[test]
@@ -349,6 +369,8 @@ mod tests {
             r#"{"prompt":5}"#,
             r#"{"prompt":"x","max_tokens":-1}"#,
             r#"{"prompt":"x","max_tokens":0}"#,
+            r#"{"prompt":"x","n":0}"#,
+            r#"{"prompt":["x",""]}"#,
             r#"{"prompt":"x","stream":"yes"}"#,
             r#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
             r#"{"prompt":[{"a":1}]}"#,
