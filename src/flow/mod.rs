@@ -44,6 +44,9 @@ use crate::vm::Vm;
 use parse::Endpoint;
 use serde_json::{Map, Value};
 
+/// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
+const METRICS_NOT_PROXIED: &str = "kvroute: /metrics is not proxied to a model server: through the gateway it would be a different pod's page on every scrape. Scrape each model server's own /metrics, and kvroute's and Envoy's stats from Envoy's admin /stats/prometheus (kvroute_*)";
+
 /// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
 const CARRY_BYTES: usize = 256;
 
@@ -57,6 +60,7 @@ pub enum ErrorCode {
     UnknownModel,
     NoHealthyPod,
     NoPods,
+    MetricsNotProxied,
 }
 
 impl ErrorCode {
@@ -69,6 +73,7 @@ impl ErrorCode {
             ErrorCode::UnknownModel => "unknown_model",
             ErrorCode::NoHealthyPod => "no_healthy_pod",
             ErrorCode::NoPods => "no_pods",
+            ErrorCode::MetricsNotProxied => "metrics_not_proxied",
         }
     }
 
@@ -76,7 +81,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
-            ErrorCode::UnknownModel => (404, "NotFoundError"),
+            ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
         }
     }
@@ -239,6 +244,14 @@ impl RequestFlow {
         }
         let method = header(":method").unwrap_or_default();
         let path = header(":path").unwrap_or_default();
+        if path.split('?').next() == Some("/metrics") {
+            // Passed through, a scrape of the gateway would get one pod's page, a different pod
+            // each time: a Prometheus job would mix them into one series.
+            return HeadersOutcome::Reply(Reply::error(
+                ErrorCode::MetricsNotProxied,
+                METRICS_NOT_PROXIED,
+            ));
+        }
         let too_large = header("content-length")
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);

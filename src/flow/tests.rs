@@ -457,3 +457,34 @@ fn running_adapters_in_the_metrics_route_before_the_model_list_is_read() {
         "{outcome:?}"
     );
 }
+
+#[test]
+fn a_metrics_scrape_of_the_gateway_is_refused_with_where_to_scrape() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (vm, host) = &mut c.vms[0];
+    for path in ["/metrics", "/metrics?format=prometheus"] {
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        let HeadersOutcome::Reply(reply) =
+            RequestFlow::new().on_request_headers(vm, host, &h, true)
+        else {
+            panic!("{path}")
+        };
+        assert_eq!(reply.status, 404);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["error"]["code"], "metrics_not_proxied");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/stats/prometheus"));
+    }
+    for path in ["/metrics/x", "/v1/metrics", "/health"] {
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        assert_eq!(
+            RequestFlow::new().on_request_headers(vm, host, &h, true),
+            HeadersOutcome::Continue,
+            "{path}"
+        );
+    }
+}

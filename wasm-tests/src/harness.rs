@@ -320,6 +320,8 @@ pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "inference",
+            // As the shipped configurations: HTTP/1.0 clients are served, not told to upgrade.
+            "http_protocol_options": {"accept_http_10": true, "default_host_for_http_10": "kvroute"},
             "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
                 "route": {"cluster": "pool", "timeout": "0s", "retry_policy": {

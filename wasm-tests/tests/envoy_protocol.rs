@@ -1,6 +1,7 @@
 //! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index
 //! nothing; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
-//! report them) and unknown names are refused.
+//! report them) and unknown names are refused; HTTP/1.0 clients are served; a metrics scrape of
+//! the gateway is refused with where to scrape instead.
 
 mod common;
 
@@ -159,6 +160,80 @@ async fn aliases_and_lora_adapters_route_and_unknown_names_are_refused() {
         (0, 0),
         "an adapter has its own cache: {:?}",
         adapter.debug
+    );
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http10_clients_are_served_and_a_metrics_scrape_is_refused() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let prompt = system_prompt("http10-", 300);
+    for host in [true, false] {
+        let (status, headers, body) = http10(
+            &envoy.listener,
+            "/v1/chat/completions",
+            &chat(&prompt, "q", 3, false),
+            host,
+        )
+        .await;
+        assert!(
+            status.contains(" 200 "),
+            "Host header {host}: {status}\n{body}"
+        );
+        assert!(
+            headers.iter().any(|(k, _)| k == "x-kvroute-debug"),
+            "routed by kvroute: {headers:?}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+    }
+    // A stream over HTTP/1.0: no chunked encoding, the end of the connection ends it.
+    let (status, _, body) = http10(
+        &envoy.listener,
+        "/v1/chat/completions",
+        &chat(&prompt, "stream", 5, true),
+        true,
+    )
+    .await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert_eq!(
+        sse_events(&body)
+            .iter()
+            .filter(|e| e.contains("\"delta\""))
+            .count(),
+        6
+    );
+
+    // GET /metrics through the gateway: refused, never one random pod's page.
+    let r = fresh_client()
+        .get(envoy.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.headers().get("x-kvsim-pod").is_none(), "no pod answered");
+    assert_eq!(
+        r.headers()
+            .get("x-kvroute-error")
+            .and_then(|v| v.to_str().ok()),
+        Some("metrics_not_proxied")
+    );
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/stats/prometheus"));
+    // kvroute's own stats are on the admin interface, in Prometheus form.
+    let admin = reqwest::get(format!("http://{}/stats/prometheus", envoy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        admin.contains("kvroute_requests_routed"),
+        "kvroute's stats on the admin API"
     );
     drop(sim);
 }
