@@ -224,6 +224,9 @@ pub struct RequestFlow {
     carry: Vec<u8>,
     /// What this request taught the index, until the pod accepts it.
     provisional: Provisional,
+    /// The request's block hashes, until the upstream that answers is known (Envoy's retries may
+    /// have taken it to a fallback).
+    hashes: Vec<u64>,
 }
 
 impl RequestFlow {
@@ -411,6 +414,9 @@ impl RequestFlow {
         );
         self.provisional
             .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
+        if prefill_pod.is_none() && ranked.len() > 1 {
+            self.hashes.clone_from(&blocks.hashes);
+        }
         let mut route = Route {
             destinations,
             prefiller: None,
@@ -551,6 +557,44 @@ impl RequestFlow {
     pub fn on_body_not_rewritten(&mut self, host: &mut dyn Host) {
         host.count(Counter::PdPrefillFailures, 1);
         host.count(Counter::PdDecodeOnly, 1);
+    }
+
+    /// The host Envoy sent the request to, as its response headers arrive. Another than the
+    /// primary means the primary refused or failed it and a retry took it to a fallback: what the
+    /// request taught the index moves to the host that answered, and neither its `usage` nor its
+    /// first byte says anything about the primary.
+    pub fn on_upstream(&mut self, vm: &mut Vm, host: &mut dyn Host, upstream: &str) {
+        let Some(primary) = self.routed_to.clone() else {
+            return;
+        };
+        let hashes = std::mem::take(&mut self.hashes);
+        if upstream == primary || hashes.is_empty() {
+            return;
+        }
+        log::debug!("kvroute: {primary} did not serve the request; {upstream} did");
+        self.provisional.withdraw(vm, host, Some(&primary));
+        self.cache_check = None;
+        if let Some(a) = self.awaiting.as_mut() {
+            a.learnable = false;
+        }
+        let Some(slot) = vm.router.slot_of(upstream) else {
+            return;
+        };
+        let held = vm
+            .router
+            .index()
+            .match_lengths(&hashes, crate::prefix::index::MAX_SLOTS)
+            .get(slot)
+            .copied()
+            .unwrap_or(0);
+        self.provisional.add(upstream, &hashes, held);
+        vm.observe(
+            host,
+            Observation {
+                addr: upstream.to_string(),
+                hashes,
+            },
+        );
     }
 
     /// Response headers: returns the debug header to add, if any.

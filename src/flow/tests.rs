@@ -488,3 +488,51 @@ fn a_metrics_scrape_of_the_gateway_is_refused_with_where_to_scrape() {
         );
     }
 }
+
+#[test]
+fn a_request_a_fallback_served_is_learned_for_the_fallback_not_the_primary() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let body = chat_body("m", &"retried on a fallback ".repeat(40));
+    let (mut flow, outcome) = send(&mut c, 1, &[], &body);
+    let BodyOutcome::Route(route) = &outcome else {
+        panic!("{outcome:?}")
+    };
+    let (primary_pod, fallback) = {
+        let mut hosts = route.destinations.split(',');
+        (
+            hosts.next().unwrap().to_string(),
+            hosts.next().unwrap().to_string(),
+        )
+    };
+    let blocks = held(&c, 1, &primary_pod, &body);
+    assert!(blocks > 10);
+    // The primary answered 503, Envoy retried on the fallback, which answers 200.
+    let (vm, host) = &mut c.vms[1];
+    host.advance_ms(50);
+    flow.on_upstream(vm, host, &fallback);
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_response_body(vm, host, 100, None, false);
+    flow.on_done(vm, host);
+    assert_eq!(
+        vm.router.fit_samples(&primary_pod),
+        0.0,
+        "the fallback's time is not the primary's"
+    );
+    c.tick();
+    c.tick();
+    for i in 0..2 {
+        assert_eq!(held(&c, i, &primary_pod, &body), 0, "VM {i}");
+        assert_eq!(held(&c, i, &fallback, &body), blocks, "VM {i}");
+    }
+    // The primary itself answering changes nothing.
+    let other = chat_body("m", &"served where routed ".repeat(40));
+    let (mut flow, outcome) = send(&mut c, 0, &[], &other);
+    let pod = primary(&outcome);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_upstream(vm, host, &pod);
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_done(vm, host);
+    assert!(held(&c, 0, &pod, &other) > 10);
+}

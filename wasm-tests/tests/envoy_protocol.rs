@@ -237,3 +237,49 @@ async fn http10_clients_are_served_and_a_metrics_scrape_is_refused() {
     );
     drop(sim);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_fallback_served_after_the_primarys_503_is_learned_for_the_fallback() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    // A prefix learned on one pod, the primary of what follows.
+    let prompt = system_prompt("retried-", 600);
+    let primary = {
+        let r = post(&client, &url, &chat(&prompt, "warm", 2, false), &[]).await;
+        assert_eq!(r.status, 200);
+        r.pod.clone().unwrap()
+    };
+    let fallback = sim.pods.iter().find(|p| **p != primary).unwrap().clone();
+    // A longer conversation on the same prefix follows it to `primary`, which now refuses with a
+    // 503: Envoy's retry takes it to the fallback named in x-gateway-destination-endpoint.
+    sim_fault(&primary, json!({"fail_ratio": 1.0, "fail_status": 503})).await;
+    let longer = system_prompt("retried-", 1200);
+    let r = post(&client, &url, &chat(&longer, "q", 2, false), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.debug_field("pod").as_deref(),
+        Some(primary.as_str()),
+        "routed to the holder"
+    );
+    assert_eq!(
+        r.pod.as_deref(),
+        Some(fallback.as_str()),
+        "served by the fallback"
+    );
+    sim_fault(&primary, json!({})).await;
+    assert!(envoy.stat("cluster.pool.upstream_rq_retry").await >= 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The index now puts the longer conversation on the fallback, which holds it.
+    let again = post(&client, &url, &chat(&longer, "q", 2, false), &[]).await;
+    let ((m, n), cached) = matched_and_cached(&again);
+    assert_eq!(
+        again.pod.as_deref(),
+        Some(fallback.as_str()),
+        "{:?}",
+        again.debug
+    );
+    assert_eq!(m, n, "{:?}", again.debug);
+    assert!(cached > 1000, "the fallback holds it: {cached}");
+    drop(sim);
+}

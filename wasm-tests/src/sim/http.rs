@@ -134,8 +134,12 @@ struct Meta {
 async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Response {
     let cfg = &pod.cfg;
     if pod.roll_failure() {
+        let status = StatusCode::from_u16(pod.faults().fail_status)
+            .ok()
+            .filter(|s| s.is_client_error() || s.is_server_error())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
+            status,
             "InternalServerError",
             "Simulated engine failure (kvsim fault injection)",
         );
@@ -562,6 +566,9 @@ async fn sim_stats(State(pod): State<Arc<Pod>>) -> Json<Value> {
 struct FaultRequest {
     #[serde(default)]
     fail_ratio: f64,
+    /// Status of the failed answers (4xx or 5xx; default 500).
+    #[serde(default)]
+    fail_status: u16,
     #[serde(default)]
     stall_ms: u64,
     #[serde(default)]
@@ -612,8 +619,16 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
             "no such pod in this simulator process",
         );
     };
+    if req.fail_status != 0 && !(400..=599).contains(&req.fail_status) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "fail_status must be a 4xx or 5xx status",
+        );
+    }
     let faults = Faults {
         fail_ratio: req.fail_ratio,
+        fail_status: req.fail_status,
         stall_ms: req.stall_ms,
         refuse: req.refuse,
         garbage_metrics: req.garbage_metrics,

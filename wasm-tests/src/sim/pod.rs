@@ -32,8 +32,10 @@ pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Faults {
-    /// Share of inference requests answered with a 500 (0..=1).
+    /// Share of inference requests answered with an error (0..=1).
     pub fail_ratio: f64,
+    /// The status of those answers; 0 = 500.
+    pub fail_status: u16,
     /// Wall-clock delay before answering any non-`/sim/` request (a slow host, not a slow GPU, so it
     /// is not scaled by the time scale).
     pub stall_ms: u64,
