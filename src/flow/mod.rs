@@ -22,6 +22,7 @@
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 mod explain;
+pub mod models;
 pub mod parse;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
@@ -254,6 +255,13 @@ impl RequestFlow {
                 ErrorCode::MetricsNotProxied,
                 METRICS_NOT_PROXIED,
             ));
+        }
+        if method == "GET" {
+            let now = host.now_ms();
+            let table = vm.router.load_table();
+            if let Some(reply) = models::answer(table, &path, now, vm.config.stale_after_ms) {
+                return HeadersOutcome::Reply(reply);
+            }
         }
         let too_large = header("content-length")
             .and_then(|l| l.parse::<usize>().ok())

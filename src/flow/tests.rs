@@ -124,7 +124,7 @@ fn refusals_carry_stable_codes() {
     assert_eq!(reply.status, 400);
     assert_eq!(host.counter(Counter::BadPriority), 1);
     // Not inference: through untouched.
-    let h = headers(&[(":method", "GET"), (":path", "/v1/models")]);
+    let h = headers(&[(":method", "GET"), (":path", "/v1/embeddings")]);
     assert_eq!(
         RequestFlow::new().on_request_headers(vm, host, &h, true),
         HeadersOutcome::Continue
@@ -419,6 +419,40 @@ fn aliases_and_adapters_route_by_the_pods_model_lists_and_unknown_names_are_refu
     assert_eq!(
         outcome_for(&mut c, "other-lora", "sys").err().as_deref(),
         Some("unknown_model")
+    );
+    // The gateway's model list: every name once, as vLLM lists them.
+    let list = |c: &mut Cluster, path: &str| {
+        let (vm, host) = &mut c.vms[0];
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        match RequestFlow::new().on_request_headers(vm, host, &h, true) {
+            HeadersOutcome::Reply(r) => (
+                r.status,
+                serde_json::from_slice::<serde_json::Value>(&r.body).unwrap(),
+            ),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (status, body) = list(&mut c, "/v1/models");
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["m", "m-alias", "sql-lora"],
+        "each once, from both pods"
+    );
+    assert_eq!(body["data"][2]["parent"], "m");
+    assert_eq!(body["data"][0]["max_model_len"], 4096);
+    let (status, card) = list(&mut c, "/v1/models/sql-lora");
+    assert_eq!((status, card["id"].as_str()), (200, Some("sql-lora")));
+    let (status, missing) = list(&mut c, "/v1/models/nope");
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("unknown_model"))
     );
     // Aliases share the base model's KV cache; an adapter has its own.
     let system = "the same long system prompt ".repeat(40);

@@ -133,6 +133,45 @@ async fn aliases_and_lora_adapters_route_and_unknown_names_are_refused() {
             assert_eq!(r.json()["model"], json!(model));
         }
     }
+    // The gateway's own model list: every name the pods serve, as vLLM lists them.
+    let models: serde_json::Value = reqwest::get(envoy.url("/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cards: Vec<(String, serde_json::Value)> = models["data"]
+        .as_array()
+        .expect("a model list")
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap().to_string(), c["parent"].clone()))
+        .collect();
+    assert_eq!(
+        cards,
+        vec![
+            ("sim-model".to_string(), serde_json::Value::Null),
+            ("sim-alias".to_string(), serde_json::Value::Null),
+            ("sql-lora".to_string(), json!("sim-model")),
+            ("chat-lora".to_string(), json!("sim-model")),
+        ],
+        "{models}"
+    );
+    let card = fresh_client()
+        .get(envoy.url("/v1/models/chat-lora"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(card.status(), 200);
+    assert!(
+        card.headers().get("x-kvsim-pod").is_none(),
+        "kvroute's answer"
+    );
+    let missing = fresh_client()
+        .get(envoy.url("/v1/models/nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
     for model in ["no-such-lora", "sim-model-2"] {
         let r = ask(model, "x".into()).await;
         assert_eq!(r.status, 404, "{model}: {}", r.body);
