@@ -1,5 +1,6 @@
 //! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index
-//! nothing; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
+//! nothing; conversations differing only in a tool call share only what precedes it, in kvroute's
+//! index as in the pod's cache; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
 //! report them) and unknown names are refused; HTTP/1.0 clients are served; a metrics scrape of
 //! the gateway is refused with where to scrape instead.
 
@@ -320,5 +321,42 @@ async fn a_request_a_fallback_served_after_the_primarys_503_is_learned_for_the_f
     );
     assert_eq!(m, n, "{:?}", again.debug);
     assert!(cached > 1000, "the fallback holds it: {cached}");
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_differing_in_a_tool_call_share_only_what_precedes_it() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let conversation = |city: &str| {
+        json!({"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "system", "content": system_prompt("agent-", 400)},
+            {"role": "user", "content": "what should I wear tomorrow?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "weather", "arguments": format!("{{\"city\":\"{city}\"}}")}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": system_prompt("forecast-", 300)},
+        ]})
+    };
+    let first = post(&client, &url, &conversation("Paris"), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for city in ["Lyon", "Nice"] {
+        let r = post(&client, &url, &conversation(city), &[]).await;
+        let ((m, n), cached) = matched_and_cached(&r);
+        let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+        let (index_share, pod_share) = (m as f64 / n as f64, cached as f64 / prompt as f64);
+        println!(
+            "{city}: kvroute matched {m}/{n} blocks, the pod had {cached}/{prompt} tokens cached"
+        );
+        assert!(
+            m < n,
+            "{city}: the tool call's arguments part the conversations"
+        );
+        assert!(
+            (index_share - pod_share).abs() < 0.1,
+            "{city}: the index expected {index_share:.2} of the prompt cached, the pod had {pod_share:.2}"
+        );
+    }
     drop(sim);
 }
