@@ -4,7 +4,9 @@
 //! outcome it gets back.
 //!
 //! 1. [`RequestFlow::on_request_headers`]: an inference `POST` with a body and readable hint headers
-//!    waits for its body; a bad hint header gets a 400; anything else passes through.
+//!    waits for its body; a bad hint header gets a 400; `GET /metrics` is refused (it would be a
+//!    random pod's page) and `GET /v1/models` answered from the load table ([`models`]); anything
+//!    else passes through.
 //! 2. [`RequestFlow::on_request_body`]: parse once, catch up with the shared state, plan (the
 //!    scheduler, then P/D), and answer with one [`BodyOutcome`]: pass through, a local reply (an
 //!    OpenAI-style error with a stable code), or a route (destinations, the prefiller header, or the
