@@ -104,7 +104,8 @@ pub struct Config {
     pub admin_cluster: Option<String>,
     pub poll_interval_ms: u64,
     pub poll_timeout_ms: u64,
-    /// Metrics older than this make a pod unroutable.
+    /// Metrics older than this are stale: the pod is still routed, on the gateway's own view of its
+    /// work (see `crate::health`).
     pub stale_after_ms: u64,
     /// How often cluster membership is re-read from the admin API.
     pub discovery_interval_ms: u64,
@@ -127,8 +128,12 @@ pub struct Config {
     pub on_no_endpoint: NoEndpointPolicy,
     /// Adds `x-kvroute-debug` to responses: chosen pod, matched prefix, scores.
     pub debug_header: bool,
-    /// Bodies larger than this are not parsed (routed by load only).
+    /// Inference bodies larger than this are refused with 413 (kvroute reads a body whole to route
+    /// it and to remove what a client must not set).
     pub max_body_bytes: usize,
+    /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
+    /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
+    pub trust_client_kv_transfer_params: bool,
     /// A lease not renewed for this long is taken over by another worker.
     pub leader_lease_ms: u64,
     /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
@@ -138,6 +143,8 @@ pub struct Config {
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
     pub slo: crate::scheduler::slo::SloConfig,
+    /// Passive health: when pods whose requests fail are ejected (see `crate::health`).
+    pub health: crate::health::HealthConfig,
 }
 
 impl Default for Config {
@@ -161,12 +168,14 @@ impl Default for Config {
             on_no_endpoint: NoEndpointPolicy::Reject,
             debug_header: false,
             max_body_bytes: 8 * 1024 * 1024,
+            trust_client_kv_transfer_params: false,
             leader_lease_ms: 1500,
             singleton: false,
             pd: crate::pd::PdConfig::default(),
             session: Default::default(),
             shedding: Default::default(),
             slo: Default::default(),
+            health: Default::default(),
         }
     }
 }
@@ -280,6 +289,9 @@ impl Config {
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         self.shedding
+            .validate()
+            .map_err(|(field, reason)| err(field, reason))?;
+        self.health
             .validate()
             .map_err(|(field, reason)| err(field, reason))?;
         if static_members > MAX_PODS {

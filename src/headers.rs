@@ -8,5 +8,8 @@ pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 pub const PREFILLER: &str = "x-prefiller-host-port";
 /// Opt-in response header describing the decision.
 pub const DEBUG: &str = "x-kvroute-debug";
+/// Envoy's per-attempt timeout, which only runs until the response starts: set on streamed
+/// requests so a pod that never starts answering is retried on a fallback (see `crate::health`).
+pub const PER_TRY_TIMEOUT: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
 
-pub const OWNED_REQUEST_HEADERS: [&str; 3] = [DESTINATION, PREFILLER, DEBUG];
+pub const OWNED_REQUEST_HEADERS: [&str; 4] = [DESTINATION, PREFILLER, DEBUG, PER_TRY_TIMEOUT];

@@ -5,6 +5,7 @@
 //! proxy-wasm and binds Envoy's callbacks to the core.
 //!
 //! * `flow` — one request's path, from headers to outcome and back (parsing, usage reports)
+//! * `health` — which pods may take requests: poll freshness, passive ejection
 //! * `scheduler` — filters, TTFT predictor (with the learned per-pod cost), picker
 //! * `pd` — prefill/decode: the split decision and its inline execution
 //! * `prefix` — block hashing, the prefix index, tiktoken mode
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod flow;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod pd;
 pub mod port;

@@ -25,8 +25,23 @@ pub enum Counter {
     BadPriority,
     /// Client-supplied routing headers removed.
     SpoofedHeadersRemoved,
-    /// Metrics polls that failed (refused, timeout, non-200, garbage).
+    /// Client-supplied `kv_transfer_params` removed from request bodies.
+    ClientKvParamsRemoved,
+    /// Inference requests refused with 413: the body was larger than `max_body_bytes`.
+    BodyTooLarge,
+    /// Metrics polls that failed outright (refused, reset, non-200, garbage): the pod is down.
     PollFailures,
+    /// Metrics polls that timed out: the pod's figures are stale, the pod still routed.
+    PollsLate,
+    /// Requests routed to a pod whose metrics were stale (on the gateway's own view of its work).
+    RoutedStale,
+    /// Decisions taken while every candidate's metrics were stale (the observer is suspect: a
+    /// leader that missed ticks, a throttled proxy): routed on the last known figures.
+    ObserverSuspect,
+    /// Requests that failed on the pod they were sent to (5xx, reset, or a fallback answered).
+    RequestFailures,
+    /// Pods ejected by passive health (their requests failed).
+    Ejections,
     /// This VM became the leader.
     LeaderChanges,
     /// Requests sent through a prefill pod and a decode pod.
@@ -57,8 +72,12 @@ pub enum Counter {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Gauge {
-    /// Pods with fresh metrics.
+    /// Pods that may take requests (fresh or stale metrics; not failing, not ejected).
     PodsHealthy,
+    /// Of those, pods whose metrics are stale (polls late).
+    PodsStale,
+    /// Pods ejected by passive health.
+    PodsEjected,
     /// Pods known (configured or discovered).
     PodsKnown,
     /// Block hashes in the leader's prefix index.
@@ -79,7 +98,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 22] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -89,7 +108,14 @@ impl Counter {
         Counter::Shed,
         Counter::BadPriority,
         Counter::SpoofedHeadersRemoved,
+        Counter::ClientKvParamsRemoved,
+        Counter::BodyTooLarge,
         Counter::PollFailures,
+        Counter::PollsLate,
+        Counter::RoutedStale,
+        Counter::ObserverSuspect,
+        Counter::RequestFailures,
+        Counter::Ejections,
         Counter::LeaderChanges,
         Counter::PdDisaggregated,
         Counter::PdDecodeOnly,
@@ -116,7 +142,14 @@ impl Counter {
             Counter::Shed => "kvroute.shed",
             Counter::BadPriority => "kvroute.bad_priority",
             Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
+            Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed",
+            Counter::BodyTooLarge => "kvroute.body_too_large",
             Counter::PollFailures => "kvroute.poll_failures",
+            Counter::PollsLate => "kvroute.health.polls_late",
+            Counter::RoutedStale => "kvroute.health.routed_stale",
+            Counter::ObserverSuspect => "kvroute.health.observer_suspect",
+            Counter::RequestFailures => "kvroute.health.request_failures",
+            Counter::Ejections => "kvroute.health.ejections",
             Counter::LeaderChanges => "kvroute.leader_changes",
             Counter::PdDisaggregated => "kvroute.pd.disaggregated",
             Counter::PdDecodeOnly => "kvroute.pd.decode_only",
@@ -134,8 +167,10 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 5] = [
+    pub const ALL: [Gauge; 7] = [
         Gauge::PodsHealthy,
+        Gauge::PodsStale,
+        Gauge::PodsEjected,
         Gauge::PodsKnown,
         Gauge::IndexEntries,
         Gauge::PdPrefillPoolQueueX1000,
@@ -145,6 +180,8 @@ impl Gauge {
     pub fn name(self) -> &'static str {
         match self {
             Gauge::PodsHealthy => "kvroute.pods_healthy",
+            Gauge::PodsStale => "kvroute.pods_stale",
+            Gauge::PodsEjected => "kvroute.pods_ejected",
             Gauge::PodsKnown => "kvroute.pods_known",
             Gauge::IndexEntries => "kvroute.index_entries",
             Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",

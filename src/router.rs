@@ -6,6 +6,7 @@
 
 use crate::config::{BlockMode, Config, Role};
 use crate::flow::parse::RequestView;
+use crate::health::{health_of, Health};
 pub use crate::pd::{PdOutcome, PdPlan};
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
@@ -13,8 +14,9 @@ use crate::scheduler::cost::{self, Coefficients, CostFit};
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
 use crate::state::fits::PodFit;
 use crate::state::inflight::PodWork;
-use crate::state::load::LoadTable;
+use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Observation, Page};
+use crate::vm::prom::PodMetrics;
 use hashbrown::HashMap;
 
 /// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
@@ -71,6 +73,8 @@ pub struct Plan {
     pub decision: Decision,
     /// `None` where the pool is not split into prefill and decode (or an aggregated pod was chosen).
     pub pd: Option<PdPlan>,
+    /// Every candidate's metrics were stale (see `crate::health`).
+    pub observer_suspect: bool,
 }
 
 /// Whose prefill a routed request is and what was predicted for it: what the work board carries
@@ -403,21 +407,49 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> Decision {
+        self.route_judging_health(config, model, roles, blocks, hints, now_ms)
+            .0
+    }
+
+    /// [`Self::route`], and whether every candidate's metrics were stale (then the last known
+    /// figures were used: the observer is suspect, see `crate::health`).
+    fn route_judging_health(
+        &self,
+        config: &Config,
+        model: &str,
+        roles: &[Role],
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+    ) -> (Decision, bool) {
         let lengths = self.index.match_lengths(&blocks.hashes, MAX_SLOTS);
-        let pods: Vec<PodView> = self
+        let of_role: Vec<(&PodLoad, Health)> = self
             .load
             .pods
             .iter()
             .filter(|p| roles.contains(&p.role))
-            .map(|p| {
+            .map(|p| (p, health_of(p, now_ms, config.stale_after_ms)))
+            .collect();
+        let observer_suspect = of_role.iter().any(|(_, h)| *h == Health::Stale)
+            && !of_role.iter().any(|(_, h)| *h == Health::Fresh);
+        let pods: Vec<PodView> = of_role
+            .into_iter()
+            .map(|(p, health)| {
                 let work = self.work(&p.addr);
+                // A stale pod's figures are as old as its last answer: routed on the board alone,
+                // unless every pod is stale (then all are equally old, and better than nothing).
+                let polled = if health == Health::Stale && !observer_suspect {
+                    PodMetrics::default()
+                } else {
+                    p.metrics.clone()
+                };
                 PodView {
                     addr: &p.addr,
                     role: p.role,
-                    fresh: p.is_fresh(now_ms, config.stale_after_ms),
-                    waiting: p.metrics.waiting,
-                    running: p.metrics.running,
-                    kv_usage: p.metrics.kv_usage,
+                    health,
+                    waiting: polled.waiting,
+                    running: polled.running,
+                    kv_usage: polled.kv_usage,
                     inflight: f64::from(work.inflight),
                     queued_tokens: work.prefill_tokens as f64,
                     queued_requests: f64::from(work.prefill_requests),
@@ -432,7 +464,7 @@ impl Router {
                 }
             })
             .collect();
-        decide(
+        let decision = decide(
             config,
             &pods,
             &RouteRequest {
@@ -445,7 +477,8 @@ impl Router {
                 typical_tokens: self.typical_tokens.unwrap_or(DEFAULT_TYPICAL_TOKENS),
                 hints,
             },
-        )
+        );
+        (decision, observer_suspect)
     }
 
     /// The full decision for a request: the decode (or aggregated) pod with fallbacks, and, where
@@ -464,7 +497,8 @@ impl Router {
         } else {
             &[Role::Aggregated]
         };
-        let decision = self.route(config, model, roles, blocks, hints, now_ms);
+        let (decision, observer_suspect) =
+            self.route_judging_health(config, model, roles, blocks, hints, now_ms);
         let decode = match &decision {
             Decision::Route { ranked, .. } if split => ranked.first(),
             _ => None,
@@ -476,12 +510,17 @@ impl Router {
                 .any(|p| p.addr == c.addr && p.role == Role::Decode)
         });
         let Some(decode) = on_decode_pod else {
-            return Plan { decision, pd: None };
+            return Plan {
+                decision,
+                pd: None,
+                observer_suspect,
+            };
         };
         let pd = crate::pd::plan_split(self, config, model, blocks, hints, now_ms, decode);
         Plan {
             pd: Some(pd),
             decision,
+            observer_suspect,
         }
     }
 
@@ -740,6 +779,8 @@ mod tests {
                     capacity_hint_blocks: None,
                     served: Vec::new(),
                     serves: Vec::new(),
+                    late: false,
+                    ejected_until_ms: 0,
                 })
                 .collect(),
         }
@@ -820,7 +861,7 @@ mod tests {
     }
 
     #[test]
-    fn removed_pods_leave_the_index_and_stale_tables_stop_routing() {
+    fn removed_pods_leave_the_index_and_stale_tables_still_route() {
         let cfg = Config::default();
         let mut r = Router::new();
         r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
@@ -833,17 +874,24 @@ mod tests {
         assert_eq!(r.index_entries(), 0);
         assert_eq!(r.slot_of("a:1"), None);
         let b = Router::blocks(&cfg, &chat("x", "y"), None);
-        assert!(matches!(
-            r.route(
-                &cfg,
-                "m",
-                &[Role::Aggregated],
-                &b,
-                Hints::default(),
-                100 + cfg.stale_after_ms + 1
-            ),
-            Decision::NoEndpoint(_)
-        ));
+        let late = 100 + cfg.stale_after_ms + 1;
+        let plan = r.plan(&cfg, "m", &b, Hints::default(), late);
+        assert_eq!(
+            primary(&plan.decision),
+            "b:1",
+            "stale metrics are not a dead pod"
+        );
+        assert!(
+            plan.observer_suspect,
+            "every pod is stale: the observer is suspect"
+        );
+        let mut failing = table(&["b:1"], 100);
+        failing.pods[0].failing = true;
+        r.apply_load_table(&cfg, failing);
+        assert_eq!(
+            r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100),
+            Decision::NoEndpoint(crate::scheduler::Rejection::NoneHealthy)
+        );
     }
 
     #[test]
@@ -1176,6 +1224,8 @@ mod pd_tests {
                     capacity_hint_blocks: None,
                     served: Vec::new(),
                     serves: Vec::new(),
+                    late: false,
+                    ejected_until_ms: 0,
                 });
             }
         }

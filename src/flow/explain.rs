@@ -19,7 +19,7 @@ pub fn debug_line(
     let fallbacks: Vec<&str> = ranked.iter().skip(1).map(|c| c.addr.as_str()).collect();
     let p = &primary.prediction;
     let mut line = format!(
-        "pod={}; reason={}; matched_blocks={}/{}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
+        "pod={}; reason={}; matched_blocks={}/{}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; stale={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
         primary.addr,
         match reason {
             RouteReason::PrefixHit => "prefix",
@@ -33,6 +33,7 @@ pub fn debug_line(
         p.tokens_ahead,
         p.decoding,
         primary.guarded,
+        primary.stale,
         fallbacks.join(","),
         vm.id(),
         vm.router.applied_page,

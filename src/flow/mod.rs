@@ -33,6 +33,7 @@ pub mod usage;
 
 use crate::config::NoEndpointPolicy;
 use crate::headers::DEBUG;
+use crate::health::{RequestEnd, Verdict};
 use crate::metrics::{Counter, Histogram};
 use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
@@ -64,6 +65,7 @@ pub enum ErrorCode {
     NoHealthyPod,
     NoPods,
     MetricsNotProxied,
+    BodyTooLarge,
 }
 
 impl ErrorCode {
@@ -77,12 +79,14 @@ impl ErrorCode {
             ErrorCode::NoHealthyPod => "no_healthy_pod",
             ErrorCode::NoPods => "no_pods",
             ErrorCode::MetricsNotProxied => "metrics_not_proxied",
+            ErrorCode::BodyTooLarge => "body_too_large",
         }
     }
 
     fn status_and_kind(self) -> (u32, &'static str) {
         match self {
             ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
+            ErrorCode::BodyTooLarge => (413, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
             ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
@@ -136,6 +140,8 @@ pub struct Route {
     pub prefiller: Option<String>,
     /// Inline P/D: make this call first and give its answer to [`RequestFlow::on_prefill_answer`].
     pub prefill_call: Option<HttpCall>,
+    /// `x-envoy-upstream-rq-per-try-timeout-ms` (streamed requests, see `crate::health`).
+    pub first_byte_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -216,6 +222,8 @@ pub struct RequestFlow {
     prefill_original: Option<Map<String, Value>>,
     prefill_pod: Option<String>,
     awaiting: Option<Awaiting>,
+    /// The response's status, once its headers came.
+    status: Option<u32>,
     response_ok: bool,
     streamed: bool,
     /// Streamed responses: chunks seen, and when the first and last arrived (µs).
@@ -230,6 +238,20 @@ pub struct RequestFlow {
     /// The request's block hashes, until the upstream that answers is known (Envoy's retries may
     /// have taken it to a fallback).
     hashes: Vec<u64>,
+    /// See [`Self::take_rewritten_body`].
+    rewritten_body: Option<Vec<u8>>,
+}
+
+/// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
+const OWNED_BODY_FIELD: &str = "kv_transfer_params";
+
+fn too_large_reply(vm: &Vm, host: &mut dyn Host) -> Reply {
+    host.count(Counter::BodyTooLarge, 1);
+    let message = format!(
+        "kvroute: the request body is larger than max_body_bytes ({} bytes); an inference request is read whole to be routed",
+        vm.config.max_body_bytes
+    );
+    Reply::error(ErrorCode::BodyTooLarge, &message)
 }
 
 impl RequestFlow {
@@ -269,7 +291,10 @@ impl RequestFlow {
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
         match Endpoint::from_path(&path) {
-            Some(endpoint) if method == "POST" && !too_large && !end_of_stream => {
+            Some(_) if method == "POST" && too_large => {
+                HeadersOutcome::Reply(too_large_reply(vm, host))
+            }
+            Some(endpoint) if method == "POST" && !end_of_stream => {
                 match read_hints(vm, header) {
                     Ok(hints) => self.hints = hints,
                     Err((code, counter, message)) => {
@@ -289,6 +314,12 @@ impl RequestFlow {
         }
     }
 
+    /// The body to send instead of the client's, if kvroute had to change it (a client-supplied
+    /// `kv_transfer_params` removed); the host writes it and fixes `content-length`.
+    pub fn take_rewritten_body(&mut self) -> Option<Vec<u8>> {
+        self.rewritten_body.take()
+    }
+
     /// Whether [`Self::on_request_headers`] asked for the body (and it has not come yet).
     pub fn waiting_for_body(&self) -> bool {
         self.endpoint.is_some()
@@ -305,16 +336,10 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         };
         let Some(body) = body.filter(|b| b.len() <= vm.config.max_body_bytes) else {
-            host.count(Counter::Passthrough, 1);
-            return BodyOutcome::Continue;
+            return BodyOutcome::Reply(too_large_reply(vm, host));
         };
         let inline = vm.config.pd.mode == PdMode::Inline;
-        let parsed = if inline {
-            parse::parse_object(endpoint, body).map(|(v, o)| (v, Some(o)))
-        } else {
-            parse::parse(endpoint, body).map(|v| (v, None))
-        };
-        let (view, object) = match parsed {
+        let (view, mut object) = match parse::parse_object(endpoint, body) {
             Ok(p) => p,
             Err(e) => {
                 // The model server gives the client its own error for a bad body.
@@ -323,6 +348,13 @@ impl RequestFlow {
                 return BodyOutcome::Continue;
             }
         };
+        if !vm.config.trust_client_kv_transfer_params && object.remove(OWNED_BODY_FIELD).is_some() {
+            // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
+            // the client's. Removed whatever happens next (routed, passed through, refused).
+            host.count(Counter::ClientKvParamsRemoved, 1);
+            self.rewritten_body = serde_json::to_vec(&object).ok();
+        }
+        let object = inline.then_some(object);
         vm.sync_pages(host);
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
@@ -353,7 +385,11 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         }
         let first_token = plan.first_token();
-        let Plan { decision, pd } = plan;
+        let Plan {
+            decision,
+            pd,
+            observer_suspect,
+        } = plan;
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
             Decision::NoEndpoint(rejection) => {
@@ -364,6 +400,11 @@ impl RequestFlow {
             return BodyOutcome::Continue;
         };
         host.count(Counter::Routed, 1);
+        if observer_suspect {
+            host.count(Counter::ObserverSuspect, 1);
+        } else if primary.stale {
+            host.count(Counter::RoutedStale, 1);
+        }
         if primary.meets_slo == Some(false) {
             host.count(Counter::SloPredictedMiss, 1);
         }
@@ -427,10 +468,18 @@ impl RequestFlow {
         if prefill_pod.is_none() && ranked.len() > 1 {
             self.hashes.clone_from(&blocks.hashes);
         }
+        let slowest = ranked
+            .iter()
+            .map(|c| c.prediction.ttft_ms)
+            .fold(0.0, f64::max);
         let mut route = Route {
             destinations,
             prefiller: None,
             prefill_call: None,
+            first_byte_timeout_ms: view
+                .stream
+                .then(|| vm.config.health.first_byte_timeout(slowest))
+                .flatten(),
         };
         let Some(prefill_addr) = prefill_pod else {
             return BodyOutcome::Route(route);
@@ -616,6 +665,7 @@ impl RequestFlow {
         end_of_stream: bool,
     ) -> Option<(&'static str, String)> {
         if self.routed_to.is_some() {
+            self.status = status.and_then(|s| s.parse().ok());
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
             self.settle_observations(vm, host);
             if end_of_stream || !self.response_ok {
@@ -665,8 +715,20 @@ impl RequestFlow {
         }
     }
 
-    /// The request is over (done, reset, timed out or answered locally).
-    pub fn on_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+    /// Whether [`Self::on_done`] wants to know how the request ended upstream (it was routed).
+    pub fn wants_end(&self) -> bool {
+        self.routed_to.is_some()
+    }
+
+    /// The request is over (done, reset, timed out or answered locally). `upstream` and `details`
+    /// are the proxy's account of the last upstream attempt, when [`Self::wants_end`] asked.
+    pub fn on_done(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        upstream: Option<String>,
+        details: Option<String>,
+    ) {
         // Reset, timeout or a local reply before any response byte: the prefill stops counting,
         // and teaches nothing.
         let completed = self.response_ok;
@@ -675,6 +737,21 @@ impl RequestFlow {
         let Some(addr) = self.routed_to.take() else {
             return;
         };
+        let end = RequestEnd {
+            status: self.status,
+            upstream,
+            details,
+        };
+        let verdicts = crate::health::judge(&addr, &end);
+        let failed = verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Failed)
+            .count();
+        if failed > 0 {
+            log::debug!("kvroute: a request failed on {addr}: {end:?}");
+            host.count(Counter::RequestFailures, failed as u64);
+        }
+        vm.record_verdicts(verdicts);
         if completed && self.chunks >= 3 {
             let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
             let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);

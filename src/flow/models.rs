@@ -1,11 +1,12 @@
 //! The gateway's own model list: `GET /v1/models` (and `GET /v1/models/{id}`) through kvroute is
-//! answered with every name the healthy pods serve, each once, in vLLM's card shape (`id`,
+//! answered with every name the pods kvroute routes to (those not down) serve, each once, in vLLM's card shape (`id`,
 //! `root`, `parent` for a LoRA adapter, `max_model_len`), from the load table: the names a request
 //! through this gateway can use. Passed through, it would be one random pod's list, which in a pool
 //! of several models or adapters names a different subset on every call. Where no healthy pod has
 //! reported any name (engines without `/v1/models` nor a `model_name` label) it passes through.
 
 use super::Reply;
+use crate::health::{health_of, Health};
 use crate::state::load::LoadTable;
 use serde_json::{json, Value};
 
@@ -23,7 +24,7 @@ pub fn answer(table: &LoadTable, path: &str, now_ms: u64, stale_after_ms: u64) -
     for pod in table
         .pods
         .iter()
-        .filter(|p| p.is_fresh(now_ms, stale_after_ms))
+        .filter(|p| health_of(p, now_ms, stale_after_ms) != Health::Down)
     {
         for model in &pod.served {
             if !seen.contains(&model.id.as_str()) {

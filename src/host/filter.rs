@@ -4,7 +4,7 @@
 
 use super::root::Node;
 use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
-use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PREFILLER};
+use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
 use crate::metrics::Counter;
 use crate::port::Host;
 use proxy_wasm::hostcalls;
@@ -31,6 +31,12 @@ fn set_request_header(name: &str, value: &str) -> bool {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
 }
 
+/// A string attribute of the stream (Envoy's `upstream.address`, `response.code_details`).
+fn property(path: &[&str]) -> Option<String> {
+    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
+
 fn send(reply: &Reply) {
     let headers: Vec<(&str, &str)> = reply
         .headers
@@ -48,6 +54,72 @@ impl Filter {
             prefill_token: None,
             body_len: 0,
         }
+    }
+
+    /// The whole body is buffered (`self.body_len` bytes): route it and carry out the outcome.
+    fn route_body(&mut self) -> Action {
+        let body_size = self.body_len;
+        let outcome = self.with_node(|flow, node| {
+            let Node { vm, host } = node;
+            // Oversize bodies are never copied out of the host.
+            let body = (body_size <= vm.config.max_body_bytes).then(|| {
+                hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default()
+            });
+            flow.on_request_body(vm, host, body.as_deref())
+        });
+        if let Some(body) = self.flow.take_rewritten_body() {
+            self.write_body(&body);
+        }
+        match outcome {
+            Some(BodyOutcome::Reply(reply)) => {
+                send(&reply);
+                Action::Pause
+            }
+            Some(BodyOutcome::Route(route)) => {
+                if !set_request_header(DESTINATION, &route.destinations) {
+                    log::warn!("kvroute: could not set {DESTINATION}; the cluster balances it");
+                }
+                if let Some(prefiller) = &route.prefiller {
+                    set_request_header(PREFILLER, prefiller);
+                }
+                if let Some(ms) = route.first_byte_timeout_ms {
+                    set_request_header(PER_TRY_TIMEOUT, &ms.to_string());
+                }
+                let Some(call) = route.prefill_call else {
+                    return Action::Continue;
+                };
+                let token = self
+                    .with_node(|_, node| node.host.http_call(&call))
+                    .flatten();
+                match token {
+                    Some(token) => {
+                        self.prefill_token = Some(token);
+                        Action::Pause
+                    }
+                    None => {
+                        self.with_node(|flow, node| flow.on_prefill_not_sent(&mut node.host));
+                        Action::Continue
+                    }
+                }
+            }
+            _ => Action::Continue,
+        }
+    }
+
+    /// Replaces the buffered request body (and its `content-length`, when it has one).
+    fn write_body(&mut self, body: &[u8]) -> bool {
+        let written =
+            hostcalls::set_buffer(BufferType::HttpRequestBody, 0, self.body_len, body).is_ok();
+        if written {
+            self.body_len = body.len();
+            if request_header("content-length").is_some() {
+                set_request_header("content-length", &body.len().to_string());
+            }
+        }
+        written
     }
 
     /// Runs `step` with this VM's state and host port; `None` when the VM is busy (re-entrance)
@@ -78,13 +150,7 @@ impl Context for Filter {
         match outcome {
             Some(PrefillOutcome::Reply(reply)) => send(&reply),
             Some(PrefillOutcome::Resume(Some(body))) => {
-                let rewritten =
-                    hostcalls::set_buffer(BufferType::HttpRequestBody, 0, self.body_len, &body)
-                        .is_ok();
-                if rewritten && request_header("content-length").is_some() {
-                    set_request_header("content-length", &body.len().to_string());
-                }
-                if !rewritten {
+                if !self.write_body(&body) {
                     self.with_node(|flow, node| flow.on_body_not_rewritten(&mut node.host));
                 }
                 let _ = hostcalls::resume_http_request();
@@ -123,52 +189,19 @@ impl HttpContext for Filter {
         if !self.flow.waiting_for_body() {
             return Action::Continue;
         }
-        if !end_of_stream {
-            return Action::Pause; // Envoy buffers until the whole body is here
-        }
         self.body_len = body_size;
-        let outcome = self.with_node(|flow, node| {
-            let Node { vm, host } = node;
-            // Oversize bodies are never copied out of the host.
-            let body = (body_size <= vm.config.max_body_bytes).then(|| {
-                hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default()
-            });
-            flow.on_request_body(vm, host, body.as_deref())
-        });
-        match outcome {
-            Some(BodyOutcome::Reply(reply)) => {
-                send(&reply);
-                Action::Pause
-            }
-            Some(BodyOutcome::Route(route)) => {
-                if !set_request_header(DESTINATION, &route.destinations) {
-                    log::warn!("kvroute: could not set {DESTINATION}; the cluster balances it");
-                }
-                if let Some(prefiller) = &route.prefiller {
-                    set_request_header(PREFILLER, prefiller);
-                }
-                let Some(call) = route.prefill_call else {
-                    return Action::Continue;
-                };
-                let token = self
-                    .with_node(|_, node| node.host.http_call(&call))
-                    .flatten();
-                match token {
-                    Some(token) => {
-                        self.prefill_token = Some(token);
-                        Action::Pause
-                    }
-                    None => {
-                        self.with_node(|flow, node| flow.on_prefill_not_sent(&mut node.host));
-                        Action::Continue
-                    }
-                }
-            }
-            _ => Action::Continue,
+        if !end_of_stream {
+            return Action::Pause; // Envoy buffers until the whole body is here (or trailers come)
         }
+        self.route_body()
+    }
+
+    /// A body that ends in trailers (HTTP/2, gRPC-style clients) is complete here.
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if !self.flow.waiting_for_body() {
+            return Action::Continue;
+        }
+        self.route_body()
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -211,9 +244,17 @@ impl HttpContext for Filter {
     }
 
     fn on_log(&mut self) {
+        let (upstream, details) = if self.flow.wants_end() {
+            (
+                property(&["upstream", "address"]),
+                property(&["response", "code_details"]),
+            )
+        } else {
+            (None, None)
+        };
         self.with_node(|flow, node| {
             let Node { vm, host } = node;
-            flow.on_done(vm, host)
+            flow.on_done(vm, host, upstream, details)
         });
     }
 }

@@ -1,6 +1,6 @@
-//! Filters: a pod is a candidate when it plays the requested role, its metrics are fresh (a pod
-//! we have not heard from recently is never trusted to be idle), and it serves the model (when it
-//! reports its models at all).
+//! Filters: a pod is a candidate when it plays the requested role, is not down (its poll failed
+//! outright, or it was ejected for failing requests: see `crate::health`; a pod whose polls are
+//! merely late stays a candidate), and serves the model (when it reports its models at all).
 
 use super::{PodView, RouteRequest};
 
@@ -8,7 +8,7 @@ use super::{PodView, RouteRequest};
 pub enum Rejection {
     /// No pod of this role is configured or discovered.
     NoPods,
-    /// Pods exist but none has fresh metrics.
+    /// Pods exist but all are down.
     NoneHealthy,
     /// Healthy pods exist but none reports serving the requested model.
     UnknownModel,
@@ -23,7 +23,7 @@ impl Rejection {
         match self {
             Rejection::NoPods => "no pods are known for this pool",
             Rejection::NoneHealthy => {
-                "no pod is healthy (all unreachable or their metrics are stale)"
+                "no pod is healthy (all refuse their metrics polls or fail their requests)"
             }
             Rejection::UnknownModel => "no healthy pod serves the requested model",
             Rejection::Saturated => {
@@ -47,7 +47,10 @@ pub fn filter<'p, 'a>(
     if of_role.is_empty() {
         return Err(Rejection::NoPods);
     }
-    let healthy: Vec<&PodView> = of_role.into_iter().filter(|p| p.fresh).collect();
+    let healthy: Vec<&PodView> = of_role
+        .into_iter()
+        .filter(|p| p.health != crate::health::Health::Down)
+        .collect();
     if healthy.is_empty() {
         return Err(Rejection::NoneHealthy);
     }

@@ -36,8 +36,9 @@ use crate::scheduler::cost::Coefficients;
 pub struct PodView<'a> {
     pub addr: &'a str,
     pub role: Role,
-    /// Metrics are recent and the last poll answered.
-    pub fresh: bool,
+    /// Fresh, stale (polls late: the figures below are the board's view only) or down (see
+    /// `crate::health`).
+    pub health: crate::health::Health,
     /// Polled: requests the engine has queued, running, and its KV-cache use.
     pub waiting: f64,
     pub running: f64,

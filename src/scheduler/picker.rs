@@ -36,6 +36,8 @@ pub struct Choice {
     pub guarded: bool,
     /// With latency objectives: whether this pod is predicted to meet them.
     pub meets_slo: Option<bool>,
+    /// Its metrics were stale: predicted on the gateway's own view of its work.
+    pub stale: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +178,7 @@ pub fn pick(
                 prediction: predictions.get(e.index).copied().unwrap_or_default(),
                 guarded: e.guarded,
                 meets_slo: slo.is_set().then_some(e.meets_slo),
+                stale: pod.health == crate::health::Health::Stale,
             })
         })
         .collect();

@@ -6,7 +6,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
     PodView {
         addr,
         role: Role::Aggregated,
-        fresh: true,
+        health: crate::health::Health::Fresh,
         waiting: 0.0,
         running: 0.0,
         kv_usage: 0.0,
@@ -205,11 +205,20 @@ fn filters_explain_why_nothing_is_routable() {
         decide(&cfg, &[], &request(&hashes)),
         Decision::NoEndpoint(Rejection::NoPods)
     );
-    let mut stale = pod(ADDRS[0]);
-    stale.fresh = false;
+    let mut down = pod(ADDRS[0]);
+    down.health = crate::health::Health::Down;
     assert_eq!(
-        decide(&cfg, &[stale.clone()], &request(&hashes)),
+        decide(&cfg, &[down.clone()], &request(&hashes)),
         Decision::NoEndpoint(Rejection::NoneHealthy)
+    );
+    let mut stale = down.clone();
+    stale.health = crate::health::Health::Stale;
+    assert!(
+        matches!(
+            decide(&cfg, &[stale], &request(&hashes)),
+            Decision::Route { .. }
+        ),
+        "a pod whose polls are late still serves"
     );
     static OTHER: [String; 0] = [];
     let models = vec!["other".to_string()];
@@ -230,7 +239,7 @@ fn filters_explain_why_nothing_is_routable() {
     assert_eq!(
         primary(&decide(
             &cfg,
-            &[stale, wrong_model, unknown_models],
+            &[down, wrong_model, unknown_models],
             &request(&hashes)
         )),
         ADDRS[3]
@@ -355,7 +364,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         .iter()
         .map(|id| primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string())
         .collect();
-    pods[me].fresh = false;
+    pods[me].health = crate::health::Health::Down;
     for (id, was) in sessions.iter().zip(&before) {
         let now = primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string();
         if *was != pinned {

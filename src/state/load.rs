@@ -12,8 +12,15 @@ pub struct PodLoad {
     pub role: Role,
     /// Time of the last successful metrics read; 0 = never.
     pub metrics_at_ms: u64,
-    /// The last poll failed (refused, timed out, non-200 or unparsable).
+    /// The last poll failed outright: refused or reset, non-200, or unparsable (see
+    /// `crate::health`). A poll that timed out does not set it (see `late`).
     pub failing: bool,
+    /// The last poll timed out: the pod's figures are stale, the pod is not known to be down.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
+    /// Ejected by passive health (its requests failed) until this time; 0 = not ejected.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ejected_until_ms: u64,
     pub metrics: PodMetrics,
     /// How many of our blocks the pod evidently keeps, when its responses reported fewer cached
     /// tokens than the index expected (see `crate::router::Router::on_cache_report`): the index
@@ -27,6 +34,10 @@ pub struct PodLoad {
     /// adapters and its `/v1/models` ids. Empty = unknown (any model).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub serves: Vec<String>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl PodLoad {
@@ -112,6 +123,8 @@ mod tests {
             role: Role::Aggregated,
             metrics_at_ms: 1000,
             failing: false,
+            late: false,
+            ejected_until_ms: 0,
             metrics: PodMetrics::default(),
             capacity_hint_blocks: None,
             served: Vec::new(),

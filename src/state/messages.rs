@@ -9,6 +9,8 @@
 //!   tag 3  capacity hint: addr:str blocks:u32              ("pod addr evidently keeps only this
 //!          many of our blocks": its response reported fewer cached tokens than the index expected)
 //!   tag 4  eviction: addr:str n:u32 hash:u64 × n           ("pod addr no longer holds these")
+//!   tag 5  verdicts: n:u16 (addr:str served:u32 failed:u32 trailing:u32) × n
+//!          (how the requests this VM sent each pod ended since its last report, `crate::health`)
 //! page     = format:u8(=2) seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n  [m:u32 (addr:str n:u32 hash:u64 × n) × m]
 //!            the optional tail is the page's evictions, applied after its observations (a module
 //!            without them reads the head and ignores the tail; a page without a tail has none)
@@ -26,7 +28,10 @@ pub enum Message {
     Observation { vm: u64, observation: Observation },
     CapacityHint { vm: u64, addr: String, blocks: u32 },
     Eviction { vm: u64, eviction: Observation },
+    Verdicts { vm: u64, pods: Vec<(String, Tally)> },
 }
+
+use crate::health::Tally;
 
 /// A delta page or a snapshot: a sequence number and observations in application order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -109,6 +114,18 @@ impl Message {
                 put_str(&mut out, addr);
                 out.extend_from_slice(&blocks.to_le_bytes());
             }
+            Message::Verdicts { vm, pods } => {
+                out.push(5);
+                out.extend_from_slice(&vm.to_le_bytes());
+                let n = pods.len().min(u16::MAX as usize);
+                out.extend_from_slice(&(n as u16).to_le_bytes());
+                for (addr, t) in pods.iter().take(n) {
+                    put_str(&mut out, addr);
+                    for v in [t.served, t.failed, t.trailing_failures] {
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
         }
         out
     }
@@ -131,6 +148,20 @@ impl Message {
                 addr: r.str()?,
                 blocks: r.u32()?,
             }),
+            5 => {
+                let n = r.u16()? as usize;
+                let mut pods = Vec::new();
+                for _ in 0..n {
+                    let addr = r.str()?;
+                    let tally = Tally {
+                        served: r.u32()?,
+                        failed: r.u32()?,
+                        trailing_failures: r.u32()?,
+                    };
+                    pods.push((addr, tally));
+                }
+                Some(Message::Verdicts { vm, pods })
+            }
             _ => None,
         }
     }
@@ -228,6 +259,25 @@ mod tests {
             eviction: obs("a:1", &[7, 8]),
         };
         assert_eq!(Message::decode(&e.encode()), Some(e));
+        let v = Message::Verdicts {
+            vm: 4,
+            pods: vec![
+                (
+                    "a:1".into(),
+                    Tally {
+                        served: 3,
+                        failed: 2,
+                        trailing_failures: 1,
+                    },
+                ),
+                ("b:2".into(), Tally::default()),
+            ],
+        };
+        let bytes = v.encode();
+        assert_eq!(Message::decode(&bytes), Some(v));
+        for cut in 0..bytes.len() {
+            assert_eq!(Message::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
         let with_evictions = Page {
             evictions: vec![obs("a:1", &[5])],
             ..p.clone()

@@ -3,6 +3,7 @@
 //! the answers.
 
 use crate::config::{Config, Role};
+use crate::health::{PassiveHealth, Tally};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::vm::models::{self, ServedModel};
 use crate::vm::prom::{self, PodMetrics};
@@ -14,6 +15,7 @@ struct PodRecord {
     metrics: PodMetrics,
     metrics_at_ms: u64,
     failing: bool,
+    late: bool,
     /// The latest capacity hint from a worker and when it came.
     capacity_hint: Option<(u32, u64)>,
     /// The pod's `/v1/models` list as last read, and when it was last asked for (0 = never).
@@ -33,14 +35,17 @@ pub struct Leader {
     version: u64,
     last_poll_ms: u64,
     last_discovery_ms: u64,
+    passive: PassiveHealth,
 }
 
 /// Outcome of one metrics poll.
 pub enum PollResult<'a> {
     /// HTTP status and body.
     Answered(u32, &'a [u8]),
-    /// Refused, reset or timed out.
+    /// Refused or reset (well before the timeout, see `crate::health::poll_timed_out`).
     Failed,
+    /// No answer within the poll timeout: the pod is late, its figures stale.
+    TimedOut,
 }
 
 impl Leader {
@@ -71,6 +76,7 @@ impl Leader {
                 metrics: PodMetrics::default(),
                 metrics_at_ms: 0,
                 failing: false,
+                late: false,
                 capacity_hint: None,
                 served: Vec::new(),
                 models_asked_ms: 0,
@@ -116,14 +122,22 @@ impl Leader {
         addrs
     }
 
+    /// Applies a poll's outcome; `true` when it brought fresh metrics.
     pub fn on_poll(&mut self, addr: &str, result: PollResult<'_>, now_ms: u64) -> bool {
         let Some(record) = self.pods.get_mut(addr) else {
             return false;
         };
         let parsed = match result {
+            PollResult::TimedOut => {
+                // It took the connection and is still thinking: alive, its figures stale.
+                record.late = true;
+                record.failing = false;
+                return false;
+            }
             PollResult::Answered(200, body) => prom::parse(body).ok(),
             _ => None,
         };
+        record.late = false;
         match parsed {
             Some(metrics) => {
                 record.metrics = metrics;
@@ -175,6 +189,23 @@ impl Leader {
         }
     }
 
+    /// A VM's verdicts on the requests it sent `addr` (see `crate::health`).
+    pub fn on_outcomes(&mut self, config: &Config, addr: &str, tally: Tally, now_ms: u64) {
+        if self.pods.contains_key(addr) {
+            self.passive.record(&config.health, addr, tally, now_ms);
+        }
+    }
+
+    /// Ejects the pods whose requests fail (see `crate::health`); returns how many were ejected now.
+    pub fn update_health(&mut self, config: &Config, now_ms: u64) -> u32 {
+        let pods: Vec<(&str, Role)> = self
+            .pods
+            .iter()
+            .map(|(addr, r)| (addr.as_str(), r.role))
+            .collect();
+        self.passive.update(&config.health, &pods, now_ms)
+    }
+
     /// A worker saw `addr` keep fewer blocks than the index believed.
     pub fn on_capacity_hint(&mut self, addr: &str, blocks: u32, now_ms: u64) {
         if let Some(record) = self.pods.get_mut(addr) {
@@ -193,6 +224,8 @@ impl Leader {
                 role: r.role,
                 metrics_at_ms: r.metrics_at_ms,
                 failing: r.failing,
+                late: r.late,
+                ejected_until_ms: self.passive.ejected_until(addr),
                 metrics: r.metrics.clone(),
                 capacity_hint_blocks: r
                     .capacity_hint
@@ -209,17 +242,6 @@ impl Leader {
             published_ms: now_ms,
             pods,
         }
-    }
-
-    pub fn healthy_pods(&self, now_ms: u64, stale_after_ms: u64) -> usize {
-        self.pods
-            .values()
-            .filter(|r| {
-                !r.failing
-                    && r.metrics_at_ms > 0
-                    && now_ms.saturating_sub(r.metrics_at_ms) <= stale_after_ms
-            })
-            .count()
     }
 }
 
@@ -265,15 +287,21 @@ mod tests {
         let t = l.table(1000);
         assert_eq!(t.pods.len(), 2);
         assert!(t.pods[0].is_fresh(1000, 2000) && t.pods[0].metrics.running == 2.0);
-        assert!(!t.pods[1].is_fresh(1000, 2000));
-        assert_eq!(l.healthy_pods(1000, 2000), 1);
-        l.on_poll("10.0.0.1:1", PollResult::Failed, 1200);
-        assert_eq!(
-            l.healthy_pods(1200, 2000),
-            0,
-            "a failed poll is not trusted"
+        assert!(!t.pods[1].is_fresh(1000, 2000) && t.pods[1].failing);
+        l.on_poll("10.0.0.1:1", PollResult::TimedOut, 1200);
+        let late = l.table(1200);
+        assert!(
+            late.pods[0].late && !late.pods[0].failing,
+            "a late poll is not a failure"
         );
-        assert!(l.table(1300).version > t.version);
+        assert_eq!(
+            late.pods[0].metrics.running, 2.0,
+            "the last figures are kept"
+        );
+        l.on_poll("10.0.0.1:1", PollResult::Failed, 1300);
+        let t2 = l.table(1300);
+        assert!(t2.pods[0].failing && !t2.pods[0].late, "a refused poll is");
+        assert!(t2.version > t.version);
     }
 
     #[test]

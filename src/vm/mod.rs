@@ -16,6 +16,7 @@ pub mod models;
 pub mod prom;
 
 use crate::config::Config;
+use crate::health::{Health, Tally, Verdict};
 use crate::metrics::{Counter, Gauge};
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
@@ -66,6 +67,8 @@ pub struct Vm {
     fits_cas: Option<u32>,
     /// Observations made before any leader registered the queue.
     unsent: Vec<Vec<u8>>,
+    /// How this VM's requests ended, per pod, since it last told the leader (`crate::health`).
+    verdicts: HashMap<String, Tally>,
 }
 
 /// One change to the index, as the leader publishes it.
@@ -77,7 +80,8 @@ enum Change {
 struct LeaderState {
     book: Leader,
     queue: u32,
-    polls: HashMap<u32, String>,
+    /// Polls under way: their pod and when they were sent.
+    polls: HashMap<u32, (String, u64)>,
     /// `/v1/models` reads under way, by call token.
     model_polls: HashMap<u32, String>,
     admin_call: Option<u32>,
@@ -104,6 +108,15 @@ impl Vm {
             last_fits_write_ms: 0,
             fits_cas: None,
             unsent: Vec::new(),
+            verdicts: HashMap::new(),
+        }
+    }
+
+    /// Records how a request ended for the pods involved (see `crate::health::judge`); the leader
+    /// hears of it on the next tick.
+    pub fn record_verdicts(&mut self, verdicts: Vec<(String, Verdict)>) {
+        for (addr, verdict) in verdicts {
+            self.verdicts.entry(addr).or_default().add(verdict);
         }
     }
 
@@ -340,9 +353,19 @@ impl Vm {
                     self.router.forget(&eviction);
                     st.pending.push(Change::Forgotten(eviction));
                 }
+                Some(Message::Verdicts { pods, .. }) => {
+                    for (addr, tally) in pods {
+                        st.book.on_outcomes(&self.config, &addr, tally, now);
+                    }
+                }
                 None => log::debug!("kvroute: dropped an undecodable queue message"),
             }
         }
+        for (addr, tally) in std::mem::take(&mut self.verdicts) {
+            st.book.on_outcomes(&self.config, &addr, tally, now);
+        }
+        let ejected = st.book.update_health(&self.config, now);
+        host.count(Counter::Ejections, u64::from(ejected));
         self.publish_pages(host, &mut st);
         if st.book.discovery_due(&self.config, now) && st.admin_call.is_none() {
             if let Some(cluster) = &self.config.admin_cluster {
@@ -357,8 +380,10 @@ impl Vm {
             }
         }
         for addr in st.book.poll_due(&self.config, now) {
-            if st.polls.values().any(|a| *a == addr) {
-                continue; // the previous poll of this pod has not answered yet
+            if st.polls.values().any(|(a, _)| *a == addr) {
+                // The previous poll of this pod has not answered yet: polls never pile up on a
+                // slow pod; it is polled again once that one answers or times out.
+                continue;
             }
             match dispatch(
                 host,
@@ -369,7 +394,7 @@ impl Vm {
                 self.timeout(),
             ) {
                 Some(token) => {
-                    st.polls.insert(token, addr);
+                    st.polls.insert(token, (addr, now));
                 }
                 None => {
                     st.book.on_poll(&addr, PollResult::Failed, now);
@@ -400,9 +425,23 @@ impl Vm {
             st.published_pods = Some(table.pods.clone());
         }
         host.gauge(Gauge::PodsKnown, table.pods.len() as u64);
+        let health = |wanted: Health| {
+            table
+                .pods
+                .iter()
+                .filter(|p| crate::health::health_of(p, now, self.config.stale_after_ms) == wanted)
+                .count() as u64
+        };
+        let (fresh, stale) = (health(Health::Fresh), health(Health::Stale));
+        host.gauge(Gauge::PodsHealthy, fresh + stale);
+        host.gauge(Gauge::PodsStale, stale);
         host.gauge(
-            Gauge::PodsHealthy,
-            st.book.healthy_pods(now, self.config.stale_after_ms) as u64,
+            Gauge::PodsEjected,
+            table
+                .pods
+                .iter()
+                .filter(|p| p.ejected_until_ms > now)
+                .count() as u64,
         );
         host.gauge(Gauge::IndexEntries, self.router.index_entries() as u64);
         let (prefill_queue, decode_queue) = table.pd_queues(now, self.config.stale_after_ms);
@@ -470,6 +509,11 @@ impl Vm {
         if let Some(queue) = self.resolve_queue(host) {
             for message in self.unsent.drain(..) {
                 host.queue_push(queue, &message);
+            }
+            if self.leader.is_none() && !self.verdicts.is_empty() {
+                let pods = std::mem::take(&mut self.verdicts).into_iter().collect();
+                let message = Message::Verdicts { vm: self.id, pods };
+                host.queue_push(queue, &message.encode());
             }
         }
         self.refresh_load_table(host);
@@ -572,21 +616,30 @@ impl Vm {
                 log::warn!("kvroute: admin /clusters answered {status}");
             }
         } else if let Some(addr) = st.model_polls.remove(&token) {
-            let result = if status == 0 {
-                PollResult::Failed
-            } else {
+            let result = if status == 200 {
                 PollResult::Answered(status, body)
+            } else {
+                PollResult::Failed
             };
             if !st.book.on_models(&addr, result) {
                 log::debug!("kvroute: {addr} /v1/models unreadable (status {status}); its metrics' model label alone names it");
             }
-        } else if let Some(addr) = st.polls.remove(&token) {
-            let result = if status == 0 {
-                PollResult::Failed
-            } else {
-                PollResult::Answered(status, body)
+        } else if let Some((addr, sent_ms)) = st.polls.remove(&token) {
+            let timeout = self.config.poll_timeout_ms;
+            // Envoy answers a call that timed out with its own 504 (and a refused or reset one
+            // with a 503, at once): only the time it took tells a late pod from a failing one.
+            let elapsed = now.saturating_sub(sent_ms);
+            let result = match status {
+                0 | 504 if crate::health::poll_timed_out(elapsed, timeout) => PollResult::TimedOut,
+                0 => PollResult::Failed,
+                _ => PollResult::Answered(status, body),
             };
-            if !st.book.on_poll(&addr, result, now) {
+            let late = matches!(result, PollResult::TimedOut);
+            let fresh = st.book.on_poll(&addr, result, now);
+            if late {
+                host.count(Counter::PollsLate, 1);
+                log::debug!("kvroute: poll of {addr} timed out: its figures are stale");
+            } else if !fresh {
                 host.count(Counter::PollFailures, 1);
                 log::debug!("kvroute: poll of {addr} failed (status {status})");
             }

@@ -325,7 +325,7 @@ pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
             "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
                 "route": {"cluster": "pool", "timeout": "0s", "retry_policy": {
-                    "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes", "retriable_status_codes": [503], "num_retries": opts.num_retries}}}]}]},
+                    "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes", "retriable_status_codes": [500, 502, 503, 504], "num_retries": opts.num_retries}}}]}]},
             "http_filters": filters}}]}]
     })
 }

@@ -207,3 +207,62 @@ async fn inline_mode_returns_a_prefill_pods_4xx_as_is() {
     .unwrap();
     drop(s.decode);
 }
+
+/// A client's own KV handle (a host and port the decode pod would pull from) never reaches a
+/// pod: on a decode-only request nothing is pulled, on a split one the handle is kvroute's.
+async fn a_client_kv_handle_never_reaches_a_pod(mode: &str) {
+    let s = pd_stack(mode).await;
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    let spoofed = json!({"do_remote_prefill": true, "remote_host": "10.1.2.3", "remote_port": 22,
+                         "remote_engine_id": "evil", "remote_block_ids": [1, 2, 3]});
+    let before = sum_stat(&s.decode.pods, "disaggregated_decodes").await;
+    let mut short = chat("Be brief.", "hi", 4, false);
+    short["kv_transfer_params"] = spoofed.clone();
+    let r = post(&client, &url, &short, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.debug_field("pd").as_deref(), Some("decode_only"));
+    let decode_pod = r.pod.clone().unwrap();
+    assert_eq!(
+        sum_stat(&s.decode.pods, "disaggregated_decodes").await,
+        before,
+        "no KV pulled on the client's word"
+    );
+    assert!(
+        !sim_stats(&decode_pod).await["last_kv_transfer_params"]
+            .to_string()
+            .contains("10.1.2.3"),
+        "the decode pod never saw the client's handle"
+    );
+    let mut long = chat(
+        &system_prompt(&format!("kvspoof-{mode}-"), 3000),
+        "q",
+        4,
+        false,
+    );
+    long["kv_transfer_params"] = spoofed;
+    let r = post(&client, &url, &long, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.debug_field("pd").as_deref(), Some("disaggregated"));
+    let seen = sim_stats(&r.pod.unwrap()).await["last_kv_transfer_params"].to_string();
+    assert!(
+        !seen.contains("10.1.2.3") && !seen.contains("evil"),
+        "{seen}"
+    );
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.kvroute.spoofed_kv_transfer_params_removed")
+            .await,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_mode_never_forwards_a_client_kv_handle() {
+    a_client_kv_handle_never_reaches_a_pod("sidecar").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_never_forwards_a_client_kv_handle() {
+    a_client_kv_handle_never_reaches_a_pod("inline").await;
+}

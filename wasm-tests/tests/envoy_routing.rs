@@ -319,11 +319,28 @@ async fn odd_requests_get_clear_answers() {
     assert_eq!(r.status, 400, "{}", r.body);
     let r = post_raw(&client, &chat_url, vec![0xff, 0x00, 0x13, 0x37, 0xfe], &[]).await;
     assert_eq!(r.status, 400, "{}", r.body);
-    // Larger than max_body_bytes: routed by the cluster, not parsed, still served.
+    // Larger than max_body_bytes: refused with kvroute's JSON 413 (a body is read whole to be
+    // routed and to remove what a client must not set), announced or chunked alike.
     let big = chat(&system_prompt("big", 3000), "q", 1, false);
     let r = post(&client, &chat_url, &big, &[]).await;
-    assert_eq!(r.status, 200);
-    assert!(r.debug.is_none(), "not routed by kvroute");
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "body_too_large", "{}", r.body);
+    let chunks = futures::stream::iter(
+        big.to_string()
+            .into_bytes()
+            .chunks(1000)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>(),
+    );
+    let r = client
+        .post(&chat_url)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.body_too_large").await, 2);
     // An unknown model gets kvroute's own 404, in OpenAI's error shape.
     let r = post(
         &client,
@@ -430,4 +447,54 @@ async fn two_gateway_replicas_send_a_new_prefix_to_the_same_pod() {
     let share = agree as f64 / n as f64;
     println!("replica agreement on {n} new prefixes: {agree}/{n} = {share:.3}");
     assert!(share >= 0.95, "replicas agreed on {agree} of {n}");
+}
+
+/// An HTTP/2 request whose body ends in trailers (gRPC-style clients send them) is routed like
+/// any other: the filter decides when the trailers arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_request_ending_in_trailers_is_routed() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let stream = tokio::net::TcpStream::connect(&envoy.listener)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let body = chat(&system_prompt("trailers-", 300), "q", 2, false).to_string();
+    let mut trailers = hyper::HeaderMap::new();
+    trailers.insert("x-client-checksum", "1234".parse().unwrap());
+    let frames = futures::stream::iter(vec![
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(body))),
+        Ok(Frame::trailers(trailers)),
+    ]);
+    let request = hyper::Request::post(format!("http://{}/v1/chat/completions", envoy.listener))
+        .header("content-type", "application/json")
+        .body(StreamBody::new(frames))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let debug = response
+        .headers()
+        .get("x-kvroute-debug")
+        .map(|v| v.to_str().unwrap().to_string());
+    let pod = response
+        .headers()
+        .get("x-kvsim-pod")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("chat.completion"),
+        "{text:?}"
+    );
+    let debug = debug.expect("routed by kvroute");
+    assert!(debug.contains(&format!("pod={}", pod.unwrap())), "{debug}");
+    assert_eq!(envoy.stat("wasmcustom.kvroute.requests_routed").await, 1);
+    drop(sim);
 }

@@ -8,7 +8,7 @@ use common::*;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::Duration;
-use wasm_tests::harness::{plugin_config, Envoy, EnvoyOptions, Lb, Sim};
+use wasm_tests::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb, Sim};
 
 /// The predictions of the ranked pods in a debug header: `addr/ms,addr/ms,…`.
 fn predictions(r: &Reply) -> HashMap<String, f64> {
@@ -103,9 +103,10 @@ async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_is_faster(
     };
     let at_move = &replies[moved];
     let p = predictions(at_move);
+    // Within the tie band (5%) the two are equal and rendezvous decides.
     assert!(
-        p[&other] <= p[&holder],
-        "the move was predicted faster: {:?}",
+        p[&other] <= p[&holder] * 1.05,
+        "the move was predicted no slower: {:?}",
         at_move.debug
     );
     let ahead: f64 = at_move
@@ -130,16 +131,25 @@ async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_is_faster(
     .await;
     assert_eq!(after.debug_field("tokens_ahead").as_deref(), Some("0"));
     assert_eq!(after.debug_field("decoding").as_deref(), Some("0"));
-    let histograms = reqwest::get(format!("http://{}/stats?filter=kvroute.ttft", envoy.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // Envoy computes histogram quantiles at its stats flush (every 5 s).
+    let admin = envoy.admin.clone();
+    let exported = wait_for(Duration::from_secs(12), "histograms", || {
+        let admin = admin.clone();
+        async move {
+            let text = reqwest::get(format!("http://{admin}/stats?filter=kvroute.ttft"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.contains("wasmcustom.kvroute.ttft_ms: P0")
+                && text.contains("wasmcustom.kvroute.ttft_prediction_error_pct: P0")
+        }
+    })
+    .await;
     assert!(
-        histograms.contains("wasmcustom.kvroute.ttft_ms: P0")
-            && histograms.contains("wasmcustom.kvroute.ttft_prediction_error_pct: P0"),
-        "the TTFT and prediction-error histograms are exported:\n{histograms}"
+        exported.is_ok(),
+        "the TTFT and prediction-error histograms are exported"
     );
     drop(sim);
 }

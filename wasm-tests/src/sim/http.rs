@@ -538,6 +538,10 @@ vllm:num_requests_running{model_name=\"sim-model\",} -1e400x\n\
 }}}}{{{{ \u{fffd}\u{fffd} garbage\n";
 
 async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
+    let delay = pod.faults().metrics_delay_ms;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     let text = if pod.faults().garbage_metrics {
         GARBAGE_METRICS.to_string()
     } else {
@@ -575,6 +579,8 @@ struct FaultRequest {
     refuse: bool,
     #[serde(default)]
     garbage_metrics: bool,
+    #[serde(default)]
+    metrics_delay_ms: u64,
     #[serde(default)]
     refuse_ms: Option<u64>,
     #[serde(default)]
@@ -632,6 +638,7 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
         stall_ms: req.stall_ms,
         refuse: req.refuse,
         garbage_metrics: req.garbage_metrics,
+        metrics_delay_ms: req.metrics_delay_ms,
     };
     target
         .apply_faults(faults.clone(), req.refuse_ms.map(Duration::from_millis))

@@ -43,6 +43,9 @@ pub struct Faults {
     pub refuse: bool,
     /// Serve nonsense on `/metrics`.
     pub garbage_metrics: bool,
+    /// Wall-clock delay before answering `/metrics` only: a busy API process whose inference
+    /// endpoints still answer (vLLM serves both from one process).
+    pub metrics_delay_ms: u64,
 }
 
 /// What `/sim/stats` returns.

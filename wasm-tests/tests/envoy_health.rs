@@ -1,0 +1,251 @@
+//! Pod health through real Envoy (see the plugin's `health` module): metrics that come late are
+//! stale figures, not a dead pod; a proxy that stops ticking for a while refuses nothing; a pod
+//! that refuses connections is avoided within a poll interval; a pod failing half its requests is
+//! ejected, costs the clients nothing, and comes back; a pod that never starts answering a stream
+//! is retried elsewhere instead of hanging it.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use wasm_tests::harness::{wait_for, Envoy};
+
+async fn gauge_reaches(envoy: &Envoy, name: &str, want: u64, within: Duration) {
+    let stat = format!("wasmcustom.kvroute.{name}");
+    let ok = wait_for(within, name, || async { envoy.stat(&stat).await == want }).await;
+    if let Err(e) = ok {
+        panic!(
+            "{e}: {name} = {}; envoy log:\n{}",
+            envoy.stat(&stat).await,
+            envoy.log()
+        );
+    }
+}
+
+async fn counter(envoy: &Envoy, name: &str) -> u64 {
+    envoy.stat(&format!("wasmcustom.kvroute.{name}")).await
+}
+
+/// `tenants` tenants with long system prompts, `rounds` requests each, interleaved; every reply
+/// must be a 200. Returns the pods each tenant's requests went to.
+async fn tenant_rounds(
+    envoy: &Envoy,
+    tag: &str,
+    tenants: usize,
+    rounds: usize,
+) -> HashMap<usize, Vec<String>> {
+    let url = envoy.url("/v1/chat/completions");
+    let client = fresh_client();
+    let mut pods: HashMap<usize, Vec<String>> = HashMap::new();
+    for round in 0..rounds {
+        for t in 0..tenants {
+            let system = system_prompt(&format!("{tag}{t}-"), 600);
+            let r = post(
+                &client,
+                &url,
+                &chat(&system, &format!("q{round}"), 2, false),
+                &[],
+            )
+            .await;
+            assert_eq!(r.status, 200, "tenant {t} round {round}: {}", r.body);
+            pods.entry(t).or_default().push(r.pod.unwrap_or_default());
+        }
+    }
+    pods
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_metrics_are_stale_figures_not_a_dead_pod() {
+    let (sim, envoy) = stack(4, &[], json!({})).await;
+    // Every pod's /metrics now answers after 3 s (the poll times out after 1 s, the figures are
+    // stale after 0.6 s) while its inference endpoints answer at once.
+    for pod in &sim.pods {
+        sim_fault(pod, json!({"metrics_delay_ms": 3000})).await;
+    }
+    wait_for(
+        Duration::from_secs(10),
+        "every pod's poll timing out",
+        || async { counter(&envoy, "health.polls_late").await >= 8 },
+    )
+    .await
+    .unwrap();
+    gauge_reaches(&envoy, "pods_stale", 4, Duration::from_secs(1)).await;
+    gauge_reaches(&envoy, "pods_healthy", 4, Duration::from_secs(1)).await;
+    let pods = tenant_rounds(&envoy, "late", 3, 5).await;
+    for (t, went) in &pods {
+        assert!(
+            went.iter().skip(1).all(|p| *p == went[0]),
+            "tenant {t} stays with the pod holding its prefix: {went:?}"
+        );
+    }
+    assert!(counter(&envoy, "routed_prefix_hit").await >= 12);
+    assert!(
+        counter(&envoy, "health.observer_suspect").await >= 15,
+        "every pod stale: routed on the last known figures"
+    );
+    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    // Two pods recover: the other two are the only stale ones, still routed (on the board).
+    for pod in &sim.pods[..2] {
+        sim_fault(pod, json!({})).await;
+    }
+    gauge_reaches(&envoy, "pods_stale", 2, Duration::from_secs(10)).await;
+    tenant_rounds(&envoy, "mixed", 8, 2).await;
+    assert!(counter(&envoy, "health.routed_stale").await >= 1);
+    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_stops_ticking_refuses_nothing() {
+    let (sim, envoy) = stack(3, &[], json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let pid = envoy.proc.pid().to_string();
+    // Clients keep sending while the whole proxy is frozen for 2 s (a CPU-throttled pod in
+    // Kubernetes): on resumption every VM's table is older than the stale time and the leader
+    // has missed 40 ticks; the queued requests are served before the first tick runs.
+    let load = |worker: usize| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let client = fresh_client();
+            let mut statuses = Vec::new();
+            let start = Instant::now();
+            let mut i = 0;
+            while start.elapsed() < Duration::from_millis(4500) {
+                let system = system_prompt(&format!("freeze{worker}-{}-", i % 3), 300);
+                let r = post(
+                    &client,
+                    &url,
+                    &chat(&system, &format!("q{i}"), 2, false),
+                    &[],
+                )
+                .await;
+                statuses.push((r.status, r.body));
+                i += 1;
+                // Enough to keep requests queued through the freeze without starving the
+                // tests running beside this one of CPU.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            statuses
+        })
+    };
+    let workers: Vec<_> = (0..3).map(load).collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let cont = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    let mut total = 0;
+    for w in workers {
+        for (status, body) in w.await.unwrap() {
+            assert_eq!(status, 200, "{body}");
+            total += 1;
+        }
+    }
+    assert!(total >= 20, "{total} requests");
+    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    assert!(
+        counter(&envoy, "health.observer_suspect").await >= 1,
+        "the freeze left every table stale (the case this test is about)"
+    );
+    eprintln!(
+        "requests {total}; observer_suspect {}; routed_stale {}",
+        counter(&envoy, "health.observer_suspect").await,
+        counter(&envoy, "health.routed_stale").await
+    );
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_refuses_connections_is_avoided_within_a_poll_interval() {
+    let (sim, envoy) = stack(3, &[], json!({})).await;
+    let victim = sim.pods[1].clone();
+    sim_fault(&victim, json!({"refuse": true})).await;
+    let start = Instant::now();
+    gauge_reaches(&envoy, "pods_healthy", 2, Duration::from_secs(5)).await;
+    let noticed = start.elapsed();
+    // Poll interval 50 ms, a tick of 25 ms, a refused connection at once: well under the 1 s
+    // poll timeout (which is what a late pod costs).
+    assert!(
+        noticed < Duration::from_millis(600),
+        "noticed after {noticed:?}"
+    );
+    assert!(counter(&envoy, "poll_failures").await >= 1);
+    let pods = tenant_rounds(&envoy, "refuse", 6, 2).await;
+    assert!(
+        pods.values().flatten().all(|p| *p != victim),
+        "the refusing pod gets nothing: {pods:?}"
+    );
+    eprintln!("refusing pod noticed after {noticed:?}");
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_failing_half_its_requests_is_ejected_and_costs_clients_nothing() {
+    let (sim, envoy) = stack(4, &[], json!({"health": {"base_ejection_ms": 3000}})).await;
+    let bad = sim.pods[2].clone();
+    sim_fault(&bad, json!({"fail_ratio": 0.5})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let client = fresh_client();
+    let mut errors = 0;
+    for i in 0..80 {
+        let system = system_prompt(&format!("half{i}-"), 200);
+        let r = post(&client, &url, &chat(&system, "q", 2, false), &[]).await;
+        if r.status != 200 {
+            errors += 1;
+        }
+    }
+    assert_eq!(errors, 0, "Envoy retried the 500s on a fallback");
+    assert!(counter(&envoy, "health.ejections").await >= 1);
+    assert!(counter(&envoy, "health.request_failures").await >= 1);
+    let failed_on_bad = sim_stats(&bad).await["requests_failed"].as_u64().unwrap();
+    assert!(
+        failed_on_bad <= 12,
+        "the bad pod was ejected soon: {failed_on_bad} failures reached it"
+    );
+    // While ejected it gets nothing, not even as a fallback.
+    gauge_reaches(&envoy, "pods_ejected", 1, Duration::from_secs(2)).await;
+    let before = sim_stats(&bad).await["requests_total"].as_u64().unwrap();
+    tenant_rounds(&envoy, "ejected", 5, 1).await;
+    assert_eq!(
+        sim_stats(&bad).await["requests_total"].as_u64().unwrap(),
+        before
+    );
+    // Healed, it comes back after its ejection.
+    sim_fault(&bad, json!({})).await;
+    gauge_reaches(&envoy, "pods_ejected", 0, Duration::from_secs(15)).await;
+    tenant_rounds(&envoy, "healed", 12, 1).await;
+    assert!(sim_stats(&bad).await["requests_total"].as_u64().unwrap() > before);
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_never_starts_answering_a_stream_is_retried_elsewhere() {
+    let (sim, envoy) = stack(3, &[], json!({"health": {"first_byte_timeout_ms": 800}})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt("hung-", 600);
+    let first = post(&fresh_client(), &url, &chat(&system, "q", 2, true), &[]).await;
+    let holder = first.pod.unwrap();
+    // The holder hangs (every request, its /metrics included, waits 30 s for an answer).
+    sim_fault(&holder, json!({"stall_ms": 30000})).await;
+    let start = Instant::now();
+    let r = post(&fresh_client(), &url, &chat(&system, "again", 2, true), &[]).await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ne!(r.pod.as_deref(), Some(holder.as_str()));
+    assert!(
+        took < Duration::from_secs(5),
+        "retried after the first-byte timeout: {took:?}"
+    );
+    assert!(envoy.stat("cluster.pool.upstream_rq_per_try_timeout").await >= 1);
+    sim_fault(&holder, json!({})).await;
+    drop(sim);
+}
