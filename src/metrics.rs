@@ -65,8 +65,9 @@ pub enum Counter {
     CacheReportedTokens,
     /// Responses whose pod had evidently evicted blocks the index believed it held.
     CacheEvictionsDetected,
-    /// Routed requests whose pod (or Envoy for it) answered with a non-2xx status: the blocks
-    /// they had taught the index about that pod were withdrawn.
+    /// Blocks a routed request had taught the index about a pod, withdrawn (one per pod): the pod
+    /// (or Envoy for it) answered with a non-2xx status, or refused it and a retry took the
+    /// request elsewhere.
     ObservationsWithdrawn,
 }
 

@@ -172,6 +172,17 @@ pub async fn stack(
     );
     let envoy = Envoy::start(&options).await.unwrap();
     wait_healthy(&envoy, pods as u64).await;
+    // Healthy counts stale pods too, and before its first poll a pod is stale with no figures and
+    // no model names (so any model routes to it): ready means every pod's first poll is in.
+    let polled = wasm_tests::harness::wait_for(Duration::from_secs(20), "first polls", || async {
+        envoy.stat("wasmcustom.kvroute.pods_stale").await == 0
+    })
+    .await;
+    if let Err(e) = polled {
+        panic!("{e}; envoy log:\n{}", envoy.log());
+    }
+    // Every worker VM adopts the leader's table on its next tick (25 ms).
+    tokio::time::sleep(Duration::from_millis(100)).await;
     (sim, envoy)
 }
 
