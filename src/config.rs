@@ -109,6 +109,9 @@ pub struct Config {
     pub stale_after_ms: u64,
     /// How often cluster membership is re-read from the admin API.
     pub discovery_interval_ms: u64,
+    /// How often each pod's `/v1/models` (aliases, LoRA adapters) is re-read; a new pod's is read
+    /// at once.
+    pub models_poll_interval_ms: u64,
     pub block: BlockConfig,
     /// The TTFT prediction the pods are ranked by (prior costs, tie band).
     pub prediction: crate::scheduler::predict::PredictionConfig,
@@ -154,6 +157,7 @@ impl Default for Config {
             poll_timeout_ms: 1000,
             stale_after_ms: 2000,
             discovery_interval_ms: 2000,
+            models_poll_interval_ms: 10_000,
             block: BlockConfig::default(),
             prediction: Default::default(),
             overload_guard: OverloadGuard::default(),
@@ -301,6 +305,9 @@ impl Config {
         }
         if self.poll_interval_ms < 10 {
             return Err(err("poll_interval_ms", "must be at least 10"));
+        }
+        if self.models_poll_interval_ms < 100 {
+            return Err(err("models_poll_interval_ms", "must be at least 100"));
         }
         if self.poll_timeout_ms == 0 {
             return Err(err("poll_timeout_ms", "must be positive"));

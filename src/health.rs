@@ -426,6 +426,8 @@ mod tests {
             ejected_until_ms: 0,
             metrics: Default::default(),
             capacity_hint_blocks: None,
+            served: Vec::new(),
+            serves: Vec::new(),
         };
         assert_eq!(health_of(&pod, 5000, 2000), Health::Unknown);
         pod.late = true;

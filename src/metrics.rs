@@ -65,6 +65,10 @@ pub enum Counter {
     CacheReportedTokens,
     /// Responses whose pod had evidently evicted blocks the index believed it held.
     CacheEvictionsDetected,
+    /// Blocks a routed request had taught the index about a pod, withdrawn (one per pod): the pod
+    /// (or Envoy for it) answered with a non-2xx status, or refused it and a retry took the
+    /// request elsewhere.
+    ObservationsWithdrawn,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +104,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 28] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -129,6 +133,7 @@ impl Counter {
         Counter::CachePredictedTokens,
         Counter::CacheReportedTokens,
         Counter::CacheEvictionsDetected,
+        Counter::ObservationsWithdrawn,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -162,6 +167,7 @@ impl Counter {
             Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens",
             Counter::CacheReportedTokens => "kvroute.cache.reported_tokens",
             Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected",
+            Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn",
         }
     }
 }

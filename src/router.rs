@@ -280,7 +280,28 @@ impl Router {
         view: &RequestView,
         tokenizer: Option<&dyn Tokenizer>,
     ) -> Blocks {
-        let seed = chain_seed(&view.model, view.cache_salt.as_deref());
+        Self::blocks_in_cache(config, view, &view.model, tokenizer)
+    }
+
+    /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
+    /// it), a LoRA adapter's its own, as the first pod listing `model` reports (see
+    /// `crate::vm::models`); the name itself where no pod lists it.
+    pub fn cache_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.load
+            .pods
+            .iter()
+            .find_map(|p| crate::vm::models::cache_key(&p.served, model))
+            .unwrap_or(model)
+    }
+
+    /// [`Self::blocks`] with the hash chain seeded by `cache_model` (see [`Self::cache_model`]).
+    pub fn blocks_in_cache(
+        config: &Config,
+        view: &RequestView,
+        cache_model: &str,
+        tokenizer: Option<&dyn Tokenizer>,
+    ) -> Blocks {
+        let seed = chain_seed(cache_model, view.cache_salt.as_deref());
         let (hashes, prompt_tokens) = match (config.block.mode, tokenizer) {
             (BlockMode::Tiktoken, Some(t)) => {
                 let text = String::from_utf8_lossy(&view.prompt);
@@ -434,7 +455,7 @@ impl Router {
                     queued_requests: f64::from(work.prefill_requests),
                     cost: self.cost_of(config, &p.addr),
                     itl_ms: self.itl_of(&p.addr),
-                    models: &p.metrics.models,
+                    models: &p.serves,
                     matched_blocks: self
                         .slot_of
                         .get(&p.addr)
@@ -756,6 +777,8 @@ mod tests {
                         ..PodMetrics::default()
                     },
                     capacity_hint_blocks: None,
+                    served: Vec::new(),
+                    serves: Vec::new(),
                     late: false,
                     ejected_until_ms: 0,
                 })
@@ -1199,6 +1222,8 @@ mod pd_tests {
                         ..PodMetrics::default()
                     },
                     capacity_hint_blocks: None,
+                    served: Vec::new(),
+                    serves: Vec::new(),
                     late: false,
                     ejected_until_ms: 0,
                 });

@@ -338,6 +338,7 @@ fn gen_metrics(g: &mut Gen) -> PodMetrics {
         block_size: (g.u8() & 1 == 1).then(|| g.u32()),
         num_gpu_blocks: (g.u8() & 1 == 1).then(|| g.u64()),
         models: (0..g.len(3)).map(|_| g.string(12)).collect(),
+        adapters: (0..g.len(2)).map(|_| g.string(12)).collect(),
     }
 }
 
@@ -352,6 +353,15 @@ fn gen_table(g: &mut Gen) -> LoadTable {
             ejected_until_ms: g.u64() >> 1,
             metrics: gen_metrics(g),
             capacity_hint_blocks: (g.u8() & 1 == 1).then(|| g.u32()),
+            served: (0..g.len(2))
+                .map(|_| kvroute::vm::models::ServedModel {
+                    id: g.string(12),
+                    parent: (g.u8() & 1 == 1).then(|| g.string(12)),
+                    root: None,
+                    max_model_len: (g.u8() & 1 == 1).then(|| g.u64() >> 1),
+                })
+                .collect(),
+            serves: (0..g.len(3)).map(|_| g.string(12)).collect(),
         })
         .collect();
     LoadTable {

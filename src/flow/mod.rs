@@ -4,7 +4,9 @@
 //! outcome it gets back.
 //!
 //! 1. [`RequestFlow::on_request_headers`]: an inference `POST` with a body and readable hint headers
-//!    waits for its body; a bad hint header gets a 400; anything else passes through.
+//!    waits for its body; a bad hint header gets a 400; `GET /metrics` is refused (it would be a
+//!    random pod's page) and `GET /v1/models` answered from the load table ([`models`]); anything
+//!    else passes through.
 //! 2. [`RequestFlow::on_request_body`]: parse once, catch up with the shared state, plan (the
 //!    scheduler, then P/D), and answer with one [`BodyOutcome`]: pass through, a local reply (an
 //!    OpenAI-style error with a stable code), or a route (destinations, the prefiller header, or the
@@ -14,10 +16,15 @@
 //!    pod's body, a refusal for the client, or a fallback to decode-only.
 //! 4. [`RequestFlow::on_response_headers`] / [`RequestFlow::on_response_body`]: the first byte ends
 //!    the prefill's work on the board and teaches the pod's cost model; `usage.cached_tokens` checks
-//!    the index; chunk times give the pod's inter-token latency.
+//!    the index; chunk times give the pod's inter-token latency. The index learns a routed prompt's
+//!    blocks as soon as the request is routed (the next request with the same prefix must find it
+//!    even while this one is still prefilling), and only provisionally: a 2xx makes it final, a
+//!    4xx/5xx (the pod refused the request, or Envoy answered for an upstream that failed) withdraws
+//!    the blocks this request added, in every VM (`Provisional`).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 mod explain;
+pub mod models;
 pub mod parse;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
@@ -41,6 +48,9 @@ use crate::vm::Vm;
 use parse::Endpoint;
 use serde_json::{Map, Value};
 
+/// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
+const METRICS_NOT_PROXIED: &str = "kvroute: /metrics is not proxied to a model server: through the gateway it would be a different pod's page on every scrape. Scrape each model server's own /metrics, and kvroute's and Envoy's stats from Envoy's admin /stats/prometheus (kvroute_*)";
+
 /// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
 const CARRY_BYTES: usize = 256;
 
@@ -54,6 +64,7 @@ pub enum ErrorCode {
     UnknownModel,
     NoHealthyPod,
     NoPods,
+    MetricsNotProxied,
     BodyTooLarge,
 }
 
@@ -67,6 +78,7 @@ impl ErrorCode {
             ErrorCode::UnknownModel => "unknown_model",
             ErrorCode::NoHealthyPod => "no_healthy_pod",
             ErrorCode::NoPods => "no_pods",
+            ErrorCode::MetricsNotProxied => "metrics_not_proxied",
             ErrorCode::BodyTooLarge => "body_too_large",
         }
     }
@@ -76,7 +88,7 @@ impl ErrorCode {
             ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
             ErrorCode::BodyTooLarge => (413, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
-            ErrorCode::UnknownModel => (404, "NotFoundError"),
+            ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
         }
     }
@@ -160,6 +172,44 @@ struct Awaiting {
     learnable: bool,
 }
 
+/// Blocks a request taught the index about a pod before the pod accepted it: the blocks past the
+/// leading run the index already believed the pod held (those were there before this request and
+/// stay). Withdrawn if the answer is not a 2xx; a request with the same prefix routed in between
+/// loses them too, until the next observation (the window is one pod's time to refuse).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Provisional {
+    learned: Vec<Observation>,
+}
+
+impl Provisional {
+    fn add(&mut self, addr: &str, hashes: &[u64], already_held: usize) {
+        let added = hashes.get(already_held..).unwrap_or_default();
+        if !added.is_empty() {
+            self.learned.push(Observation {
+                addr: addr.to_string(),
+                hashes: added.to_vec(),
+            });
+        }
+    }
+
+    /// The pod answered 2xx: the observations are final.
+    fn confirm(&mut self) {
+        self.learned.clear();
+    }
+
+    /// Withdraws what was learned about `addr` (every pod with `None`).
+    fn withdraw(&mut self, vm: &mut Vm, host: &mut dyn Host, addr: Option<&str>) {
+        let (gone, kept) = std::mem::take(&mut self.learned)
+            .into_iter()
+            .partition(|o| addr.is_none_or(|a| o.addr == a));
+        self.learned = kept;
+        for observation in gone {
+            host.count(Counter::ObservationsWithdrawn, 1);
+            vm.withdraw(host, observation);
+        }
+    }
+}
+
 /// One request's state between the host's callbacks.
 #[derive(Debug, Default)]
 pub struct RequestFlow {
@@ -168,8 +218,9 @@ pub struct RequestFlow {
     hints: Hints,
     routed_to: Option<String>,
     debug: Option<String>,
-    /// Inline P/D: the client's body, waiting for the prefill pod's answer.
+    /// Inline P/D: the client's body, waiting for the prefill pod's answer, and that pod.
     prefill_original: Option<Map<String, Value>>,
+    prefill_pod: Option<String>,
     awaiting: Option<Awaiting>,
     /// The response's status, once its headers came.
     status: Option<u32>,
@@ -182,6 +233,11 @@ pub struct RequestFlow {
     /// What the index expects the response's `usage` to report, until it does.
     cache_check: Option<CacheExpectation>,
     carry: Vec<u8>,
+    /// What this request taught the index, until the pod accepts it.
+    provisional: Provisional,
+    /// The request's block hashes, until the upstream that answers is known (Envoy's retries may
+    /// have taken it to a fallback).
+    hashes: Vec<u64>,
     /// See [`Self::take_rewritten_body`].
     rewritten_body: Option<Vec<u8>>,
 }
@@ -216,6 +272,21 @@ impl RequestFlow {
         }
         let method = header(":method").unwrap_or_default();
         let path = header(":path").unwrap_or_default();
+        if path.split('?').next() == Some("/metrics") {
+            // Passed through, a scrape of the gateway would get one pod's page, a different pod
+            // each time: a Prometheus job would mix them into one series.
+            return HeadersOutcome::Reply(Reply::error(
+                ErrorCode::MetricsNotProxied,
+                METRICS_NOT_PROXIED,
+            ));
+        }
+        if method == "GET" {
+            let now = host.now_ms();
+            let table = vm.router.load_table();
+            if let Some(reply) = models::answer(table, &path, now, vm.config.stale_after_ms) {
+                return HeadersOutcome::Reply(reply);
+            }
+        }
         let too_large = header("content-length")
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
@@ -287,7 +358,12 @@ impl RequestFlow {
         vm.sync_pages(host);
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
-        let blocks = Router::blocks(&vm.config, &view, vm.tokenizer.as_deref());
+        let blocks = Router::blocks_in_cache(
+            &vm.config,
+            &view,
+            vm.router.cache_model(&view.model),
+            vm.tokenizer.as_deref(),
+        );
         let mut plan = vm
             .router
             .plan(&vm.config, &view.model, &blocks, self.hints, now);
@@ -391,6 +467,11 @@ impl RequestFlow {
                 hashes: blocks.hashes.clone(),
             },
         );
+        self.provisional
+            .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
+        if prefill_pod.is_none() && ranked.len() > 1 {
+            self.hashes.clone_from(&blocks.hashes);
+        }
         let slowest = ranked
             .iter()
             .map(|c| c.prediction.ttft_ms)
@@ -408,6 +489,12 @@ impl RequestFlow {
             return BodyOutcome::Route(route);
         };
         // The prefill pod computes the same blocks: its index learns them too.
+        let prefill_held = pd
+            .as_ref()
+            .and_then(|p| p.prefill.as_ref())
+            .map_or(0, |c| c.matched_blocks);
+        self.provisional
+            .add(&prefill_addr, &blocks.hashes, prefill_held);
         vm.observe(
             host,
             Observation {
@@ -425,6 +512,7 @@ impl RequestFlow {
                     vm.config.pd.prefill_timeout_ms,
                 ));
                 self.prefill_original = Some(original);
+                self.prefill_pod = Some(prefill_addr);
             }
             _ => {
                 host.count(Counter::PdDisaggregated, 1);
@@ -502,8 +590,10 @@ impl RequestFlow {
                 PrefillOutcome::Resume(Some(body))
             }
             Answer::Refused { status, body } => {
-                // The request itself is at fault: the client gets the prefill pod's own answer.
+                // The request itself is at fault: the client gets the prefill pod's own answer,
+                // and neither pod computes its prompt.
                 host.count(Counter::PdPrefillRejected, 1);
+                self.provisional.withdraw(vm, host, None);
                 PrefillOutcome::Reply(Reply {
                     status,
                     headers: vec![("content-type", "application/json".to_string())],
@@ -511,8 +601,11 @@ impl RequestFlow {
                 })
             }
             Answer::Fallback => {
-                // The decode pod prefills by itself, so its first byte says nothing of the split.
+                // The decode pod prefills by itself, so its first byte says nothing of the split;
+                // the prefill pod holds nothing of it.
                 log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                let prefill_pod = self.prefill_pod.take();
+                self.provisional.withdraw(vm, host, prefill_pod.as_deref());
                 if let Some(a) = self.awaiting.as_mut() {
                     a.learnable = false;
                 }
@@ -529,6 +622,44 @@ impl RequestFlow {
         host.count(Counter::PdDecodeOnly, 1);
     }
 
+    /// The host Envoy sent the request to, as its response headers arrive. Another than the
+    /// primary means the primary refused or failed it and a retry took it to a fallback: what the
+    /// request taught the index moves to the host that answered, and neither its `usage` nor its
+    /// first byte says anything about the primary.
+    pub fn on_upstream(&mut self, vm: &mut Vm, host: &mut dyn Host, upstream: &str) {
+        let Some(primary) = self.routed_to.clone() else {
+            return;
+        };
+        let hashes = std::mem::take(&mut self.hashes);
+        if upstream == primary || hashes.is_empty() {
+            return;
+        }
+        log::debug!("kvroute: {primary} did not serve the request; {upstream} did");
+        self.provisional.withdraw(vm, host, Some(&primary));
+        self.cache_check = None;
+        if let Some(a) = self.awaiting.as_mut() {
+            a.learnable = false;
+        }
+        let Some(slot) = vm.router.slot_of(upstream) else {
+            return;
+        };
+        let held = vm
+            .router
+            .index()
+            .match_lengths(&hashes, crate::prefix::index::MAX_SLOTS)
+            .get(slot)
+            .copied()
+            .unwrap_or(0);
+        self.provisional.add(upstream, &hashes, held);
+        vm.observe(
+            host,
+            Observation {
+                addr: upstream.to_string(),
+                hashes,
+            },
+        );
+    }
+
     /// Response headers: returns the debug header to add, if any.
     pub fn on_response_headers(
         &mut self,
@@ -540,11 +671,21 @@ impl RequestFlow {
         if self.routed_to.is_some() {
             self.status = status.and_then(|s| s.parse().ok());
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
+            self.settle_observations(vm, host);
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
             }
         }
         self.debug.take().map(|d| (DEBUG, d))
+    }
+
+    /// A 2xx makes what the index learned final; anything else withdraws it.
+    fn settle_observations(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        if self.response_ok {
+            self.provisional.confirm();
+        } else {
+            self.provisional.withdraw(vm, host, None);
+        }
     }
 
     /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a

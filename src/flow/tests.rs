@@ -124,7 +124,7 @@ fn refusals_carry_stable_codes() {
     assert_eq!(reply.status, 400);
     assert_eq!(host.counter(Counter::BadPriority), 1);
     // Not inference: through untouched.
-    let h = headers(&[(":method", "GET"), (":path", "/v1/models")]);
+    let h = headers(&[(":method", "GET"), (":path", "/v1/embeddings")]);
     assert_eq!(
         RequestFlow::new().on_request_headers(vm, host, &h, true),
         HeadersOutcome::Continue
@@ -514,4 +514,340 @@ fn an_oversize_body_is_refused_with_413_whether_or_not_its_length_is_announced()
     };
     assert_eq!(reply.status, 413);
     assert_eq!(c.vms[0].1.counter(Counter::BodyTooLarge), 2);
+}
+
+/// How many of `body`'s leading blocks VM `i` believes `pod` holds.
+fn held(c: &Cluster, i: usize, pod: &str, body: &[u8]) -> usize {
+    let vm = &c.vms[i].0;
+    let view = parse::parse(Endpoint::ChatCompletions, body).unwrap();
+    let blocks = Router::blocks(&vm.config, &view, None);
+    let slot = vm.router.slot_of(pod).unwrap();
+    vm.router.index().match_lengths(&blocks.hashes, 64)[slot]
+}
+
+#[test]
+fn a_request_the_pod_refuses_leaves_no_entry_in_any_vm_and_an_accepted_one_stays() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let shared = "a long shared system prompt ".repeat(40);
+    let known = chat_body("m", &shared);
+    // An accepted request teaches its blocks; a refused one that extends it withdraws only what it
+    // added, so the accepted prefix stays.
+    let (mut flow, outcome) = send(&mut c, 1, &[], &known);
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[1];
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_done(vm, host, None, None);
+    let longer = json!({"model": "m", "stream": true, "messages": [
+        {"role": "system", "content": shared}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "more context ".repeat(40)}, {"role": "user", "content": "x"}]})
+    .to_string()
+    .into_bytes();
+    let (mut flow, outcome) = send(&mut c, 1, &[], &longer);
+    assert_eq!(primary_of(&outcome), pod, "it follows its prefix");
+    let full = held(&c, 1, &pod, &longer);
+    let accepted = held(&c, 1, &pod, &known);
+    assert!(full > accepted && accepted > 10, "{full} {accepted}");
+    // The other VM learns both through the leader.
+    c.tick();
+    assert_eq!(held(&c, 0, &pod, &longer), full);
+    let (vm, host) = &mut c.vms[1];
+    flow.on_response_headers(vm, host, Some("400"), false);
+    flow.on_done(vm, host, None, None);
+    assert_eq!(host.counter(Counter::ObservationsWithdrawn), 1);
+    assert_eq!(
+        held(&c, 1, &pod, &longer),
+        accepted,
+        "withdrawn at once here"
+    );
+    c.tick();
+    c.tick();
+    for i in 0..2 {
+        assert_eq!(held(&c, i, &pod, &longer), accepted, "VM {i}");
+        assert_eq!(
+            held(&c, i, &pod, &known),
+            accepted,
+            "VM {i} keeps the accepted prefix"
+        );
+    }
+    // A fresh prompt refused by Envoy for its upstream (503 before any byte) leaves nothing at all.
+    let fresh = chat_body("m", &"an unrelated prompt ".repeat(40));
+    let (mut flow, outcome) = send(&mut c, 0, &[], &fresh);
+    let pod = primary_of(&outcome);
+    assert!(held(&c, 0, &pod, &fresh) > 10);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_response_headers(vm, host, Some("503"), true);
+    flow.on_done(vm, host, None, None);
+    c.tick();
+    c.tick();
+    for i in 0..2 {
+        assert_eq!(held(&c, i, &pod, &fresh), 0, "VM {i}");
+    }
+    // An accepted one stays accepted whatever happens after its headers.
+    let (mut flow, outcome) = send(&mut c, 0, &[], &fresh);
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_response_body(vm, host, 10, None, false);
+    flow.on_done(vm, host, None, None);
+    c.tick();
+    c.tick();
+    for i in 0..2 {
+        assert!(held(&c, i, &pod, &fresh) > 10, "VM {i}");
+    }
+}
+
+#[test]
+fn a_block_withdrawn_and_learned_again_in_one_tick_stays_learned_everywhere() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let body = chat_body("m", &"retry me ".repeat(120));
+    // Refused, then the client's retry is accepted, all before the leader's next tick.
+    let (mut refused, outcome) = send(&mut c, 1, &[], &body);
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[1];
+    refused.on_response_headers(vm, host, Some("429"), true);
+    refused.on_done(vm, host, None, None);
+    let (mut retry, outcome) = send(&mut c, 1, &[], &body);
+    assert_eq!(primary_of(&outcome), pod);
+    let (vm, host) = &mut c.vms[1];
+    retry.on_response_headers(vm, host, Some("200"), false);
+    retry.on_done(vm, host, None, None);
+    let blocks = held(&c, 1, &pod, &body);
+    assert!(blocks > 10);
+    c.tick();
+    c.tick();
+    assert_eq!(held(&c, 0, &pod, &body), blocks, "pages keep the order");
+    // And a VM that loads the snapshot agrees.
+    let (leader, _) = &c.vms[0];
+    let snapshot = leader.router.snapshot(1);
+    let mut follower = Router::new();
+    follower.apply_load_table(&cfg, leader.router.load_table().clone());
+    follower.load_snapshot(&snapshot);
+    let view = parse::parse(Endpoint::ChatCompletions, &body).unwrap();
+    let hashes = Router::blocks(&cfg, &view, None).hashes;
+    let slot = follower.slot_of(&pod).unwrap();
+    assert_eq!(follower.index().match_lengths(&hashes, 64)[slot], blocks);
+}
+
+#[test]
+fn a_refused_inline_prefill_withdraws_both_pods_and_a_failed_one_only_the_prefill_pod() {
+    let mut c = pd_cluster("inline");
+    let long = chat_body("m", &"context ".repeat(3000));
+    let (mut flow, _) = send(&mut c, 0, &[], &long);
+    assert!(held(&c, 0, PODS[0], &long) > 100 && held(&c, 0, PODS[1], &long) > 100);
+    let (vm, host) = &mut c.vms[0];
+    assert!(matches!(
+        flow.on_prefill_answer(vm, host, 400, b"{}"),
+        PrefillOutcome::Reply(_)
+    ));
+    flow.on_done(vm, host, None, None);
+    assert_eq!(
+        (held(&c, 0, PODS[0], &long), held(&c, 0, PODS[1], &long)),
+        (0, 0)
+    );
+    let (mut flow, _) = send(&mut c, 0, &[], &long);
+    let (vm, host) = &mut c.vms[0];
+    assert_eq!(
+        flow.on_prefill_answer(vm, host, 503, b""),
+        PrefillOutcome::Resume(None)
+    );
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_done(vm, host, None, None);
+    assert_eq!(
+        held(&c, 0, PODS[0], &long),
+        0,
+        "the prefill pod computed nothing"
+    );
+    assert!(
+        held(&c, 0, PODS[1], &long) > 100,
+        "the decode pod prefilled it"
+    );
+}
+
+/// Where a chat request for `model` goes: a pod, or the refusal's code.
+fn outcome_for(c: &mut Cluster, model: &str, system: &str) -> Result<BodyOutcome, String> {
+    match send(c, 1, &[], &chat_body(model, system)).1 {
+        BodyOutcome::Reply(reply) => {
+            let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+            Err(body["error"]["code"].as_str().unwrap().to_string())
+        }
+        routed => Ok(routed),
+    }
+}
+
+#[test]
+fn aliases_and_adapters_route_by_the_pods_model_lists_and_unknown_names_are_refused() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    // vLLM with `--model org/m --served-model-name m m-alias --lora-modules sql-lora=/a/sql`.
+    c.models = Some(
+        br#"{"object":"list","data":[
+            {"id":"m","object":"model","root":"org/m","parent":null,"max_model_len":4096},
+            {"id":"m-alias","object":"model","root":"org/m","parent":null,"max_model_len":4096},
+            {"id":"sql-lora","object":"model","root":"/a/sql","parent":"m","max_model_len":null}]}"#
+            .to_vec(),
+    );
+    c.ready();
+    for model in ["m", "m-alias", "sql-lora"] {
+        assert!(
+            matches!(outcome_for(&mut c, model, "sys"), Ok(BodyOutcome::Route(_))),
+            "{model}"
+        );
+    }
+    assert_eq!(
+        outcome_for(&mut c, "other-lora", "sys").err().as_deref(),
+        Some("unknown_model")
+    );
+    // The gateway's model list: every name once, as vLLM lists them.
+    let list = |c: &mut Cluster, path: &str| {
+        let (vm, host) = &mut c.vms[0];
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        match RequestFlow::new().on_request_headers(vm, host, &h, true) {
+            HeadersOutcome::Reply(r) => (
+                r.status,
+                serde_json::from_slice::<serde_json::Value>(&r.body).unwrap(),
+            ),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (status, body) = list(&mut c, "/v1/models");
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["m", "m-alias", "sql-lora"],
+        "each once, from both pods"
+    );
+    assert_eq!(body["data"][2]["parent"], "m");
+    assert_eq!(body["data"][0]["max_model_len"], 4096);
+    let (status, card) = list(&mut c, "/v1/models/sql-lora");
+    assert_eq!((status, card["id"].as_str()), (200, Some("sql-lora")));
+    let (status, missing) = list(&mut c, "/v1/models/nope");
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("unknown_model"))
+    );
+    // Aliases share the base model's KV cache; an adapter has its own.
+    let system = "the same long system prompt ".repeat(40);
+    let (mut first, outcome) = send(&mut c, 1, &[], &chat_body("m", &system));
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[1];
+    first.on_response_headers(vm, host, Some("200"), false);
+    let keyed = |c: &Cluster, model: &str| {
+        let vm = &c.vms[1].0;
+        let view = parse::parse(Endpoint::ChatCompletions, &chat_body(model, &system)).unwrap();
+        let blocks = Router::blocks_in_cache(&vm.config, &view, vm.router.cache_model(model), None);
+        let slot = vm.router.slot_of(&pod).unwrap();
+        (
+            vm.router.index().match_lengths(&blocks.hashes, 64)[slot],
+            blocks.hashes.len(),
+        )
+    };
+    let (held, total) = keyed(&c, "m-alias");
+    assert!(held == total && total > 10, "{held}/{total}");
+    assert_eq!(keyed(&c, "sql-lora").0, 0);
+    assert_eq!(c.vms[1].0.router.cache_model("m-alias"), "m");
+    assert_eq!(c.vms[1].0.router.cache_model("unlisted"), "unlisted");
+}
+
+#[test]
+fn running_adapters_in_the_metrics_route_before_the_model_list_is_read() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.extra_metrics = "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"hot-lora\",waiting_lora_adapters=\"\"} 1.7e9\n".to_string();
+    c.ready();
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("hot-lora", "sys"));
+    assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("cold-lora", "sys"));
+    assert!(
+        matches!(outcome, BodyOutcome::Reply(ref r) if r.status == 404),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn a_metrics_scrape_of_the_gateway_is_refused_with_where_to_scrape() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (vm, host) = &mut c.vms[0];
+    for path in ["/metrics", "/metrics?format=prometheus"] {
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        let HeadersOutcome::Reply(reply) =
+            RequestFlow::new().on_request_headers(vm, host, &h, true)
+        else {
+            panic!("{path}")
+        };
+        assert_eq!(reply.status, 404);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["error"]["code"], "metrics_not_proxied");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/stats/prometheus"));
+    }
+    for path in ["/metrics/x", "/v1/metrics", "/health"] {
+        let h = headers(&[(":method", "GET"), (":path", path)]);
+        assert_eq!(
+            RequestFlow::new().on_request_headers(vm, host, &h, true),
+            HeadersOutcome::Continue,
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn a_request_a_fallback_served_is_learned_for_the_fallback_not_the_primary() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let body = chat_body("m", &"retried on a fallback ".repeat(40));
+    let (mut flow, outcome) = send(&mut c, 1, &[], &body);
+    let BodyOutcome::Route(route) = &outcome else {
+        panic!("{outcome:?}")
+    };
+    let (primary_pod, fallback) = {
+        let mut hosts = route.destinations.split(',');
+        (
+            hosts.next().unwrap().to_string(),
+            hosts.next().unwrap().to_string(),
+        )
+    };
+    let blocks = held(&c, 1, &primary_pod, &body);
+    assert!(blocks > 10);
+    // The primary answered 503, Envoy retried on the fallback, which answers 200.
+    let (vm, host) = &mut c.vms[1];
+    host.advance_ms(50);
+    flow.on_upstream(vm, host, &fallback);
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_response_body(vm, host, 100, None, false);
+    flow.on_done(vm, host, None, None);
+    assert_eq!(
+        vm.router.fit_samples(&primary_pod),
+        0.0,
+        "the fallback's time is not the primary's"
+    );
+    c.tick();
+    c.tick();
+    for i in 0..2 {
+        assert_eq!(held(&c, i, &primary_pod, &body), 0, "VM {i}");
+        assert_eq!(held(&c, i, &fallback, &body), blocks, "VM {i}");
+    }
+    // The primary itself answering changes nothing.
+    let other = chat_body("m", &"served where routed ".repeat(40));
+    let (mut flow, outcome) = send(&mut c, 0, &[], &other);
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_upstream(vm, host, &pod);
+    flow.on_response_headers(vm, host, Some("200"), false);
+    flow.on_done(vm, host, None, None);
+    assert!(held(&c, 0, &pod, &other) > 10);
 }

@@ -212,9 +212,17 @@ impl HttpContext for Filter {
         let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
             .ok()
             .flatten();
+        // The host that answered, after Envoy's retries (absent for a local reply).
+        let upstream = hostcalls::get_property(vec!["upstream", "address"])
+            .ok()
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok());
         let debug = self
             .with_node(|flow, node| {
                 let Node { vm, host } = node;
+                if let Some(upstream) = &upstream {
+                    flow.on_upstream(vm, host, upstream);
+                }
                 flow.on_response_headers(vm, host, status.as_deref(), end_of_stream)
             })
             .flatten();

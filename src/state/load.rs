@@ -2,6 +2,7 @@
 //! they were read. (In-flight requests are not here: they change per request, see `super::inflight`.)
 
 use crate::config::Role;
+use crate::vm::models::ServedModel;
 use crate::vm::prom::PodMetrics;
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,13 @@ pub struct PodLoad {
     /// capacity is capped by it until the hint expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_hint_blocks: Option<u32>,
+    /// The pod's `/v1/models` entries (aliases, LoRA adapters), as last read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub served: Vec<ServedModel>,
+    /// Every name a request may use on this pod: its metrics' `model_name`, its running LoRA
+    /// adapters and its `/v1/models` ids. Empty = unknown (any model).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serves: Vec<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -120,6 +128,8 @@ mod tests {
             ejected_until_ms: 0,
             metrics: PodMetrics::default(),
             capacity_hint_blocks: None,
+            served: Vec::new(),
+            serves: Vec::new(),
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));

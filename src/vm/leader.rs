@@ -5,6 +5,7 @@
 use crate::config::{Config, Role};
 use crate::health::{PassiveHealth, Tally};
 use crate::state::load::{LoadTable, PodLoad};
+use crate::vm::models::{self, ServedModel};
 use crate::vm::prom::{self, PodMetrics};
 use hashbrown::HashMap;
 
@@ -17,6 +18,9 @@ struct PodRecord {
     late: bool,
     /// The latest capacity hint from a worker and when it came.
     capacity_hint: Option<(u32, u64)>,
+    /// The pod's `/v1/models` list as last read, and when it was last asked for (0 = never).
+    served: Vec<ServedModel>,
+    models_asked_ms: u64,
 }
 
 /// A capacity hint holds this long unless renewed: a pod whose cache was squeezed by a burst gets
@@ -74,6 +78,8 @@ impl Leader {
                 failing: false,
                 late: false,
                 capacity_hint: None,
+                served: Vec::new(),
+                models_asked_ms: 0,
             });
             record.role = role;
         }
@@ -146,6 +152,43 @@ impl Leader {
         }
     }
 
+    /// The pods whose model list is due: never read (a pod just configured or discovered), or
+    /// last asked `models_poll_interval_ms` ago.
+    pub fn models_due(&mut self, config: &Config, now_ms: u64) -> Vec<String> {
+        let mut due: Vec<String> = self
+            .pods
+            .iter_mut()
+            .filter(|(_, r)| {
+                r.models_asked_ms == 0
+                    || now_ms.saturating_sub(r.models_asked_ms) >= config.models_poll_interval_ms
+            })
+            .map(|(addr, r)| {
+                r.models_asked_ms = now_ms.max(1);
+                addr.clone()
+            })
+            .collect();
+        due.sort();
+        due
+    }
+
+    /// A `/v1/models` answer. An unreadable one keeps the last list (a pod without the endpoint
+    /// is known by its metrics' model label alone); returns whether it was read.
+    pub fn on_models(&mut self, addr: &str, result: PollResult<'_>) -> bool {
+        let Some(record) = self.pods.get_mut(addr) else {
+            return false;
+        };
+        match result {
+            PollResult::Answered(200, body) => match models::parse(body) {
+                Some(served) => {
+                    record.served = served;
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
     /// A VM's verdicts on the requests it sent `addr` (see `crate::health`).
     pub fn on_outcomes(&mut self, config: &Config, addr: &str, tally: Tally, now_ms: u64) {
         if self.pods.contains_key(addr) {
@@ -188,6 +231,8 @@ impl Leader {
                     .capacity_hint
                     .filter(|(_, at)| now_ms.saturating_sub(*at) <= CAPACITY_HINT_TTL_MS)
                     .map(|(blocks, _)| blocks),
+                served: r.served.clone(),
+                serves: served_names(&r.metrics, &r.served),
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -198,6 +243,23 @@ impl Leader {
             pods,
         }
     }
+}
+
+/// Every name a pod answers to, each once: the metrics' model label, running adapters, and the
+/// model list's ids.
+fn served_names(metrics: &PodMetrics, served: &[ServedModel]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let all = metrics
+        .models
+        .iter()
+        .chain(&metrics.adapters)
+        .chain(served.iter().map(|m| &m.id));
+    for name in all {
+        if !names.contains(name) && names.len() < models::MAX_MODELS_PER_POD {
+            names.push(name.clone());
+        }
+    }
+    names
 }
 
 #[cfg(test)]
@@ -240,6 +302,30 @@ mod tests {
         let t2 = l.table(1300);
         assert!(t2.pods[0].failing && !t2.pods[0].late, "a refused poll is");
         assert!(t2.version > t.version);
+    }
+
+    #[test]
+    fn model_lists_are_read_at_once_then_on_the_slow_interval() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1","10.0.0.2:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        assert_eq!(l.models_due(&cfg, 1000).len(), 2, "new pods at once");
+        assert!(l
+            .models_due(&cfg, 1000 + cfg.models_poll_interval_ms - 1)
+            .is_empty());
+        let list = br#"{"data":[{"id":"base","root":"org/base"},{"id":"lora-a","parent":"base"}]}"#;
+        assert!(l.on_models("10.0.0.1:1", PollResult::Answered(200, list)));
+        assert!(!l.on_models("10.0.0.2:1", PollResult::Answered(404, b"{}")));
+        assert!(l.on_poll("10.0.0.1:1", PollResult::Answered(200, PAGE), 1000));
+        let t = l.table(1000);
+        assert_eq!(t.pods[0].serves, vec!["base", "lora-a"]);
+        assert!(t.pods[1].serves.is_empty(), "unknown: any model");
+        // A failed read keeps the last list.
+        assert!(!l.on_models("10.0.0.1:1", PollResult::Failed));
+        assert_eq!(l.table(1001).pods[0].served.len(), 2);
+        assert_eq!(
+            l.models_due(&cfg, 1000 + cfg.models_poll_interval_ms).len(),
+            2
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 pub mod discovery;
 pub mod leader;
+pub mod models;
 pub mod prom;
 
 use crate::config::Config;
@@ -70,14 +71,22 @@ pub struct Vm {
     verdicts: HashMap<String, Tally>,
 }
 
+/// One change to the index, as the leader publishes it.
+enum Change {
+    Observed(Observation),
+    Forgotten(Observation),
+}
+
 struct LeaderState {
     book: Leader,
     queue: u32,
     /// Polls under way: their pod and when they were sent.
     polls: HashMap<u32, (String, u64)>,
+    /// `/v1/models` reads under way, by call token.
+    model_polls: HashMap<u32, String>,
     admin_call: Option<u32>,
-    pending: Vec<Observation>,
-    pending_evictions: Vec<Observation>,
+    /// Index changes drained from the queue, in arrival order, until they are published.
+    pending: Vec<Change>,
     head: u64,
     snapshot_seq: u64,
     published_pods: Option<Vec<PodLoad>>,
@@ -178,6 +187,20 @@ impl Vm {
             Message::Observation {
                 vm: self.id,
                 observation,
+            },
+        );
+    }
+
+    /// Takes back what a routing decision taught (the pod refused the request): applied here at
+    /// once, and in every VM through the leader's pages like an eviction, in order after the
+    /// observation it undoes.
+    pub fn withdraw(&mut self, host: &mut dyn Host, observation: Observation) {
+        self.router.forget(&observation);
+        self.tell_leader(
+            host,
+            Message::Eviction {
+                vm: self.id,
+                eviction: observation,
             },
         );
     }
@@ -291,9 +314,9 @@ impl Vm {
             book: Leader::new(&self.config),
             queue,
             polls: HashMap::new(),
+            model_polls: HashMap::new(),
             admin_call: None,
             pending: Vec::new(),
-            pending_evictions: Vec::new(),
             head,
             snapshot_seq: 0,
             published_pods: None,
@@ -321,14 +344,14 @@ impl Vm {
             match Message::decode(&bytes) {
                 Some(Message::Observation { observation, .. }) => {
                     self.router.observe(&observation);
-                    st.pending.push(observation);
+                    st.pending.push(Change::Observed(observation));
                 }
                 Some(Message::CapacityHint { addr, blocks, .. }) => {
                     st.book.on_capacity_hint(&addr, blocks, now);
                 }
                 Some(Message::Eviction { eviction, .. }) => {
                     self.router.forget(&eviction);
-                    st.pending_evictions.push(eviction);
+                    st.pending.push(Change::Forgotten(eviction));
                 }
                 Some(Message::Verdicts { pods, .. }) => {
                     for (addr, tally) in pods {
@@ -379,6 +402,21 @@ impl Vm {
                 }
             }
         }
+        for addr in st.book.models_due(&self.config, now) {
+            if st.model_polls.values().any(|a| *a == addr) {
+                continue;
+            }
+            if let Some(token) = dispatch(
+                host,
+                &self.config.poll_cluster,
+                "/v1/models",
+                &addr,
+                Some(&addr),
+                self.timeout(),
+            ) {
+                st.model_polls.insert(token, addr);
+            }
+        }
         let table = st.book.table(now);
         // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
         // cost no write and no parse.
@@ -423,44 +461,32 @@ impl Vm {
         self.leader = Some(st);
     }
 
+    /// Publishes the drained changes as delta pages, in their order: a page applies its
+    /// observations before its evictions, so an observation that follows an eviction (a block
+    /// withdrawn, then learned again) starts a new page.
     fn publish_pages(&mut self, host: &mut dyn Host, st: &mut LeaderState) {
-        let mut start = 0;
-        while start < st.pending.len() {
-            let mut end = start;
-            let mut bytes = 0;
-            while end < st.pending.len() && (end == start || bytes < MAX_PAGE_BYTES) {
-                bytes += st
-                    .pending
-                    .get(end)
-                    .map_or(0, |o| o.hashes.len() * 8 + o.addr.len() + 8);
-                end += 1;
+        let mut page = Page::default();
+        let mut bytes = 0;
+        for change in std::mem::take(&mut st.pending) {
+            let observed = matches!(change, Change::Observed(_));
+            let full = bytes >= MAX_PAGE_BYTES;
+            if full || (observed && !page.evictions.is_empty()) {
+                Self::put_page(host, st, std::mem::take(&mut page));
+                bytes = 0;
             }
-            st.head += 1;
-            let page = Page {
-                seq: st.head,
-                observations: st
-                    .pending
-                    .get(start..end)
-                    .map(<[Observation]>::to_vec)
-                    .unwrap_or_default(),
-                evictions: Vec::new(),
-            };
-            // Page before head: a reader that sees the new head finds its page.
-            let _ = host.shared_set(&page_key(st.head), &page.encode(), None);
-            set_u64(host, PAGE_HEAD_KEY, st.head);
-            start = end;
+            match change {
+                Change::Observed(o) => {
+                    bytes += o.hashes.len() * 8 + o.addr.len() + 8;
+                    page.observations.push(o);
+                }
+                Change::Forgotten(e) => {
+                    bytes += e.hashes.len() * 8 + e.addr.len() + 8;
+                    page.evictions.push(e);
+                }
+            }
         }
-        st.pending.clear();
-        if !st.pending_evictions.is_empty() {
-            // Rare (a response reported a miss the index did not expect): one page of their own.
-            st.head += 1;
-            let page = Page {
-                seq: st.head,
-                observations: Vec::new(),
-                evictions: std::mem::take(&mut st.pending_evictions),
-            };
-            let _ = host.shared_set(&page_key(st.head), &page.encode(), None);
-            set_u64(host, PAGE_HEAD_KEY, st.head);
+        if !page.observations.is_empty() || !page.evictions.is_empty() {
+            Self::put_page(host, st, page);
         }
         self.router.applied_page = st.head;
         if st.head >= st.snapshot_seq + SNAPSHOT_EVERY_PAGES
@@ -469,6 +495,14 @@ impl Vm {
             let _ = host.shared_set(SNAPSHOT_KEY, &self.router.snapshot(st.head).encode(), None);
             st.snapshot_seq = st.head;
         }
+    }
+
+    fn put_page(host: &mut dyn Host, st: &mut LeaderState, mut page: Page) {
+        st.head += 1;
+        page.seq = st.head;
+        // Page before head: a reader that sees the new head finds its page.
+        let _ = host.shared_set(&page_key(st.head), &page.encode(), None);
+        set_u64(host, PAGE_HEAD_KEY, st.head);
     }
 
     fn follow(&mut self, host: &mut dyn Host, now: u64) {
@@ -580,6 +614,15 @@ impl Vm {
                 st.book.on_admin_clusters(&self.config, body);
             } else {
                 log::warn!("kvroute: admin /clusters answered {status}");
+            }
+        } else if let Some(addr) = st.model_polls.remove(&token) {
+            let result = if status == 200 {
+                PollResult::Answered(status, body)
+            } else {
+                PollResult::Failed
+            };
+            if !st.book.on_models(&addr, result) {
+                log::debug!("kvroute: {addr} /v1/models unreadable (status {status}); its metrics' model label alone names it");
             }
         } else if let Some((addr, sent_ms)) = st.polls.remove(&token) {
             let timeout = self.config.poll_timeout_ms;

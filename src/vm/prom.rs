@@ -11,6 +11,13 @@
 //! | running         | `vllm:num_requests_running`                           | `sglang:num_running_reqs`   | `trtllm_num_requests_running`    |
 //! | KV use (0..1)   | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`)   | `sglang:token_usage`        | `trtllm_kv_cache_utilization`    |
 //! | cache geometry  | `vllm:cache_config_info{block_size,num_gpu_blocks}`   | `sglang:cache_config_info{page_size,num_pages}` | — |
+//! | LoRA adapters   | `vllm:lora_requests_info{running_lora_adapters,waiting_lora_adapters}` | — | — |
+//!
+//! `vllm:lora_requests_info` gets a new label set whenever the adapters in use change, and the
+//! client library keeps the old ones: the sample with the largest value (its time stamp) is the
+//! current one, as Gateway API Inference Extension reads it. Every sample's `model_name` is the
+//! pod's first served name; its other names and idle adapters come from `/v1/models`
+//! (`super::models`).
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PodMetrics {
@@ -21,6 +28,9 @@ pub struct PodMetrics {
     pub num_gpu_blocks: Option<u64>,
     /// `model_name` labels seen (vLLM and SGLang label every sample with the served model).
     pub models: Vec<String>,
+    /// LoRA adapters running or waiting, per the newest `vllm:lora_requests_info` sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +44,7 @@ enum Signal {
     Running,
     KvUsage,
     CacheInfo,
+    LoraInfo,
 }
 
 fn signal(name: &str) -> Option<Signal> {
@@ -49,6 +60,7 @@ fn signal(name: &str) -> Option<Signal> {
         | "sglang:token_usage"
         | "trtllm_kv_cache_utilization" => Signal::KvUsage,
         "vllm:cache_config_info" | "sglang:cache_config_info" => Signal::CacheInfo,
+        "vllm:lora_requests_info" => Signal::LoraInfo,
         _ => return None,
     })
 }
@@ -57,6 +69,7 @@ pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
     let text = std::str::from_utf8(text).map_err(|_| PromError::NotText)?;
     let mut m = PodMetrics::default();
     let (mut saw_waiting, mut saw_running) = (false, false);
+    let mut newest_lora = f64::NEG_INFINITY;
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -116,6 +129,22 @@ pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
                 m.block_size = block.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
                 m.num_gpu_blocks = blocks.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
             }
+            Signal::LoraInfo if value > newest_lora => {
+                newest_lora = value;
+                m.adapters = ["running_lora_adapters", "waiting_lora_adapters"]
+                    .iter()
+                    .filter_map(|key| label(labels, key))
+                    .flat_map(|list| list.split(','))
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .fold(Vec::new(), |mut all, a| {
+                        if !all.iter().any(|x| x == a) {
+                            all.push(a.to_string());
+                        }
+                        all
+                    });
+            }
+            Signal::LoraInfo => {}
         }
     }
     // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could not
@@ -169,6 +198,21 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
             m.models,
             vec!["meta-llama/Llama-3.1-8B-Instruct".to_string()]
         );
+    }
+
+    #[test]
+    fn the_newest_lora_sample_names_the_adapters() {
+        let page = format!(
+            "{VLLM}# TYPE vllm:lora_requests_info gauge\n\
+             vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"old\",waiting_lora_adapters=\"\"}} 1.7e9\n\
+             vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"sql-lora,chat-lora\",waiting_lora_adapters=\"chat-lora,tiny\"}} 1.8e9\n\
+             vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"older\",waiting_lora_adapters=\"\"}} 1.6e9\n"
+        );
+        let m = parse(page.as_bytes()).unwrap();
+        assert_eq!(m.adapters, vec!["sql-lora", "chat-lora", "tiny"]);
+        assert!(parse(VLLM.as_bytes()).unwrap().adapters.is_empty());
+        let idle = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7e9\n";
+        assert!(parse(idle.as_bytes()).unwrap().adapters.is_empty());
     }
 
     #[test]

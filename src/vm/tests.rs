@@ -32,6 +32,10 @@ pub fn config(extra: &str) -> Config {
 pub struct Cluster {
     pub store: Rc<RefCell<Store>>,
     pub vms: Vec<(Vm, FakeHost)>,
+    /// Every pod's `/v1/models` answer (`None`: 404, an engine without one).
+    pub models: Option<Vec<u8>>,
+    /// Appended to every pod's metrics page.
+    pub extra_metrics: String,
 }
 
 impl Cluster {
@@ -45,7 +49,12 @@ impl Cluster {
                 )
             })
             .collect();
-        Cluster { store, vms }
+        Cluster {
+            store,
+            vms,
+            models: None,
+            extra_metrics: String::new(),
+        }
     }
 
     /// Every VM ticks once at its own clock; the leader's polls are answered at once.
@@ -55,7 +64,14 @@ impl Cluster {
             vm.tick(host, now);
             for (token, call) in host.take_calls() {
                 if call.path == "/metrics" {
-                    vm.on_call_response(host, token, 200, &metrics("m", 0), now);
+                    let mut page = metrics("m", 0);
+                    page.extend_from_slice(self.extra_metrics.as_bytes());
+                    vm.on_call_response(host, token, 200, &page, now);
+                } else if call.path == "/v1/models" {
+                    match &self.models {
+                        Some(body) => vm.on_call_response(host, token, 200, body, now),
+                        None => vm.on_call_response(host, token, 404, b"{}", now),
+                    }
                 }
             }
         }

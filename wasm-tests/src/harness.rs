@@ -352,6 +352,8 @@ pub fn listener(opts: &EnvoyOptions, wasm: &Path, port: u16) -> Value {
             "local_reply_config": {"mappers": [{"filter": {"response_flag_filter": {}},
                 "body_format_override": {"json_format": {"error": {"message": "%LOCAL_REPLY_BODY%",
                     "type": "server_error", "param": null, "code": "%RESPONSE_CODE_DETAILS%"}}}}]},
+            // As the shipped configurations: HTTP/1.0 clients are served, not told to upgrade.
+            "http_protocol_options": {"accept_http_10": true, "default_host_for_http_10": "kvroute"},
             "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
                 "route": {"cluster": "pool", "timeout": "0s", "retry_policy": {

@@ -68,7 +68,7 @@ async fn streams_and_plain_answers_come_back_intact() {
         "{v}"
     );
 
-    // Non-inference paths pass through to the cluster's own balancing.
+    // The model list: kvroute's own, the names the healthy pods serve.
     let models: serde_json::Value = client
         .get(envoy.url("/v1/models"))
         .send()

@@ -101,6 +101,8 @@ struct Fragments {
     /// LISTENER / MERGE and its `match`.
     listener_merge: Value,
     listener_match: Value,
+    /// NETWORK_FILTER / MERGE on the listener's HTTP connection manager (HTTP/1.0).
+    hcm_merge: Value,
     /// CLUSTER / MERGE on the model servers' Istio cluster.
     pool_service: String,
     pool_port: u64,
@@ -152,6 +154,15 @@ impl Fragments {
         let ext = only("EXTENSION_CONFIG", "ADD");
         let filter = only("HTTP_FILTER", "INSERT_BEFORE");
         let listener = only("LISTENER", "MERGE");
+        let hcm = only("NETWORK_FILTER", "MERGE");
+        assert_eq!(
+            hcm["match"]["listener"]["filterChain"]["filter"]["name"], HCM,
+            "the NETWORK_FILTER patch merges into the HTTP connection manager"
+        );
+        assert_eq!(
+            hcm["match"]["listener"]["portNumber"], listener["match"]["listener"]["portNumber"],
+            "on the same listener"
+        );
         let pool = only("CLUSTER", "MERGE");
         let added_clusters = select("CLUSTER", "ADD")
             .iter()
@@ -199,6 +210,7 @@ impl Fragments {
             http_filter_match: filter["match"].clone(),
             listener_merge: listener["patch"]["value"].clone(),
             listener_match: listener["match"].clone(),
+            hcm_merge: hcm["patch"]["value"].clone(),
             pool_service: str_at(pool, "/match/cluster/service").to_string(),
             pool_port: u64_at(pool, "/match/cluster/portNumber"),
             pool_merge: pool["patch"]["value"].clone(),
@@ -431,6 +443,10 @@ fn bootstrap(fr: &Fragments, local: &Local) -> Value {
             "http_filters": http_filters}}]}]
     });
     proto_merge(&mut listener, &fr.listener_merge);
+    proto_merge(
+        &mut listener["filter_chains"][0]["filters"][0],
+        &fr.hcm_merge,
+    );
 
     // The pool: an EDS cluster with istiod's default outbound fields, then the CLUSTER MERGE.
     let eds_path = local.dir.join("eds.json");
@@ -890,6 +906,20 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
         again.debug
     );
     assert!(envoy.stat("wasmcustom.kvroute.requests_routed").await >= 2);
+
+    // An HTTP/1.0 client (ApacheBench): the NETWORK_FILTER patch has it served, not sent a 426.
+    let (status, headers, body) = http10(
+        &envoy.listener,
+        "/v1/chat/completions",
+        &chat(&system, "over HTTP/1.0", 4, false),
+        true,
+    )
+    .await;
+    assert!(status.contains(" 200 "), "{status}\n{body}");
+    assert!(
+        headers.iter().any(|(k, _)| k == "x-kvroute-debug"),
+        "{headers:?}"
+    );
 
     // A prompt above the 1 MiB default buffer limit: the LISTENER patch lets it through.
     let long_words = (0..180_000)

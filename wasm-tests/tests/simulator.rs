@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
-use wasm_tests::sim::{spawn_pod, spawn_pods, EngineKind, Faults, PodHandle, Role, SimConfig};
+use wasm_tests::sim::{
+    parse_lora_module, spawn_pod, spawn_pods, EngineKind, Faults, PodHandle, Role, SimConfig,
+};
 
 fn config(time_scale: f64) -> SimConfig {
     SimConfig {
@@ -419,9 +421,12 @@ async fn response_shapes_match_openai_and_vllm() {
     assert_eq!(r["model"], "sim-model");
     assert_eq!(r["choices"][0]["text"], "the quick brown fox");
     assert_eq!(r["choices"][0]["finish_reason"], "length");
+    // A list of prompts is a batch: a choice each, usage over both.
+    assert_eq!(r["choices"].as_array().map(Vec::len), Some(2));
+    assert_eq!(r["choices"][1]["index"], 1);
     assert_eq!(r["usage"]["prompt_tokens"], 3);
-    assert_eq!(r["usage"]["completion_tokens"], 4);
-    assert_eq!(r["usage"]["total_tokens"], 7);
+    assert_eq!(r["usage"]["completion_tokens"], 8);
+    assert_eq!(r["usage"]["total_tokens"], 11);
     assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
     // Non-streaming chat; `max_completion_tokens` and `tools` honoured.
@@ -476,7 +481,7 @@ async fn several_models_and_sglang_names() {
     let r = post(&completions(&pod), json!({"model": "m3", "prompt": "x"})).await;
     assert_eq!(r.status(), 404);
 
-    // Models and cache salts seed the hash chain: no sharing across them.
+    // Aliases share one cache; cache salts seed the hash chain: no sharing across them.
     let cached = |body: Value| {
         let url = completions(&pod);
         async move {
@@ -497,7 +502,8 @@ async fn several_models_and_sglang_names() {
     );
     assert_eq!(
         cached(json!({"model": "m2", "prompt": text, "max_tokens": 1})).await,
-        0
+        96,
+        "m2 is another name for m1's model"
     );
     let salted = json!({"model": "m1", "prompt": text, "max_tokens": 1, "cache_salt": "tenant-a"});
     assert_eq!(cached(salted.clone()).await, 0);
@@ -519,6 +525,207 @@ async fn several_models_and_sglang_names() {
         "sglang:cache_config_info{model_name=\"m1\",num_pages=\"4096\",page_size=\"16\"} 1.0"
     ));
     assert!(!m.contains("vllm:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapters_are_listed_served_and_cached_apart_as_vllm_does() {
+    let pod = spawn_pod(SimConfig {
+        models: vec!["base".into(), "base-alias".into()],
+        lora_modules: vec![
+            parse_lora_module("sql-lora=/adapters/sql").unwrap(),
+            parse_lora_module(r#"{"name": "chat-lora", "path": "/adapters/chat"}"#).unwrap(),
+        ],
+        ..config(0.01)
+    })
+    .await
+    .expect("pod");
+    assert!(parse_lora_module("no-path").is_err());
+    let models: Value =
+        serde_json::from_str(&get_text(&format!("{}/v1/models", pod.url())).await).expect("json");
+    let cards: Vec<(String, Value, Value, Value)> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["root"].clone(),
+                c["parent"].clone(),
+                c["max_model_len"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cards,
+        vec![
+            ("base".into(), json!("base"), Value::Null, json!(131072)),
+            (
+                "base-alias".into(),
+                json!("base"),
+                Value::Null,
+                json!(131072)
+            ),
+            (
+                "sql-lora".into(),
+                json!("/adapters/sql"),
+                json!("base"),
+                Value::Null
+            ),
+            (
+                "chat-lora".into(),
+                json!("/adapters/chat"),
+                json!("base"),
+                Value::Null
+            ),
+        ]
+    );
+    let cached = |model: &'static str| {
+        let url = completions(&pod);
+        let body = json!({"model": model, "prompt": prompt("lora", 100), "max_tokens": 1});
+        async move {
+            let r: Value = post(&url, body).await.json().await.expect("json");
+            assert_eq!(r["model"], json!(model), "answers as the name asked for");
+            r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .expect("cached")
+        }
+    };
+    assert_eq!(cached("base").await, 0);
+    assert_eq!(cached("base-alias").await, 96, "an alias shares the cache");
+    assert_eq!(cached("sql-lora").await, 0, "an adapter has its own");
+    assert_eq!(cached("sql-lora").await, 96);
+    assert_eq!(cached("chat-lora").await, 0);
+    let r = post(
+        &completions(&pod),
+        json!({"model": "other-lora", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    // vllm:lora_requests_info: a label set per change, the newest (largest stamp) current.
+    let m = get_text(&format!("{}/metrics", pod.url())).await;
+    let sets: Vec<(String, f64)> = m
+        .lines()
+        .filter(|l| l.starts_with("vllm:lora_requests_info{"))
+        .map(|l| {
+            let running = l.split("running_lora_adapters=\"").nth(1).unwrap();
+            let running = running.split('"').next().unwrap().to_string();
+            (running, l.rsplit(' ').next().unwrap().parse().unwrap())
+        })
+        .collect();
+    assert!(sets.iter().any(|(r, _)| r == "sql-lora"), "{m}");
+    let newest = sets.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    assert_eq!(newest.0, "", "nothing in flight now: {sets:?}");
+    assert!(m.contains("max_lora=\"2\""));
+    // While a stream for an adapter runs, the newest set names it.
+    let url = completions(&pod);
+    let running = tokio::spawn(async move {
+        post(
+            &url,
+            json!({"model": "chat-lora", "prompt": "x", "max_tokens": 400, "stream": true}),
+        )
+        .await
+        .text()
+        .await
+    });
+    let metrics_url = format!("{}/metrics", pod.url());
+    let mut seen = false;
+    for _ in 0..100 {
+        let m = get_text(&metrics_url).await;
+        let newest = m
+            .lines()
+            .filter(|l| l.starts_with("vllm:lora_requests_info{"))
+            .max_by(|a, b| {
+                let v = |l: &str| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+                v(a).total_cmp(&v(b))
+            })
+            .unwrap()
+            .to_string();
+        if newest.contains("running_lora_adapters=\"chat-lora\"") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "the running adapter never showed");
+    running.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_and_prompt_lists_answer_every_choice_as_vllm_does() {
+    let pod = spawn_pod(config(0.01)).await.expect("pod");
+    // A batch of two prompts (3 and 2 tokens), two choices each: choice p * n + j.
+    let r: Value = post(
+        &completions(&pod),
+        json!({"prompt": ["alpha beta gamma", "delta epsilon"], "n": 2, "max_tokens": 3}),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    let choices = r["choices"].as_array().expect("choices");
+    let indices: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, vec![0, 1, 2, 3]);
+    assert!(choices.iter().all(|c| c["text"] == "the quick brown"));
+    assert_eq!(
+        r["usage"]["prompt_tokens"], 6,
+        "each prompt once (3 + 3 tokens): {r}"
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 12);
+    assert_eq!(r["usage"]["total_tokens"], 18);
+    // Chat: n choices of one conversation.
+    let r: Value = post(
+        &chat(&pod),
+        json!({"messages": [{"role": "user", "content": "hi there"}], "n": 3, "max_tokens": 2}),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(r["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(r["choices"][2]["index"], 2);
+    assert_eq!(r["choices"][2]["message"]["content"], "the quick");
+    assert_eq!(r["usage"]["completion_tokens"], 6);
+    let one: Value = post(
+        &chat(&pod),
+        json!({"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2}),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(r["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+    // Streamed: every choice's tokens, then one usage over all of them.
+    let body = post(
+        &completions(&pod),
+        json!({"prompt": ["one two", "three four"], "n": 2, "max_tokens": 3, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    )
+    .await
+    .text()
+    .await
+    .expect("body");
+    let events: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk"))
+        .collect();
+    let mut tokens = [0; 4];
+    for e in &events {
+        for c in e["choices"].as_array().unwrap() {
+            tokens[c["index"].as_u64().unwrap() as usize] += 1;
+        }
+    }
+    assert_eq!(tokens, [3, 3, 3, 3], "{body}");
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(usage["prompt_tokens"], 4);
+    assert_eq!(usage["completion_tokens"], 12);
+    assert!(body.ends_with("data: [DONE]\n\n"));
+    let r = post(&completions(&pod), json!({"prompt": "x", "n": 0})).await;
+    assert_eq!(r.status(), 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

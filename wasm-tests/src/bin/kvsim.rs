@@ -10,7 +10,10 @@ use std::net::IpAddr;
 
 use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
-use wasm_tests::sim::{parse_link_gbps, profile, spawn_pods, EngineKind, Role, SimConfig};
+use wasm_tests::sim::{
+    parse_link_gbps, parse_lora_module, profile, spawn_pods, EngineKind, LoraModule, Role,
+    SimConfig,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "kvsim", about = "vLLM-compatible LLM model-server simulator")]
@@ -24,9 +27,21 @@ struct Args {
     role: Role,
     #[arg(long, value_enum, default_value = "vllm")]
     engine: EngineKind,
-    /// Served model name; repeat the flag or give a comma-separated list for several.
-    #[arg(long = "model", value_delimiter = ',', default_value = "sim-model")]
+    /// Served model names (vLLM's --served-model-name): aliases of one model sharing one KV
+    /// cache, space- or comma-separated. The first labels the metrics.
+    #[arg(
+        long = "model",
+        alias = "served-model-name",
+        num_args = 1..,
+        value_delimiter = ',',
+        default_value = "sim-model"
+    )]
     models: Vec<String>,
+    /// LoRA adapters as vLLM's --lora-modules: `name=path` or `{"name":..,"path":..}`, space-
+    /// separated. Each is a model name with its own KV cache, listed in /v1/models with the first
+    /// served name as parent.
+    #[arg(long, num_args = 1.., value_parser = parse_lora_module)]
+    lora_modules: Vec<LoraModule>,
     /// Engine profile: step-time fit, per-request overheads and KV capacity (list below).
     #[arg(long, default_value = "seed-demo", value_parser = profile_name)]
     profile: String,
@@ -100,6 +115,7 @@ impl Args {
                 .map(|m| m.trim().to_string())
                 .filter(|m| !m.is_empty())
                 .collect(),
+            lora_modules: self.lora_modules,
             time_scale: self.time_scale,
             max_num_seqs: self.max_num_seqs.unwrap_or(base.max_num_seqs),
             num_gpu_blocks: self.num_gpu_blocks.unwrap_or(base.num_gpu_blocks),

@@ -73,14 +73,63 @@ impl EngineKind {
     }
 }
 
+/// One `--lora-modules` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: String,
+}
+
+/// vLLM's `--lora-modules` forms: `name=path`, or `{"name": .., "path": ..}`.
+pub fn parse_lora_module(s: &str) -> Result<LoraModule, String> {
+    let s = s.trim();
+    let (name, path) = if s.starts_with('{') {
+        let v: serde_json::Value =
+            serde_json::from_str(s).map_err(|e| format!("invalid LoRA module JSON: {e}"))?;
+        let field = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        };
+        (field("name"), field("path"))
+    } else {
+        match s.split_once('=') {
+            Some((n, p)) => (Some(n.trim().to_string()), Some(p.trim().to_string())),
+            None => (None, None),
+        }
+    };
+    match (name, path) {
+        (Some(name), Some(path)) if !name.is_empty() && !path.is_empty() => {
+            Ok(LoraModule { name, path })
+        }
+        _ => Err(format!(
+            "expected name=path or {{\"name\": .., \"path\": ..}}, got {s:?}"
+        )),
+    }
+}
+
+/// How a pod serves a request's `model`: the name it answers with and the KV cache it uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedAs {
+    pub name: String,
+    /// Seeds the prefix-cache hash chain: the first served name for every alias (one model, one
+    /// cache), the adapter's own name for a LoRA adapter (vLLM keys cached blocks by adapter).
+    pub cache_key: String,
+    pub adapter: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Address every pod binds (port chosen by the OS).
     pub host: IpAddr,
     pub role: Role,
     pub engine: EngineKind,
-    /// Served model names; the first one labels the metrics. Never empty after `validate`.
+    /// Served model names (vLLM's `--served-model-name`): aliases of one model sharing one KV
+    /// cache; the first one labels the metrics. Never empty after `validate`.
     pub models: Vec<String>,
+    /// LoRA adapters (vLLM's `--lora-modules name=path`): each a name requests may use, with a KV
+    /// cache of its own.
+    pub lora_modules: Vec<LoraModule>,
     /// Wall seconds per simulated second (0.05 = everything 20x faster).
     pub time_scale: f64,
     pub max_num_seqs: usize,
@@ -121,6 +170,7 @@ impl Default for SimConfig {
             role: Role::Aggregated,
             engine: EngineKind::Vllm,
             models: vec!["sim-model".to_string()],
+            lora_modules: Vec::new(),
             time_scale: 1.0,
             max_num_seqs: 32,
             num_gpu_blocks: 4096,
@@ -143,6 +193,34 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The served name or adapter a request's `model` names (`None`: the first served name, as
+    /// vLLM treats a missing `model`), or vLLM's 404 message.
+    pub fn resolve_model(&self, requested: Option<&str>) -> Result<ServedAs, String> {
+        let base = self.models.first().cloned().unwrap_or_default();
+        let Some(name) = requested else {
+            return Ok(ServedAs {
+                name: base.clone(),
+                cache_key: base,
+                adapter: None,
+            });
+        };
+        if self.models.iter().any(|m| m == name) {
+            return Ok(ServedAs {
+                name: name.to_string(),
+                cache_key: base,
+                adapter: None,
+            });
+        }
+        if self.lora_modules.iter().any(|l| l.name == name) {
+            return Ok(ServedAs {
+                name: name.to_string(),
+                cache_key: format!("{base}\u{0}lora\u{0}{name}"),
+                adapter: Some(name.to_string()),
+            });
+        }
+        Err(format!("The model `{name}` does not exist."))
+    }
+
     /// This configuration with `p`'s capacity, batching limits and cost model (a fitted profile's
     /// pods pull KV over a 100 Gb/s-class link unless one is set).
     pub fn with_profile(mut self, p: &'static Profile) -> Self {
@@ -197,6 +275,13 @@ impl SimConfig {
         }
         if self.models.is_empty() || self.models.iter().any(|m| m.trim().is_empty()) {
             bail!("at least one non-empty model name is required");
+        }
+        for (i, lora) in self.lora_modules.iter().enumerate() {
+            if self.models.contains(&lora.name)
+                || self.lora_modules[..i].iter().any(|l| l.name == lora.name)
+            {
+                bail!("LoRA module name {:?} is already served", lora.name);
+            }
         }
         if self.max_num_seqs == 0 || self.num_gpu_blocks == 0 || self.block_size == 0 {
             bail!("max-num-seqs, num-gpu-blocks and block-size must be at least 1");

@@ -17,6 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -125,13 +126,19 @@ struct Meta {
     max_tokens: usize,
     include_usage: bool,
     report_kv: bool,
+    /// Choices per prompt: a prompt is counted once in `usage` whatever its choices.
+    n: usize,
 }
 
 async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Response {
     let cfg = &pod.cfg;
     if pod.roll_failure() {
+        let status = StatusCode::from_u16(pod.faults().fail_status)
+            .ok()
+            .filter(|s| s.is_client_error() || s.is_server_error())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
+            status,
             "InternalServerError",
             "Simulated engine failure (kvsim fault injection)",
         );
@@ -140,48 +147,55 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         Ok(r) => r,
         Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, "BadRequestError", &msg),
     };
-    let model = match &req.model {
-        None => cfg.models.first().cloned().unwrap_or_default(),
-        Some(m) if cfg.models.contains(m) => m.clone(),
-        Some(m) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "NotFoundError",
-                &format!("The model `{m}` does not exist."),
-            )
-        }
+    let served = match cfg.resolve_model(req.model.as_deref()) {
+        Ok(served) => served,
+        Err(message) => return error(StatusCode::NOT_FOUND, "NotFoundError", &message),
     };
-    let prompt_tokens = req.tokens.len();
-    let requested = prompt_tokens.saturating_add(req.max_tokens);
-    if requested > cfg.max_model_len {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "BadRequestError",
-            &format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens \
-                 ({} in the messages, {} in the completion). Please reduce the length of the \
-                 messages or completion.",
-                cfg.max_model_len, requested, prompt_tokens, req.max_tokens
-            ),
-        );
+    for tokens in &req.batch {
+        let prompt_tokens = tokens.len();
+        let requested = prompt_tokens.saturating_add(req.max_tokens);
+        if requested > cfg.max_model_len {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &format!(
+                    "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                     ({} in the messages, {} in the completion). Please reduce the length of the \
+                     messages or completion.",
+                    cfg.max_model_len, requested, prompt_tokens, req.max_tokens
+                ),
+            );
+        }
     }
 
-    // The model (and salt) seed the hash chain, as in vLLM: no sharing across models or tenants.
+    // The model's cache (one per base model, one per adapter) and the salt seed the hash chain,
+    // as in vLLM: no sharing across adapters or tenants, full sharing across aliases.
     let hash_seed = match &req.cache_salt {
-        Some(salt) => format!("{model}\u{0}{salt}"),
-        None => model.clone(),
+        Some(salt) => format!("{}\u{0}{salt}", served.cache_key),
+        None => served.cache_key.clone(),
     };
+    let adapter = served.adapter.as_deref().map(|a| pod.adapter_started(a));
     let (remote_tokens, report_kv, max_tokens, pull_source) =
         plan_disaggregation(pod, headers, &req).await;
-    let spec = SeqSpec {
-        prompt_tokens,
-        block_hashes: block_hashes(&hash_seed, &req.tokens, cfg.block_size),
-        max_tokens,
-        remote_tokens,
-        report_block_ids: report_kv,
-        pull_source,
-    };
-    let rx = pod.engine.submit(spec);
+    // One sequence per prompt and choice, as vLLM runs a batch and `n`: choice `p * n + j` is
+    // prompt p's j-th. Only the first takes part in a P/D transfer.
+    let mut sequences = Vec::with_capacity(req.batch.len() * req.n);
+    let mut pull_source = pull_source;
+    for tokens in &req.batch {
+        let hashes = block_hashes(&hash_seed, tokens, cfg.block_size);
+        for _ in 0..req.n {
+            let first = sequences.is_empty();
+            let spec = SeqSpec {
+                prompt_tokens: tokens.len(),
+                block_hashes: hashes.clone(),
+                max_tokens,
+                remote_tokens: if first { remote_tokens } else { 0 },
+                report_block_ids: report_kv && first,
+                pull_source: if first { pull_source.take() } else { None },
+            };
+            sequences.push(pod.engine.submit(spec));
+        }
+    }
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
@@ -190,15 +204,18 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         endpoint,
         id: pod.random_id(prefix),
         created: unix_now(),
-        model,
+        model: served.name,
         max_tokens,
         include_usage: req.include_usage,
         report_kv,
+        n: req.n,
     };
     if req.stream {
-        stream_response(pod.clone(), meta, rx)
+        stream_response(pod.clone(), meta, sequences, adapter)
     } else {
-        full_response(pod, meta, rx).await
+        let response = full_response(pod, meta, sequences).await;
+        drop(adapter);
+        response
     }
 }
 
@@ -269,12 +286,18 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-fn usage(o: &Outcome) -> Value {
+/// `usage` over a request's sequences (in choice order): each prompt's tokens and cached tokens
+/// once (from its first choice), every choice's completion tokens.
+fn usage(outcomes: &[&Outcome], n: usize) -> Value {
+    let per_prompt = || outcomes.iter().step_by(n.max(1));
+    let prompt: usize = per_prompt().map(|o| o.prompt_tokens).sum();
+    let cached: usize = per_prompt().map(|o| o.cached_tokens).sum();
+    let completion: usize = outcomes.iter().map(|o| o.completion_tokens).sum();
     json!({
-        "prompt_tokens": o.prompt_tokens,
-        "total_tokens": o.prompt_tokens + o.completion_tokens,
-        "completion_tokens": o.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -293,62 +316,78 @@ fn kv_handle(pod: &Pod, meta: &Meta, o: &Outcome) -> Value {
     })
 }
 
-async fn full_response(
-    pod: &Arc<Pod>,
-    meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
-) -> Response {
+/// One sequence's text and outcome, or `None` when the engine dropped it.
+async fn collect(mut rx: mpsc::UnboundedReceiver<SeqEvent>) -> Option<(String, Outcome)> {
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
         match event {
             SeqEvent::Token { index } => text.push_str(&token_text(index)),
-            SeqEvent::Finished(o) => {
-                let choice = match meta.endpoint {
-                    Endpoint::Completions => json!({
-                        "index": 0,
-                        "text": text,
-                        "logprobs": null,
-                        "finish_reason": "length",
-                        "stop_reason": null,
-                        "prompt_logprobs": null,
-                    }),
-                    Endpoint::Chat => json!({
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": text,
-                            "refusal": null,
-                            "tool_calls": [],
-                            "reasoning_content": null,
-                        },
-                        "logprobs": null,
-                        "finish_reason": "length",
-                        "stop_reason": null,
-                    }),
-                };
-                let object = match meta.endpoint {
-                    Endpoint::Completions => "text_completion",
-                    Endpoint::Chat => "chat.completion",
-                };
-                let body = json!({
-                    "id": meta.id,
-                    "object": object,
-                    "created": meta.created,
-                    "model": meta.model,
-                    "choices": [choice],
-                    "usage": usage(&o),
-                    "prompt_logprobs": null,
-                    "kv_transfer_params": kv_handle(pod, &meta, &o),
-                });
-                return Json(body).into_response();
-            }
+            SeqEvent::Finished(o) => return Some((text, o)),
         }
     }
-    error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "InternalServerError",
-        "The engine stopped before the request finished",
-    )
+    None
+}
+
+async fn full_response(
+    pod: &Arc<Pod>,
+    meta: Meta,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+) -> Response {
+    let finished = futures::future::join_all(sequences.into_iter().map(collect)).await;
+    let Some(finished) = finished.into_iter().collect::<Option<Vec<_>>>() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "The engine stopped before the request finished",
+        );
+    };
+    let choices: Vec<Value> = finished
+        .iter()
+        .enumerate()
+        .map(|(index, (text, _))| match meta.endpoint {
+            Endpoint::Completions => json!({
+                "index": index,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": "length",
+                "stop_reason": null,
+                "prompt_logprobs": null,
+            }),
+            Endpoint::Chat => json!({
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": null,
+                    "tool_calls": [],
+                    "reasoning_content": null,
+                },
+                "logprobs": null,
+                "finish_reason": "length",
+                "stop_reason": null,
+            }),
+        })
+        .collect();
+    let outcomes: Vec<&Outcome> = finished.iter().map(|(_, o)| o).collect();
+    let object = match meta.endpoint {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion",
+    };
+    let kv = match outcomes.first() {
+        Some(first) => kv_handle(pod, &meta, first),
+        None => Value::Null,
+    };
+    let body = json!({
+        "id": meta.id,
+        "object": object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage(&outcomes, meta.n),
+        "prompt_logprobs": null,
+        "kv_transfer_params": kv,
+    });
+    Json(body).into_response()
 }
 
 fn sse(value: &Value) -> Bytes {
@@ -358,7 +397,8 @@ fn sse(value: &Value) -> Bytes {
 fn stream_response(
     pod: Arc<Pod>,
     meta: Meta,
-    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+    adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     let chunk_object = match meta.endpoint {
         Endpoint::Completions => "text_completion",
@@ -373,35 +413,45 @@ fn stream_response(
             "choices": choices,
         })
     };
-    let (endpoint, max_tokens, include_usage) =
-        (meta.endpoint, meta.max_tokens, meta.include_usage);
+    let (endpoint, max_tokens, include_usage, n) =
+        (meta.endpoint, meta.max_tokens, meta.include_usage, meta.n);
+    let total = sequences.len();
     let die_mid_stream = pod.faults().die_mid_stream;
+    // Every sequence's events, tagged with its choice index, as they come.
+    let mut merged =
+        futures::stream::select_all(sequences.into_iter().enumerate().map(|(choice, rx)| {
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |e| (choice, e))
+        }));
     let events = async_stream::stream! {
-        loop {
-            match rx.recv().await {
-                Some(SeqEvent::Token { index }) => {
+        // The adapter counts as running until the stream ends (or the client goes).
+        let _adapter = adapter;
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
+        let mut done = 0;
+        while let Some((choice, event)) = merged.next().await {
+            match event {
+                SeqEvent::Token { index } => {
                     let finish = if index + 1 >= max_tokens { json!("length") } else { Value::Null };
                     let text = token_text(index);
-                    let choice = match endpoint {
+                    let delta = match endpoint {
                         Endpoint::Completions => json!({
-                            "index": 0, "text": text, "logprobs": null,
+                            "index": choice, "text": text, "logprobs": null,
                             "finish_reason": finish, "stop_reason": null,
                         }),
                         Endpoint::Chat => {
                             if index == 0 {
-                                // vLLM opens a chat stream with the role, then the content.
+                                // vLLM opens each choice's stream with the role, then the content.
                                 yield Ok::<Bytes, std::io::Error>(sse(&chunk(json!([{
-                                    "index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "index": choice, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": null, "finish_reason": null,
                                 }]))));
                             }
                             json!({
-                                "index": 0, "delta": {"content": text}, "logprobs": null,
+                                "index": choice, "delta": {"content": text}, "logprobs": null,
                                 "finish_reason": finish, "stop_reason": null,
                             })
                         }
                     };
-                    yield Ok(sse(&chunk(json!([choice]))));
+                    yield Ok(sse(&chunk(json!([delta]))));
                     if die_mid_stream {
                         pod.count_failure();
                         // An error item makes hyper reset the connection: the client sees a
@@ -410,27 +460,31 @@ fn stream_response(
                         break;
                     }
                 }
-                Some(SeqEvent::Finished(o)) => {
-                    if include_usage {
-                        let mut last = chunk(json!([]));
-                        if let Some(obj) = last.as_object_mut() {
-                            obj.insert("usage".into(), usage(&o));
-                        }
-                        yield Ok(sse(&last));
+                SeqEvent::Finished(o) => {
+                    if let Some(slot) = outcomes.get_mut(choice) {
+                        *slot = Some(o);
                     }
-                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-                    break;
-                }
-                None => {
-                    pod.count_failure();
-                    let err = json!({"object": "error", "message": "The engine stopped before the request finished",
-                        "type": "InternalServerError", "param": null, "code": 500});
-                    yield Ok(sse(&json!({"error": err})));
-                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-                    break;
+                    done += 1;
+                    if done == total {
+                        break;
+                    }
                 }
             }
         }
+        if done < total {
+            pod.count_failure();
+            let err = json!({"object": "error", "message": "The engine stopped before the request finished",
+                "type": "InternalServerError", "param": null, "code": 500});
+            yield Ok(sse(&json!({"error": err})));
+        } else if include_usage {
+            let finished: Vec<&Outcome> = outcomes.iter().flatten().collect();
+            let mut last = chunk(json!([]));
+            if let Some(obj) = last.as_object_mut() {
+                obj.insert("usage".into(), usage(&finished, n));
+            }
+            yield Ok(sse(&last));
+        }
+        yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
     };
     Response::builder()
         .status(StatusCode::OK)
@@ -446,25 +500,36 @@ fn stream_response(
         })
 }
 
+/// vLLM's model list: one card per served name, all with the model's path as `root`, then one per
+/// LoRA adapter with its path as `root` and the first served name as `parent` (the simulator has
+/// no model path: the first served name stands for it).
 async fn models(State(pod): State<Arc<Pod>>) -> Json<Value> {
     let owner = pod.cfg.engine.as_str();
-    let data: Vec<Value> = pod
+    let base = pod.cfg.models.first().cloned().unwrap_or_default();
+    let card = |id: &str, root: &str, parent: Value, max_model_len: Value| {
+        json!({
+            "id": id,
+            "object": "model",
+            "created": pod.created,
+            "owned_by": owner,
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_model_len,
+            "permission": [],
+        })
+    };
+    let mut data: Vec<Value> = pod
         .cfg
         .models
         .iter()
-        .map(|m| {
-            json!({
-                "id": m,
-                "object": "model",
-                "created": pod.created,
-                "owned_by": owner,
-                "root": m,
-                "parent": null,
-                "max_model_len": pod.cfg.max_model_len,
-                "permission": [],
-            })
-        })
+        .map(|m| card(m, &base, Value::Null, json!(pod.cfg.max_model_len)))
         .collect();
+    data.extend(
+        pod.cfg
+            .lora_modules
+            .iter()
+            .map(|l| card(&l.name, &l.path, json!(base), Value::Null)),
+    );
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -488,10 +553,9 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
     let text = if faults.garbage_metrics {
         GARBAGE_METRICS.to_string()
     } else {
-        lie(
-            metrics::render(&pod.cfg, &pod.engine.snapshot()),
-            &faults.metrics_lie,
-        )
+        let mut text = metrics::render(&pod.cfg, &pod.engine.snapshot());
+        text.push_str(&pod.lora_metrics());
+        lie(text, &faults.metrics_lie)
     };
     (
         [(
@@ -542,6 +606,9 @@ async fn sim_stats(State(pod): State<Arc<Pod>>) -> Json<Value> {
 struct FaultRequest {
     #[serde(default)]
     fail_ratio: f64,
+    /// Status of the failed answers (4xx or 5xx; default 500).
+    #[serde(default)]
+    fail_status: u16,
     #[serde(default)]
     stall_ms: u64,
     #[serde(default)]
@@ -605,8 +672,16 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
             "no such pod in this simulator process",
         );
     };
+    if req.fail_status != 0 && !(400..=599).contains(&req.fail_status) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "fail_status must be a 4xx or 5xx status",
+        );
+    }
     let faults = Faults {
         fail_ratio: req.fail_ratio,
+        fail_status: req.fail_status,
         stall_ms: req.stall_ms,
         refuse: req.refuse,
         garbage_metrics: req.garbage_metrics,

@@ -32,11 +32,25 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    parse_link_gbps, EngineKind, Role, SimConfig, ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
+    parse_link_gbps, parse_lora_module, EngineKind, LoraModule, Role, ServedAs, SimConfig,
+    ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
 };
 pub use pod::{remote_decode_prefill, Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
 pub use profile::{Profile, PROFILES};
 pub use tokens::{block_hashes, render_chat, tokenize, ChatMessage};
+
+/// The prompt token ids a pod computes for a request body (`chat`: `/v1/chat/completions`, else
+/// `/v1/completions`), or vLLM's 400 message: what tests compare a router's rendering with.
+pub fn prompt_tokens(chat: bool, body: &[u8]) -> Result<Vec<u64>, String> {
+    let endpoint = if chat {
+        request::Endpoint::Chat
+    } else {
+        request::Endpoint::Completions
+    };
+    request::parse(endpoint, body)
+        .map(|r| r.tokens)
+        .map_err(|request::BadRequest(message)| message)
+}
 
 use engine::Engine;
 use pod::{Pod, Registry};

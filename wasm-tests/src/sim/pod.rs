@@ -32,8 +32,10 @@ pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Faults {
-    /// Share of inference requests answered with a 500 (0..=1).
+    /// Share of inference requests answered with an error (0..=1).
     pub fail_ratio: f64,
+    /// The status of those answers; 0 = 500.
+    pub fail_status: u16,
     /// Wall-clock delay before answering any non-`/sim/` request (a slow host, not a slow GPU, so it
     /// is not scaled by the time scale).
     pub stall_ms: u64,
@@ -127,6 +129,62 @@ pub(crate) struct Pod {
     client: reqwest::Client,
     siblings: Registry,
     pub created: u64,
+    lora: Mutex<LoraActivity>,
+}
+
+/// Bound on the label sets `vllm:lora_requests_info` keeps (prometheus_client keeps every one).
+const LORA_LABEL_SETS: usize = 16;
+
+/// Which adapters have requests in flight, and the `vllm:lora_requests_info` label sets so far: a
+/// new one (stamped with the time) whenever that set changes, old ones kept as the Prometheus
+/// client keeps them.
+#[derive(Debug, Default)]
+struct LoraActivity {
+    in_flight: BTreeMap<String, usize>,
+    label_sets: Vec<(String, f64)>,
+}
+
+impl LoraActivity {
+    fn stamp(&mut self) {
+        let running: Vec<&str> = self.in_flight.keys().map(String::as_str).collect();
+        let running = running.join(",");
+        if self.label_sets.last().map(|(r, _)| r) == Some(&running) {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        // Strictly increasing, so the newest set is the largest even within one clock tick.
+        let at = self
+            .label_sets
+            .last()
+            .map_or(now, |(_, last)| now.max(last + 1e-3));
+        self.label_sets.retain(|(r, _)| *r != running);
+        self.label_sets.push((running, at));
+        if self.label_sets.len() > LORA_LABEL_SETS {
+            self.label_sets.remove(0);
+        }
+    }
+}
+
+/// An adapter request in flight (for `vllm:lora_requests_info`), until dropped.
+pub(crate) struct AdapterInFlight {
+    pod: Arc<Pod>,
+    adapter: String,
+}
+
+impl Drop for AdapterInFlight {
+    fn drop(&mut self) {
+        let mut lora = lock(&self.pod.lora);
+        if let Some(n) = lora.in_flight.get_mut(&self.adapter) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                lora.in_flight.remove(&self.adapter);
+            }
+        }
+        lora.stamp();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -163,7 +221,9 @@ impl Pod {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            lora: Mutex::new(LoraActivity::default()),
         });
+        lock(&pod.lora).stamp();
         lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));
         let weak = Arc::downgrade(&pod);
         pod.engine.set_pull_hook(move |source| {
@@ -263,6 +323,37 @@ impl Pod {
         if headers.contains_key(PREFILLER_HEADER) {
             c.seen_prefiller += 1;
         }
+    }
+
+    /// Counts a request for `adapter` as running until the returned guard is dropped.
+    pub(crate) fn adapter_started(self: &Arc<Self>, adapter: &str) -> AdapterInFlight {
+        let mut lora = lock(&self.lora);
+        *lora.in_flight.entry(adapter.to_string()).or_default() += 1;
+        lora.stamp();
+        AdapterInFlight {
+            pod: self.clone(),
+            adapter: adapter.to_string(),
+        }
+    }
+
+    /// `vllm:lora_requests_info` as vLLM exposes it when LoRA is enabled (empty otherwise):
+    /// every label set so far, each valued with the time it was set. The simulator does not tell
+    /// running from waiting adapter requests: all count as running.
+    pub fn lora_metrics(&self) -> String {
+        if self.cfg.lora_modules.is_empty() || self.cfg.engine != super::config::EngineKind::Vllm {
+            return String::new();
+        }
+        let lora = lock(&self.lora);
+        let mut out = String::from(
+            "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n",
+        );
+        for (running, at) in &lora.label_sets {
+            out.push_str(&format!(
+                "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"\"}} {at:.3}\n",
+                self.cfg.lora_modules.len()
+            ));
+        }
+        out
     }
 
     pub fn count_failure(&self) {

@@ -51,16 +51,9 @@ pub(crate) async fn sim_probe(State(pod): State<Arc<Pod>>, body: Bytes) -> Respo
             Ok(r) => r,
             Err(BadRequest(msg)) => return error(StatusCode::BAD_REQUEST, "BadRequestError", &msg),
         };
-        let model = match &req.model {
-            None => pod.cfg.models.first().cloned().unwrap_or_default(),
-            Some(m) if pod.cfg.models.contains(m) => m.clone(),
-            Some(m) => {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    "NotFoundError",
-                    &format!("The model `{m}` does not exist."),
-                )
-            }
+        let model = match pod.cfg.resolve_model(req.model.as_deref()) {
+            Ok(served) => served.cache_key,
+            Err(message) => return error(StatusCode::NOT_FOUND, "NotFoundError", &message),
         };
         // The same hash seed as the inference endpoints.
         let seed = match &req.cache_salt {

@@ -2,11 +2,14 @@
 //!
 //! Every malformed input must come back as a clear 400, never a panic, because the router under test
 //! forwards whatever clients send. Accepted shapes:
-//! * `/v1/completions`: `prompt` as a string, a list of strings (one request over their
-//!   concatenation, a single choice), a list of token ids, or a list of token-id lists (concatenated).
+//! * `/v1/completions`: `prompt` as a string or a list of token ids (one prompt), or a list of
+//!   strings or of token-id lists (a batch: one sequence per prompt, as vLLM runs them, and `n`
+//!   choices for each).
 //! * `/v1/chat/completions`: `messages` with `content` as a string, null, or an array of content parts
-//!   (`{"type":"text","text":..}`; other parts contribute their JSON); `tool_calls` and `tools`
-//!   count as prompt content.
+//!   (text parts joined by newlines as vLLM joins them; a media part as a placeholder and its URL or
+//!   data; other parts as their JSON); `name`, `tool_call_id`, `tool_calls` (function name and
+//!   arguments), `tools`, `chat_template`, `chat_template_kwargs` and `documents` reach the prompt;
+//!   `add_generation_prompt` (default true) ends it with the assistant's turn.
 
 use serde_json::{Map, Value};
 
@@ -23,8 +26,12 @@ pub struct InferenceRequest {
     pub endpoint: Endpoint,
     /// `None` = the first served model (vLLM's `model` field is optional).
     pub model: Option<String>,
-    /// Prompt token ids as the server counts them.
+    /// Prompt token ids as the server counts them (the first prompt of a batch).
     pub tokens: Vec<u64>,
+    /// Every prompt of the request, `tokens` first (a batch of several only on `/v1/completions`).
+    pub batch: Vec<Vec<u64>>,
+    /// Choices per prompt (`n`).
+    pub n: usize,
     pub max_tokens: usize,
     pub stream: bool,
     pub include_usage: bool,
@@ -86,12 +93,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         Some(_) => return bad("'model' must be a string"),
     };
 
-    let tokens = match endpoint {
-        Endpoint::Completions => completion_tokens(&obj)?,
-        Endpoint::Chat => tokenize(&chat_text(&obj)?),
+    let batch = match endpoint {
+        Endpoint::Completions => completion_prompts(&obj)?,
+        Endpoint::Chat => vec![tokenize(&chat_text(&obj)?)],
     };
-    if tokens.is_empty() {
+    if batch.iter().any(Vec::is_empty) {
         return bad("The prompt cannot be empty");
+    }
+    let tokens = batch.first().cloned().unwrap_or_default();
+    let n = optional_count(&obj, "n")?.unwrap_or(1);
+    if n == 0 {
+        return bad("n must be at least 1, got 0.");
     }
 
     let max_tokens = match endpoint {
@@ -136,6 +148,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         cache_salt,
         model,
         tokens,
+        batch,
+        n,
         max_tokens,
         stream,
         include_usage,
@@ -166,25 +180,28 @@ fn token_ids(items: &[Value]) -> Option<Vec<u64>> {
     items.iter().map(Value::as_u64).collect()
 }
 
-fn completion_tokens(obj: &Map<String, Value>) -> Result<Vec<u64>, BadRequest> {
+fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Vec<u64>>, BadRequest> {
     match obj.get("prompt") {
         None | Some(Value::Null) => bad("Field 'prompt' is required"),
-        Some(Value::String(s)) => Ok(tokenize(s)),
+        Some(Value::String(s)) => Ok(vec![tokenize(s)]),
         Some(Value::Array(items)) => {
             if items.is_empty() {
                 return bad("The prompt cannot be empty");
             }
             if items.iter().all(Value::is_string) {
-                let text: String = items.iter().filter_map(Value::as_str).collect();
-                return Ok(tokenize(&text));
+                return Ok(items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(tokenize)
+                    .collect());
             }
             if let Some(ids) = token_ids(items) {
-                return Ok(ids);
+                return Ok(vec![ids]);
             }
             let mut all = Vec::new();
             for item in items {
                 match item.as_array().and_then(|a| token_ids(a)) {
-                    Some(ids) => all.extend(ids),
+                    Some(ids) => all.push(ids),
                     None => {
                         return bad(
                             "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
@@ -217,22 +234,24 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
                 "messages[{i}].role is required and must be a string"
             ));
         };
+        let mut header = role.to_string();
+        for key in ["name", "tool_call_id"] {
+            match m.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(v)) => header.push_str(&format!(" {key}={v}")),
+                Some(_) => return bad(format!("messages[{i}].{key} must be a string")),
+            }
+        }
         let mut content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
-                let mut text = String::new();
+                // vLLM joins a message's parts with newlines for string-content templates.
+                let mut texts = Vec::with_capacity(parts.len());
                 for part in parts {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("text") => match part.get("text").and_then(Value::as_str) {
-                            Some(t) => text.push_str(t),
-                            None => return bad(format!("messages[{i}]: a text part needs 'text'")),
-                        },
-                        Some(_) => text.push_str(&part.to_string()),
-                        None => return bad(format!("messages[{i}]: content parts need 'type'")),
-                    }
+                    texts.push(content_part(i, part)?);
                 }
-                text
+                texts.join("\n")
             }
             Some(_) => {
                 return bad(format!(
@@ -240,11 +259,27 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
                 ))
             }
         };
-        if let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null()) {
-            content.push_str(&calls.to_string());
+        match m.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                // Templates render each call's function name and arguments, not its id.
+                for call in calls {
+                    let function = call.get("function").unwrap_or(call);
+                    let Some(name) = function.get("name").and_then(Value::as_str) else {
+                        return bad(format!("messages[{i}]: a tool call needs function.name"));
+                    };
+                    let arguments = match function.get("arguments") {
+                        Some(Value::String(a)) => a.clone(),
+                        None | Some(Value::Null) => String::new(),
+                        Some(other) => other.to_string(),
+                    };
+                    content.push_str(&format!("\n<|tool_call|> {name} {arguments}"));
+                }
+            }
+            Some(_) => return bad(format!("messages[{i}].tool_calls must be a list")),
         }
         rendered.push(ChatMessage {
-            role: role.to_string(),
+            role: header,
             content,
         });
     }
@@ -253,7 +288,45 @@ fn chat_text(obj: &Map<String, Value>) -> Result<String, BadRequest> {
         Some(v @ Value::Array(_)) => Some(v.to_string()),
         Some(_) => return bad("'tools' must be a list"),
     };
-    Ok(render_chat(&rendered, tools.as_deref()))
+    let mut template = Map::new();
+    for key in ["chat_template", "chat_template_kwargs", "documents"] {
+        if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
+            template.insert(key.to_string(), v.clone());
+        }
+    }
+    let template = (!template.is_empty()).then(|| Value::Object(template).to_string());
+    let generation_prompt = optional_bool(obj, "add_generation_prompt")?.unwrap_or(true);
+    Ok(render_chat(
+        &rendered,
+        tools.as_deref(),
+        template.as_deref(),
+        generation_prompt,
+    ))
+}
+
+/// One content part as the template sees it: text as itself, a media part as a placeholder and
+/// what identifies its content (vLLM keys a media item's cache entries by the item's content).
+fn content_part(i: usize, part: &Value) -> Result<String, BadRequest> {
+    let Some(kind) = part.get("type").and_then(Value::as_str) else {
+        return bad(format!("messages[{i}]: content parts need 'type'"));
+    };
+    if kind == "text" {
+        return match part.get("text").and_then(Value::as_str) {
+            Some(t) => Ok(t.to_string()),
+            None => bad(format!("messages[{i}]: a text part needs 'text'")),
+        };
+    }
+    let media = part.get(kind);
+    let source = media.and_then(|m| match m {
+        Value::String(s) => Some(s.as_str()),
+        _ => ["url", "data", "file_data", "file_id"]
+            .iter()
+            .find_map(|k| m.get(*k).and_then(Value::as_str)),
+    });
+    Ok(match source {
+        Some(source) => format!("<|{kind}|> {source}"),
+        None => part.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -269,8 +342,12 @@ mod tests {
         let r = parse_str(Endpoint::Completions, r#"{"prompt":"a b c"}"#).unwrap();
         assert_eq!(r.tokens.len(), 3);
         assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
-        let r = parse_str(Endpoint::Completions, r#"{"prompt":["a b", " c"]}"#).unwrap();
-        assert_eq!(r.tokens.len(), 3);
+        let r = parse_str(Endpoint::Completions, r#"{"prompt":["a b", " c"],"n":2}"#).unwrap();
+        assert_eq!(
+            (r.tokens.len(), r.batch.len(), r.n),
+            (2, 2, 2),
+            "a batch of two prompts"
+        );
         let r = parse_str(
             Endpoint::Completions,
             r#"{"prompt":[1,2,3],"max_tokens":4}"#,
@@ -279,7 +356,8 @@ mod tests {
         assert_eq!(r.tokens, vec![1, 2, 3]);
         assert_eq!(r.max_tokens, 4);
         let r = parse_str(Endpoint::Completions, r#"{"prompt":[[1],[2,3]]}"#).unwrap();
-        assert_eq!(r.tokens, vec![1, 2, 3]);
+        assert_eq!(r.batch, vec![vec![1], vec![2, 3]]);
+        assert_eq!(r.n, 1);
     }
 
     #[test]
@@ -291,6 +369,8 @@ mod tests {
             r#"{"prompt":5}"#,
             r#"{"prompt":"x","max_tokens":-1}"#,
             r#"{"prompt":"x","max_tokens":0}"#,
+            r#"{"prompt":"x","n":0}"#,
+            r#"{"prompt":["x",""]}"#,
             r#"{"prompt":"x","stream":"yes"}"#,
             r#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
             r#"{"prompt":[{"a":1}]}"#,

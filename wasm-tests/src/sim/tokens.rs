@@ -48,21 +48,26 @@ fn token_id(piece: &[u8]) -> u64 {
 /// One chat message after parsing: its role and its text (content parts already joined).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatMessage {
+    /// The role, with ` name=..` and ` tool_call_id=..` when the message has them.
     pub role: String,
     pub content: String,
 }
 
-/// Renders a conversation through a minimal chat template, `<|role|>\n{content}\n` per message, the
-/// tools' JSON after the messages and the generation prompt last (vLLM applies
-/// `add_generation_prompt=True` by default). The role markers make "user: X" and "system: X" hash
-/// differently, as a real template does.
-pub fn render_chat(messages: &[ChatMessage], tools_json: Option<&str>) -> String {
+/// Renders a conversation through a minimal chat template: the template fields that change it
+/// (`chat_template_kwargs` and friends, as JSON) and the tools' JSON first (templates put tools in
+/// the system turn), then `<|role|>\n{content}\n` per message, and the generation prompt last when
+/// asked (vLLM's `add_generation_prompt`, true by default). The role markers make "user: X" and
+/// "system: X" hash differently, as a real template does.
+pub fn render_chat(
+    messages: &[ChatMessage],
+    tools_json: Option<&str>,
+    template_json: Option<&str>,
+    generation_prompt: bool,
+) -> String {
     let mut out = String::new();
-    for m in messages {
-        out.push_str("<|");
-        out.push_str(&m.role);
-        out.push_str("|>\n");
-        out.push_str(&m.content);
+    if let Some(template) = template_json {
+        out.push_str("<|template|>\n");
+        out.push_str(template);
         out.push('\n');
     }
     if let Some(tools) = tools_json {
@@ -70,7 +75,16 @@ pub fn render_chat(messages: &[ChatMessage], tools_json: Option<&str>) -> String
         out.push_str(tools);
         out.push('\n');
     }
-    out.push_str("<|assistant|>\n");
+    for m in messages {
+        out.push_str("<|");
+        out.push_str(&m.role);
+        out.push_str("|>\n");
+        out.push_str(&m.content);
+        out.push('\n');
+    }
+    if generation_prompt {
+        out.push_str("<|assistant|>\n");
+    }
     out
 }
 

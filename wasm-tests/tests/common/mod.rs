@@ -172,5 +172,53 @@ pub async fn stack(
     );
     let envoy = Envoy::start(&options).await.unwrap();
     wait_healthy(&envoy, pods as u64).await;
+    // Healthy counts stale pods too, and before its first poll a pod is stale with no figures and
+    // no model names (so any model routes to it): ready means every pod's first poll is in.
+    let polled = wasm_tests::harness::wait_for(Duration::from_secs(20), "first polls", || async {
+        envoy.stat("wasmcustom.kvroute.pods_stale").await == 0
+    })
+    .await;
+    if let Err(e) = polled {
+        panic!("{e}; envoy log:\n{}", envoy.log());
+    }
+    // Every worker VM adopts the leader's table on its next tick (25 ms).
+    tokio::time::sleep(Duration::from_millis(100)).await;
     (sim, envoy)
+}
+
+/// An HTTP/1.0 exchange over a raw connection to `listener` (`ip:port`), as ApacheBench speaks it:
+/// no chunked encoding, the connection closes at the end. `host`: send a Host header. Returns the
+/// status line, the headers (lower-case names) and the body.
+pub async fn http10(
+    listener: &str,
+    path: &str,
+    body: &Value,
+    host: bool,
+) -> (String, Vec<(String, String)>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.to_string();
+    let mut request = format!("POST {path} HTTP/1.0\r\n");
+    if host {
+        request.push_str("Host: gateway\r\n");
+    }
+    request.push_str(&format!(
+        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    let mut stream = tokio::net::TcpStream::connect(listener).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closes an HTTP/1.0 connection")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_string();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
 }
