@@ -297,6 +297,15 @@ impl Vm {
         }
     }
 
+    /// Whether the lease is still this VM's, read again at the time of the leader's writes.
+    fn still_leads(&self, host: &dyn Host) -> bool {
+        let now = host.now_ms();
+        host.shared_get(LEASE_KEY)
+            .0
+            .and_then(|b| Lease::decode(&b))
+            .is_some_and(|l| l.holder == self.id && l.expires_ms > now)
+    }
+
     fn become_leader(&mut self, host: &mut dyn Host) {
         let Ok(queue) = host.queue_register(QUEUE_NAME).ok_or(()) else {
             log::warn!("kvroute: cannot register the observation queue; not leading");
@@ -363,6 +372,15 @@ impl Vm {
         }
         for (addr, tally) in std::mem::take(&mut self.verdicts) {
             st.book.on_outcomes(&self.config, &addr, tally, now);
+        }
+        if !self.still_leads(host) {
+            // Paused between the election and here (a stopped worker thread) for longer than the
+            // lease: another VM leads now, and this one's writes would overwrite its pages and table.
+            log::info!(
+                "kvroute: VM {:x} lost the lease mid-tick; not publishing",
+                self.id
+            );
+            return;
         }
         let ejected = st.book.update_health(&self.config, now);
         host.count(Counter::Ejections, u64::from(ejected));

@@ -231,3 +231,33 @@ fn values_another_module_version_wrote_are_never_misread() {
     vm.sync_pages(host);
     assert_eq!(vm.router.index_entries(), 0);
 }
+
+#[test]
+fn a_leader_that_lost_the_lease_mid_tick_writes_nothing() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    assert_eq!(c.leaders(), vec![0]);
+    // VM 0's worker stops after its election; meanwhile the lease expires and VM 1 takes it.
+    let (vm, host) = &mut c.vms[0];
+    vm.observe(
+        host,
+        Observation {
+            addr: PODS[0].to_string(),
+            hashes: vec![1, 2, 3],
+        },
+    );
+    let successor = Lease {
+        holder: 0x1001,
+        expires_ms: host.now_ms() + 10_000,
+    };
+    host.shared_set(LEASE_KEY, &successor.encode(), None)
+        .unwrap();
+    let head = get_u64(host, PAGE_HEAD_KEY);
+    let table = host.shared_get(LOAD_KEY);
+    let now = host.now_ms();
+    vm.lead(host, now);
+    assert!(!vm.is_leader(), "it stepped down");
+    assert_eq!(get_u64(host, PAGE_HEAD_KEY), head, "no page published");
+    assert_eq!(host.shared_get(LOAD_KEY), table, "no table published");
+}
