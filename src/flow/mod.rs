@@ -240,6 +240,8 @@ pub struct RequestFlow {
     hashes: Vec<u64>,
     /// See [`Self::take_rewritten_body`].
     rewritten_body: Option<Vec<u8>>,
+    /// The host that answered, as the response headers named it ([`Self::on_upstream`]).
+    upstream: Option<String>,
 }
 
 /// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
@@ -630,6 +632,7 @@ impl RequestFlow {
         let Some(primary) = self.routed_to.clone() else {
             return;
         };
+        self.upstream = Some(upstream.to_string());
         let hashes = std::mem::take(&mut self.hashes);
         if upstream == primary || hashes.is_empty() {
             return;
@@ -724,8 +727,15 @@ impl RequestFlow {
         self.routed_to.is_some()
     }
 
+    /// Whether the host that answered is already known (from the response headers): then the
+    /// host need not read it again at the end.
+    pub fn knows_upstream(&self) -> bool {
+        self.upstream.is_some()
+    }
+
     /// The request is over (done, reset, timed out or answered locally). `upstream` and `details`
-    /// are the proxy's account of the last upstream attempt, when [`Self::wants_end`] asked.
+    /// are the proxy's account of the last upstream attempt, when [`Self::wants_end`] asked
+    /// (`upstream` only where [`Self::knows_upstream`] did not).
     pub fn on_done(
         &mut self,
         vm: &mut Vm,
@@ -743,7 +753,7 @@ impl RequestFlow {
         };
         let end = RequestEnd {
             status: self.status,
-            upstream,
+            upstream: self.upstream.take().or(upstream),
             details,
         };
         let verdicts = crate::health::judge(&addr, &end);

@@ -213,10 +213,7 @@ impl HttpContext for Filter {
             .ok()
             .flatten();
         // The host that answered, after Envoy's retries (absent for a local reply).
-        let upstream = hostcalls::get_property(vec!["upstream", "address"])
-            .ok()
-            .flatten()
-            .and_then(|b| String::from_utf8(b).ok());
+        let upstream = property(&["upstream", "address"]);
         let debug = self
             .with_node(|flow, node| {
                 let Node { vm, host } = node;
@@ -249,10 +246,12 @@ impl HttpContext for Filter {
 
     fn on_log(&mut self) {
         let (upstream, details) = if self.flow.wants_end() {
-            (
-                property(&["upstream", "address"]),
-                property(&["response", "code_details"]),
-            )
+            let upstream = if self.flow.knows_upstream() {
+                None
+            } else {
+                property(&["upstream", "address"])
+            };
+            (upstream, property(&["response", "code_details"]))
         } else {
             (None, None)
         };

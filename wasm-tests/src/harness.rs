@@ -417,6 +417,21 @@ pub fn envoy_config(opts: &EnvoyOptions, wasm: &Path, admin_port: u16) -> Value 
 }
 
 /// Picks a free loopback port now (for the addresses that must be known before Envoy starts).
+/// Copies a directory tree (test set-up: a checkout elsewhere, an overlay to mutate).
+pub fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
 pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use wasm_tests::harness::{render_overlay, repo_root, tools_bin};
+use wasm_tests::harness::{copy_tree, render_overlay, repo_root, tools_bin};
 
 const OVERLAYS: [&str; 5] = ["aggregated", "gateway-api", "pd", "pd-keda", "sidecar-mesh"];
 
@@ -42,19 +42,6 @@ fn every_overlay_renders_and_every_document_passes_its_schema() {
     assert!(out.contains("0 error(s)"), "{out}");
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// Replaces the one occurrence of `from` in `file` (under the copied tree) by `to`.
 fn misspell(root: &Path, file: &str, from: &str, to: &str) {
     let path = root.join(file);
@@ -68,7 +55,7 @@ fn a_misspelt_field_is_caught_in_every_kind() {
     let dir = std::env::temp_dir().join(format!("kvroute-deploy-typos-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let deploy = dir.join("deploy");
-    copy_tree(&repo_root().join("deploy"), &deploy);
+    copy_tree(&repo_root().join("deploy"), &deploy).unwrap();
     let k = "kustomize/";
     // The four typos of issue 12, each in a different schema: Istio Gateway, VirtualService and
     // EnvoyFilter, Kubernetes Deployment; then Gateway API, KEDA and HPA ones.

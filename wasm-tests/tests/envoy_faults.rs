@@ -701,14 +701,6 @@ async fn the_fault_matrix_through_real_envoy() {
     drop(sim);
 }
 
-fn leaders_in(log: &str) -> Vec<String> {
-    log.lines()
-        .filter_map(|l| l.split("kvroute: VM ").nth(1))
-        .filter(|rest| rest.contains(" is the leader"))
-        .filter_map(|rest| rest.split_whitespace().next().map(str::to_string))
-        .collect()
-}
-
 /// Leader fault under load: a configuration push replaces every VM (the old leader's VM stops
 /// ticking when its listener drains); another VM takes the lease within the bound and clients see
 /// nothing. (Native tests in `src/vm/tests.rs` cover a leader that stops ticking and comes back.)

@@ -219,14 +219,6 @@ async fn a_dead_pod_stops_receiving_and_no_client_request_fails() {
     );
 }
 
-fn leaders_in(log: &str) -> Vec<String> {
-    log.lines()
-        .filter_map(|l| l.split("kvroute: VM ").nth(1))
-        .filter(|rest| rest.contains(" is the leader"))
-        .filter_map(|rest| rest.split_whitespace().next().map(str::to_string))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_stops_is_replaced() {
     let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();

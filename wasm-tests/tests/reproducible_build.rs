@@ -5,22 +5,8 @@
 //! the toolchain is the same one (the Makefile's `RUST_VERSION` names the published one). (The lite module: a minute to build from
 //! nothing; the full one differs only by the tiktoken crate.)
 
-use std::path::Path;
 use std::process::{Command, Stdio};
-use wasm_tests::harness::{lite_wasm_path, repo_root};
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
+use wasm_tests::harness::{copy_tree, lite_wasm_path, repo_root};
 
 #[test]
 fn a_copy_elsewhere_builds_the_same_module() {
@@ -34,7 +20,7 @@ fn a_copy_elsewhere_builds_the_same_module() {
         std::fs::copy(root.join(file), copy.join(file)).unwrap();
     }
     for tree in ["src", "examples", "tools", "wasm-tests/src"] {
-        copy_tree(&root.join(tree), &copy.join(tree));
+        copy_tree(&root.join(tree), &copy.join(tree)).unwrap();
     }
     std::fs::copy(
         root.join("wasm-tests/Cargo.toml"),

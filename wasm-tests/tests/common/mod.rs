@@ -222,3 +222,12 @@ pub async fn http10(
         .collect();
     (status, headers, body.to_string())
 }
+
+/// The VM ids that logged becoming the leader, in order.
+pub fn leaders_in(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.split("kvroute: VM ").nth(1))
+        .filter(|rest| rest.contains(" is the leader"))
+        .filter_map(|rest| rest.split_whitespace().next().map(str::to_string))
+        .collect()
+}
