@@ -11,6 +11,7 @@ pub use crate::pd::{PdOutcome, PdPlan};
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
 use crate::scheduler::cost::{self, Coefficients, CostFit};
+use crate::scheduler::predict::head_progress;
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
 use crate::state::fits::PodFit;
 use crate::state::inflight::PodWork;
@@ -39,8 +40,12 @@ struct PendingPrefill {
     id: u64,
     addr: String,
     tokens: u64,
-    /// When it counts as done even without a first byte seen (a non-streaming response shows its
-    /// first byte only at the end): the predicted first token, with margin.
+    /// Since when the pod can have been computing it: when it was routed, or when the prefill before
+    /// it on the same pod ended, whichever is later (the board's head, see `state::inflight`).
+    since_ms: u64,
+    /// When it counts as done even without a first byte seen: a non-streaming response shows its
+    /// first byte only at the end, so the predicted first token with margin; a streamed one shows it
+    /// at the first token, so only the first-byte timeout (a safety net: `on_done` clears it too).
     until_ms: u64,
 }
 
@@ -341,6 +346,7 @@ impl Router {
         for p in self.pending.iter().filter(|p| p.addr == addr) {
             w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
             w.prefill_requests = w.prefill_requests.saturating_add(1);
+            w.add_head(p.since_ms, p.tokens);
         }
         w
     }
@@ -436,6 +442,7 @@ impl Router {
             .into_iter()
             .map(|(p, health)| {
                 let work = self.work(&p.addr);
+                let cost = self.cost_of(config, &p.addr);
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
                 let polled = if health == Health::Stale && !observer_suspect {
@@ -451,9 +458,9 @@ impl Router {
                     running: polled.running,
                     kv_usage: polled.kv_usage,
                     inflight: f64::from(work.inflight),
-                    queued_tokens: work.prefill_tokens as f64,
+                    queued_tokens: work.prefill_tokens as f64 - head_progress(&work, &cost, now_ms),
                     queued_requests: f64::from(work.prefill_requests),
-                    cost: self.cost_of(config, &p.addr),
+                    cost,
                     itl_ms: self.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self
@@ -544,9 +551,15 @@ impl Router {
         }
     }
 
-    /// Puts a routed request's prefill on the board until [`Router::prefill_done`] (or its deadline);
-    /// returns its handle.
-    pub fn prefill_start(&mut self, first: &FirstToken, now_ms: u64) -> u64 {
+    /// Puts a routed request's prefill on the board until [`Router::prefill_done`] (or its deadline:
+    /// `streamed_deadline_ms` after `now_ms` for a streamed response, else twice the predicted
+    /// first token); returns its handle.
+    pub fn prefill_start(
+        &mut self,
+        first: &FirstToken,
+        now_ms: u64,
+        streamed_deadline_ms: Option<u64>,
+    ) -> u64 {
         let alpha = TYPICAL_TOKENS_ALPHA;
         self.typical_tokens = Some(match self.typical_tokens {
             Some(t) => t * (1.0 - alpha) + first.uncached_tokens * alpha,
@@ -556,29 +569,46 @@ impl Router {
             self.pending.remove(0);
         }
         self.next_pending_id += 1;
-        let wait = (first.predicted_ms.max(0.0) * PENDING_SLACK) as u64 + PENDING_MARGIN_MS;
+        let wait = streamed_deadline_ms
+            .unwrap_or((first.predicted_ms.max(0.0) * PENDING_SLACK) as u64 + PENDING_MARGIN_MS);
         self.pending.push(PendingPrefill {
             id: self.next_pending_id,
             addr: first.addr.clone(),
             tokens: first.uncached_tokens.max(0.0) as u64,
+            since_ms: now_ms,
             until_ms: now_ms.saturating_add(wait),
         });
         self.next_pending_id
     }
 
-    /// The prefill's first byte arrived, or the request ended: it no longer counts as queued work.
-    /// Returns whether it was still counted (the board row changed).
-    pub fn prefill_done(&mut self, id: u64) -> bool {
-        let before = self.pending.len();
-        self.pending.retain(|p| p.id != id);
-        self.pending.len() != before
+    /// The prefill's first byte arrived, or the request ended: it no longer counts as queued work,
+    /// and the pod's next prefills can have been computing only since now. Returns whether it was
+    /// still counted (the board row changed).
+    pub fn prefill_done(&mut self, id: u64, now_ms: u64) -> bool {
+        let Some(at) = self.pending.iter().position(|p| p.id == id) else {
+            return false;
+        };
+        let done = self.pending.remove(at);
+        self.pending_moved_on(&done.addr, now_ms);
+        true
     }
 
     /// Drops prefills past their deadline; returns whether any was dropped (the row changed).
     pub fn expire_prefills(&mut self, now_ms: u64) -> bool {
-        let before = self.pending.len();
-        self.pending.retain(|p| p.until_ms > now_ms);
-        self.pending.len() != before
+        let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| p.until_ms <= now_ms);
+        self.pending = kept;
+        for p in &expired {
+            self.pending_moved_on(&p.addr, now_ms);
+        }
+        !expired.is_empty()
+    }
+
+    fn pending_moved_on(&mut self, addr: &str, now_ms: u64) {
+        for p in self.pending.iter_mut().filter(|p| p.addr == addr) {
+            p.since_ms = p.since_ms.max(now_ms);
+        }
     }
 
     /// Learns from a first byte: the request's features at routing time and how long it took.
@@ -695,6 +725,7 @@ impl Router {
             let w = rows.entry(p.addr.as_str()).or_default();
             w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
             w.prefill_requests = w.prefill_requests.saturating_add(1);
+            w.add_head(p.since_ms, p.tokens);
         }
         let mut out: Vec<(String, PodWork)> =
             rows.into_iter().map(|(a, w)| (a.to_string(), w)).collect();
@@ -953,7 +984,7 @@ mod tests {
             decoding: 0.0,
             predicted_ms: 100.0,
         };
-        let id = vm1.prefill_start(&first, 100);
+        let id = vm1.prefill_start(&first, 100, None);
         board.put_row(1, 100, &vm1.own_work(), 3000);
         vm2.inflight_start("a:1");
         vm2.set_others_work(board.others(2, 100, 3000));
@@ -969,8 +1000,8 @@ mod tests {
             primary(&vm2.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)),
             "b:1"
         );
-        assert!(vm1.prefill_done(id));
-        assert!(!vm1.prefill_done(id), "done once");
+        assert!(vm1.prefill_done(id, 150));
+        assert!(!vm1.prefill_done(id, 150), "done once");
         vm1.inflight_end("a:1");
         vm1.inflight_end("a:1");
         assert!(vm1.own_work().is_empty(), "finished requests leave the row");
@@ -1040,6 +1071,43 @@ mod tests {
     }
 
     #[test]
+    fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
+        let cfg = Config::default();
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&["a:1"], 100));
+        let first = |tokens: f64| FirstToken {
+            addr: "a:1".into(),
+            uncached_tokens: tokens,
+            tokens,
+            decoding: 0.0,
+            predicted_ms: 1e6,
+        };
+        let head = r.prefill_start(&first(4000.0), 1000, None);
+        r.prefill_start(&first(2000.0), 1500, None);
+        let w = r.work("a:1");
+        assert_eq!(
+            (w.prefill_tokens, w.head_since_ms, w.head_tokens),
+            (6000, 1000, 4000)
+        );
+        let cost = r.cost_of(&cfg, "a:1");
+        let per_ms = 1e3 / cost.us_per_token;
+        let at = |ms: f64| 1000 + (cost.overhead_ms + ms) as u64;
+        assert_eq!(head_progress(&w, &cost, 1000), 0.0, "nothing done at once");
+        let half = head_progress(&w, &cost, at(2000.0 / per_ms));
+        assert!((half - 2000.0).abs() < per_ms + 1.0, "{half}");
+        assert_eq!(
+            head_progress(&w, &cost, at(1e7)),
+            4000.0,
+            "at most the whole head"
+        );
+        // The next prefill becomes the head when the first ends, computing only since then.
+        assert!(r.prefill_done(head, 9000));
+        let w = r.work("a:1");
+        assert_eq!((w.head_since_ms, w.head_tokens), (9000, 2000));
+        assert_eq!(head_progress(&w, &cost, 9000), 0.0);
+    }
+
+    #[test]
     fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         let cfg = Config::default();
         let mut r = Router::new();
@@ -1051,11 +1119,16 @@ mod tests {
             decoding: 0.0,
             predicted_ms: 100.0,
         };
-        r.prefill_start(&first, 1000);
+        r.prefill_start(&first, 1000, None);
         assert!(!r.expire_prefills(1000 + 200));
         assert!(r.expire_prefills(1000 + 251), "2 × 100 ms + 50 ms margin");
+        // A streamed response shows its first byte at the first token: it stays queued until its
+        // first-byte deadline, however low the prediction ran.
+        r.prefill_start(&first, 1000, Some(5000));
+        assert!(!r.expire_prefills(1000 + 4999));
+        assert!(r.expire_prefills(1000 + 5000));
         for _ in 0..MAX_PENDING + 10 {
-            r.prefill_start(&first, 1000);
+            r.prefill_start(&first, 1000, None);
         }
         assert_eq!(r.pending.len(), MAX_PENDING);
     }
@@ -1102,7 +1175,7 @@ mod tests {
                 decoding: 0.0,
                 predicted_ms: 1e9,
             };
-            r.prefill_start(&first, 100);
+            r.prefill_start(&first, 100, None);
             queued[usize::from(pod == "slow:1")] += 1;
         }
         assert!(
