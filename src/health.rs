@@ -182,8 +182,13 @@ impl Default for HealthConfig {
 }
 
 impl HealthConfig {
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let field = |name: &str, reason: &str| Err((format!("health.{name}"), reason.to_string()));
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        let field = |name: &str, reason: &str| {
+            Err(crate::config::ConfigError::at(
+                format!("health.{name}"),
+                reason,
+            ))
+        };
         if !(self.first_byte_timeout_factor.is_finite() && self.first_byte_timeout_factor >= 1.0) {
             return field("first_byte_timeout_factor", "must be at least 1");
         }
@@ -534,6 +539,6 @@ mod tests {
         let mut c = HealthConfig::default();
         assert!(c.validate().is_ok());
         c.max_failure_ratio = 2.0;
-        assert_eq!(c.validate().unwrap_err().0, "health.max_failure_ratio");
+        assert_eq!(c.validate().unwrap_err().field, "health.max_failure_ratio");
     }
 }

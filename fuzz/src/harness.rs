@@ -55,7 +55,7 @@ pub fn aggregated_config() -> Config {
         r#"{{"pools":[{{"name":"p","endpoints":["{}","{}","{}"]}}]}}"#,
         PODS[0], PODS[1], PODS[2]
     );
-    Config::parse(json.as_bytes()).unwrap_or_default()
+    Config::parse(json.as_bytes()).expect("the fuzz harness's configuration is valid")
 }
 
 pub fn inline_pd_config() -> Config {
@@ -65,7 +65,7 @@ pub fn inline_pd_config() -> Config {
             "pd":{{"mode":"inline","split_overhead_ms":0}}}}"#,
         PODS[0], PODS[1], PODS[2]
     );
-    Config::parse(json.as_bytes()).unwrap_or_default()
+    Config::parse(json.as_bytes()).expect("the fuzz harness's configuration is valid")
 }
 
 pub struct Gateway {

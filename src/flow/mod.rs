@@ -31,7 +31,7 @@ pub mod parse;
 mod tests;
 pub mod usage;
 
-use crate::config::NoEndpointPolicy;
+use crate::config::{HeaderName, NoEndpointPolicy};
 use crate::headers::DEBUG;
 use crate::health::{RequestEnd, Verdict};
 use crate::metrics::{Counter, Histogram};
@@ -843,13 +843,7 @@ fn read_hints(
     header: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Hints, (ErrorCode, Counter, String)> {
     let config = &vm.config;
-    let named = |name: &str| {
-        if name.is_empty() {
-            None
-        } else {
-            header(name)
-        }
-    };
+    let named = |name: &Option<HeaderName>| name.as_ref().and_then(|n| header(n.as_str()));
     let session = named(&config.session.header)
         .filter(|id| !id.is_empty())
         .map(|id| session_key(&id));
@@ -860,25 +854,33 @@ fn read_hints(
                 Counter::BadPriority,
                 format!(
                     "kvroute: header `{}` {reason}",
-                    config.shedding.priority_header
+                    config
+                        .shedding
+                        .priority_header
+                        .as_ref()
+                        .map_or("", HeaderName::as_str)
                 ),
             )
         })?,
         None => 0,
     };
-    let objective = |name: &str| -> Result<Option<f64>, (ErrorCode, Counter, String)> {
-        named(name)
-            .map(|value| {
-                parse_objective(&value).map_err(|reason| {
-                    (
-                        ErrorCode::BadSlo,
-                        Counter::BadSlo,
-                        format!("kvroute: header `{name}` {reason}"),
-                    )
+    let objective =
+        |name: &Option<HeaderName>| -> Result<Option<f64>, (ErrorCode, Counter, String)> {
+            named(name)
+                .map(|value| {
+                    parse_objective(&value).map_err(|reason| {
+                        (
+                            ErrorCode::BadSlo,
+                            Counter::BadSlo,
+                            format!(
+                                "kvroute: header `{}` {reason}",
+                                name.as_ref().map_or("", HeaderName::as_str)
+                            ),
+                        )
+                    })
                 })
-            })
-            .transpose()
-    };
+                .transpose()
+        };
     let slo = Slo {
         ttft_ms: objective(&config.slo.ttft_header)?,
         tpot_ms: objective(&config.slo.tpot_header)?,

@@ -3,7 +3,7 @@
 
 use super::filter::Filter;
 use super::ProxyHost;
-use crate::config::BlockMode;
+use crate::config::BlockScheme;
 use crate::config::Config;
 use crate::metrics::Gauge;
 use crate::port::Host;
@@ -121,15 +121,13 @@ impl RootContext for Root {
     }
 }
 
-/// The tokenizer `block.mode` asks for (none in chars mode). Config validation already refused
-/// tiktoken mode in a build without it.
+/// The tokenizer `block.mode` asks for (none in chars mode; a build without tiktoken has no such
+/// scheme, its configuration refused it).
 fn build_tokenizer(config: &Config) -> Result<Option<Box<dyn Tokenizer>>, String> {
-    match config.block.mode {
-        BlockMode::Chars => Ok(None),
+    match config.block.scheme {
+        BlockScheme::Chars => Ok(None),
         #[cfg(feature = "tiktoken")]
-        BlockMode::Tiktoken => crate::prefix::tokenize::Tiktoken::new(&config.block.encoding)
+        BlockScheme::Tiktoken(encoding) => crate::prefix::tokenize::Tiktoken::new(encoding.name())
             .map(|t| Some(Box::new(t) as Box<dyn Tokenizer>)),
-        #[cfg(not(feature = "tiktoken"))]
-        BlockMode::Tiktoken => Err("this build has no tiktoken tables".to_string()),
     }
 }

@@ -65,14 +65,14 @@ impl Default for PdConfig {
 }
 
 impl PdConfig {
-    pub fn validate(&self) -> Result<(), (&'static str, &'static str)> {
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
         if self.prefill_timeout_ms == 0 {
-            return Err(("pd.prefill_timeout_ms", "must be positive"));
+            return Err(crate::config::ConfigError::at(
+                "pd.prefill_timeout_ms",
+                "must be positive",
+            ));
         }
-        if !(self.split_overhead_ms.is_finite() && self.split_overhead_ms >= 0.0) {
-            return Err(("pd.split_overhead_ms", "must be a finite number ≥ 0"));
-        }
-        Ok(())
+        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)
     }
 }
 
@@ -175,7 +175,7 @@ mod tests {
             prefill_timeout_ms: 0,
             ..PdConfig::default()
         };
-        assert_eq!(c.validate().unwrap_err().0, "pd.prefill_timeout_ms");
+        assert_eq!(c.validate().unwrap_err().field, "pd.prefill_timeout_ms");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! against the cached tokens a response reports (an eviction detected is forgotten here at once).
 
 use super::Router;
-use crate::config::{BlockMode, Config};
+#[cfg(feature = "tiktoken")]
+use crate::config::BlockScheme;
+use crate::config::Config;
 use crate::flow::parse::RequestView;
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
@@ -149,8 +151,9 @@ impl Router {
         tokenizer: Option<&dyn Tokenizer>,
     ) -> Blocks {
         let seed = chain_seed(cache_model, view.cache_salt.as_deref());
-        let (hashes, prompt_tokens) = match (config.block.mode, tokenizer) {
-            (BlockMode::Tiktoken, Some(t)) => {
+        let (hashes, prompt_tokens) = match (config.block.scheme, tokenizer) {
+            #[cfg(feature = "tiktoken")]
+            (BlockScheme::Tiktoken(_), Some(t)) => {
                 let text = String::from_utf8_lossy(&view.prompt);
                 let tokens = t.encode(&text);
                 let hashes = token_block_hashes(

@@ -18,7 +18,10 @@ fn router(cfg: &Config, prefill_waiting: f64) -> Router {
 fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) -> Router {
     let mut pods = Vec::new();
     for pool in &cfg.pools {
-        for ep in &pool.endpoints {
+        let crate::config::Members::Static(endpoints) = &pool.members else {
+            continue;
+        };
+        for ep in endpoints {
             pods.push(PodLoad {
                 addr: ep.clone(),
                 role: pool.role,

@@ -96,10 +96,13 @@ impl PredictionConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
         self.learning().validate("prediction")?;
         if !(self.tie_band.is_finite() && (0.0..=1.0).contains(&self.tie_band)) {
-            return Err(("prediction.tie_band".into(), "must be in [0, 1]".into()));
+            return Err(crate::config::ConfigError::at(
+                "prediction.tie_band",
+                "must be in [0, 1]",
+            ));
         }
         Ok(())
     }

@@ -13,8 +13,10 @@
 //! sooner but would call a pod saturated for requests it is already running.
 
 use super::PodView;
+use crate::config::{at_least, ConfigError, HeaderName};
 use serde::Deserialize;
 
+/// `shedding` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SheddingConfig {
@@ -36,28 +38,33 @@ impl Default for SheddingConfig {
     }
 }
 
-impl SheddingConfig {
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !self.priority_header.is_empty()
-            && !super::session::is_header_name(&self.priority_header)
-        {
-            return Err((
-                "shedding.priority_header",
-                format!(
-                    "`{}` is not a lower-case HTTP header name",
-                    self.priority_header
-                ),
-            ));
-        }
-        if !(self.queue_depth.is_finite() && self.queue_depth >= 1.0) {
-            return Err(("shedding.queue_depth", "must be a number ≥ 1".to_string()));
-        }
-        if !(self.kv_cache > 0.0 && self.kv_cache <= 1.0) {
-            return Err(("shedding.kv_cache", "must be in (0, 1]".to_string()));
-        }
-        Ok(())
-    }
+/// Shedding as routing uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shedding {
+    /// `None`: shedding is off.
+    pub priority_header: Option<HeaderName>,
+    pub queue_depth: f64,
+    pub kv_cache: f64,
+}
 
+impl SheddingConfig {
+    pub fn compile(&self) -> Result<Shedding, ConfigError> {
+        at_least("shedding.queue_depth", self.queue_depth, 1.0)?;
+        if !(self.kv_cache > 0.0 && self.kv_cache <= 1.0) {
+            return Err(ConfigError::at("shedding.kv_cache", "must be in (0, 1]"));
+        }
+        Ok(Shedding {
+            priority_header: HeaderName::optional(
+                "shedding.priority_header",
+                &self.priority_header,
+            )?,
+            queue_depth: self.queue_depth,
+            kv_cache: self.kv_cache,
+        })
+    }
+}
+
+impl Shedding {
     pub fn is_saturated(&self, pod: &PodView<'_>) -> bool {
         pod.waiting >= self.queue_depth || pod.kv_usage >= self.kv_cache
     }

@@ -8,8 +8,10 @@
 //! best pod's, loses the pin for that request; the prediction then decides, and the session comes
 //! back once the pod has caught up.
 
+use crate::config::{at_least, ConfigError, HeaderName};
 use serde::Deserialize;
 
+/// `session` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
@@ -28,28 +30,22 @@ impl Default for SessionConfig {
     }
 }
 
-impl SessionConfig {
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !self.header.is_empty() && !is_header_name(&self.header) {
-            return Err((
-                "session.header",
-                format!("`{}` is not a lower-case HTTP header name", self.header),
-            ));
-        }
-        if !(self.max_slowdown.is_finite() && self.max_slowdown >= 1.0) {
-            return Err(("session.max_slowdown", "must be a number ≥ 1".to_string()));
-        }
-        Ok(())
-    }
+/// Session affinity as routing uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    /// `None`: session affinity is off.
+    pub header: Option<HeaderName>,
+    pub max_slowdown: f64,
 }
 
-/// Lower-case token characters only: Envoy stores header names lower-cased.
-pub fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with(':')
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.!#$%&'*+^`|~".contains(&b)
+impl SessionConfig {
+    pub fn compile(&self) -> Result<Session, ConfigError> {
+        at_least("session.max_slowdown", self.max_slowdown, 1.0)?;
+        Ok(Session {
+            header: HeaderName::optional("session.header", &self.header)?,
+            max_slowdown: self.max_slowdown,
         })
+    }
 }
 
 /// The key the session's pod is found by: a hash of the id, so ids of any length and bytes work.

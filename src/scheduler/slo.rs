@@ -9,8 +9,10 @@
 //! (`super::predict`); the per-token time is the pod's recently observed inter-token latency (the
 //! gateway times the chunks of the streams it carries; unknown = assumed to meet it).
 
+use crate::config::{ConfigError, HeaderName};
 use serde::Deserialize;
 
+/// `slo` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SloConfig {
@@ -29,20 +31,19 @@ impl Default for SloConfig {
     }
 }
 
+/// The objective headers routing reads; `None` turns that objective off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloHeaders {
+    pub ttft_header: Option<HeaderName>,
+    pub tpot_header: Option<HeaderName>,
+}
+
 impl SloConfig {
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        for (field, name) in [
-            ("slo.ttft_header", &self.ttft_header),
-            ("slo.tpot_header", &self.tpot_header),
-        ] {
-            if !name.is_empty() && !super::session::is_header_name(name) {
-                return Err((
-                    field,
-                    format!("`{name}` is not a lower-case HTTP header name"),
-                ));
-            }
-        }
-        Ok(())
+    pub fn compile(&self) -> Result<SloHeaders, ConfigError> {
+        Ok(SloHeaders {
+            ttft_header: HeaderName::optional("slo.ttft_header", &self.ttft_header)?,
+            tpot_header: HeaderName::optional("slo.tpot_header", &self.tpot_header)?,
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! from the admin API), when each was last polled and what it said, and the load table to publish. The host glue dispatches the polls this asks for and feeds back
 //! the answers.
 
-use crate::config::{Config, Role};
+use crate::config::{Config, Members, Role};
 use crate::health::{PassiveHealth, Tally};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::vm::models::{self, ServedModel};
@@ -51,7 +51,14 @@ pub enum PollResult<'a> {
 impl Leader {
     pub fn new(config: &Config) -> Leader {
         let mut leader = Leader {
-            members: config.pools.iter().map(|p| p.endpoints.clone()).collect(),
+            members: config
+                .pools
+                .iter()
+                .map(|p| match &p.members {
+                    Members::Static(endpoints) => endpoints.clone(),
+                    Members::Cluster(_) => Vec::new(),
+                })
+                .collect(),
             ..Leader::default()
         };
         leader.sync_pods(config);
@@ -87,7 +94,10 @@ impl Leader {
 
     /// Pools whose membership comes from the admin API, if a refresh is due.
     pub fn discovery_due(&mut self, config: &Config, now_ms: u64) -> bool {
-        let any = config.pools.iter().any(|p| p.cluster.is_some());
+        let any = config
+            .pools
+            .iter()
+            .any(|p| matches!(p.members, Members::Cluster(_)));
         if any && now_ms.saturating_sub(self.last_discovery_ms) >= config.discovery_interval_ms {
             self.last_discovery_ms = now_ms;
             return true;
@@ -98,7 +108,7 @@ impl Leader {
     /// Applies a fresh `/clusters?format=json` answer to every cluster-backed pool.
     pub fn on_admin_clusters(&mut self, config: &Config, body: &[u8]) {
         for (i, pool) in config.pools.iter().enumerate() {
-            let Some(cluster) = &pool.cluster else {
+            let Members::Cluster(cluster) = &pool.members else {
                 continue;
             };
             if let (Some(members), Some(slot)) = (

@@ -1,0 +1,547 @@
+//! The plugin configuration, in two phases: the wire form (`wire`: the JSON as serde reads it,
+//! strict about unknown fields) is compiled into the runtime form below, in which what was checked
+//! cannot be wrong any more: header names are normalised [`HeaderName`]s, a feature that is off is
+//! `None`, a pool has static members or a cluster (never both, never neither), and the tiktoken
+//! block scheme exists only in a build that has a tokenizer. Every check names the field's path and
+//! the reason (`ConfigError`); the host glue prints it in Envoy's log and rejects the configuration.
+//! Each component checks its own section (`crate::pd`, `crate::health`, `crate::scheduler::*`).
+
+mod header_name;
+pub mod wire;
+
+pub use header_name::HeaderName;
+pub use wire::{BlockMode, NoEndpointPolicy, OverloadGuard, Role};
+
+use std::fmt;
+use wire::WireConfig;
+
+/// A pool as routing sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    pub role: Role,
+    pub members: Members,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Members {
+    /// `ip:port` each.
+    Static(Vec<String>),
+    /// An Envoy cluster whose members are read from the admin API.
+    Cluster(String),
+}
+
+/// How prompts are cut into blocks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Blocking {
+    pub tokens_per_block: u32,
+    /// Bytes per token, for chars-mode blocks and for estimating a prompt's tokens.
+    pub chars_per_token: u32,
+    pub scheme: BlockScheme,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockScheme {
+    /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.
+    Chars,
+    /// Blocks of `tokens_per_block` real tokens (only in a build with the tiktoken tables).
+    #[cfg(feature = "tiktoken")]
+    Tiktoken(Encoding),
+}
+
+/// The tiktoken encodings kvroute carries.
+#[cfg(feature = "tiktoken")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Cl100kBase,
+    O200kBase,
+}
+
+#[cfg(feature = "tiktoken")]
+impl Encoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::O200kBase => "o200k_base",
+        }
+    }
+}
+
+/// The runtime configuration (see the module header); fields without a comment mean what their
+/// wire field does (`wire::WireConfig`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub pools: Vec<Pool>,
+    pub poll_cluster: String,
+    /// Present whenever a pool is given by cluster.
+    pub admin_cluster: Option<String>,
+    pub poll_interval_ms: u64,
+    pub poll_timeout_ms: u64,
+    pub stale_after_ms: u64,
+    pub discovery_interval_ms: u64,
+    pub models_poll_interval_ms: u64,
+    pub block: Blocking,
+    pub prediction: crate::scheduler::predict::PredictionConfig,
+    pub overload_guard: OverloadGuard,
+    pub rendezvous_load_slack: f64,
+    pub default_pod_capacity_blocks: u32,
+    pub max_pod_capacity_blocks: u32,
+    pub max_endpoints_in_header: usize,
+    pub on_no_endpoint: NoEndpointPolicy,
+    pub debug_header: bool,
+    pub max_body_bytes: usize,
+    pub trust_client_kv_transfer_params: bool,
+    pub leader_lease_ms: u64,
+    pub singleton: bool,
+    pub pd: crate::pd::PdConfig,
+    pub session: crate::scheduler::session::Session,
+    pub shedding: crate::scheduler::saturation::Shedding,
+    pub slo: crate::scheduler::slo::SloHeaders,
+    pub health: crate::health::HealthConfig,
+}
+
+/// The pod-count ceiling of one kvroute instance: the prefix index keeps a 64-bit pod mask per block.
+pub const MAX_PODS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// The value at `field` (its path, e.g. `pools[0].name`) is wrong because of `reason`.
+    pub fn at(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid kvroute configuration: field `{}`: {}",
+            self.field, self.reason
+        )
+    }
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::at(field, reason)
+}
+
+/// A number that must be finite and at least `min`.
+pub(crate) fn at_least(field: &str, value: f64, min: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && value >= min {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be a finite number ≥ {min}")))
+    }
+}
+
+impl Config {
+    /// Parses the wire form and compiles it; an empty configuration means "all defaults, no pools"
+    /// (pass-through).
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = String::from_utf8_lossy(bytes);
+        let wire: WireConfig = if text.trim().is_empty() {
+            WireConfig::default()
+        } else {
+            serde_json::from_slice(bytes).map_err(|e| {
+                // serde names unknown or mistyped fields in its message; keep it whole.
+                err(field_from_serde(&e.to_string()), e.to_string())
+            })?
+        };
+        Config::compile(&wire)
+    }
+
+    /// Checks the wire form and builds the runtime form.
+    pub fn compile(w: &WireConfig) -> Result<Config, ConfigError> {
+        let pools = compile_pools(w)?;
+        let has = |role: Role| pools.iter().any(|p| p.role == role);
+        if has(Role::Prefill) && !has(Role::Decode) {
+            return Err(err(
+                "pools",
+                "a `prefill` pool needs a `decode` pool to hand its KV cache to",
+            ));
+        }
+        w.pd.validate()?;
+        w.prediction.validate()?;
+        w.health.validate()?;
+        if w.poll_cluster.trim().is_empty() {
+            return Err(err("poll_cluster", "must name an ORIGINAL_DST cluster"));
+        }
+        if w.poll_interval_ms < 10 {
+            return Err(err("poll_interval_ms", "must be at least 10"));
+        }
+        if w.models_poll_interval_ms < 100 {
+            return Err(err("models_poll_interval_ms", "must be at least 100"));
+        }
+        if w.poll_timeout_ms == 0 {
+            return Err(err("poll_timeout_ms", "must be positive"));
+        }
+        if w.stale_after_ms <= w.poll_interval_ms {
+            return Err(err(
+                "stale_after_ms",
+                "must be larger than poll_interval_ms",
+            ));
+        }
+        if w.leader_lease_ms <= w.poll_interval_ms {
+            return Err(err(
+                "leader_lease_ms",
+                "must be larger than poll_interval_ms",
+            ));
+        }
+        at_least("overload_guard.abs_gap", w.overload_guard.abs_gap, 0.0)?;
+        at_least("overload_guard.rel_gap", w.overload_guard.rel_gap, 1.0)?;
+        at_least("rendezvous_load_slack", w.rendezvous_load_slack, 0.0)?;
+        if w.default_pod_capacity_blocks == 0 {
+            return Err(err("default_pod_capacity_blocks", "must be positive"));
+        }
+        if w.max_pod_capacity_blocks < w.default_pod_capacity_blocks {
+            return Err(err(
+                "max_pod_capacity_blocks",
+                "must be at least default_pod_capacity_blocks",
+            ));
+        }
+        if w.max_endpoints_in_header == 0 || w.max_endpoints_in_header > 8 {
+            return Err(err("max_endpoints_in_header", "must be in 1..=8"));
+        }
+        if w.max_body_bytes == 0 {
+            return Err(err("max_body_bytes", "must be positive"));
+        }
+        Ok(Config {
+            pools,
+            poll_cluster: w.poll_cluster.clone(),
+            admin_cluster: w.admin_cluster.clone(),
+            poll_interval_ms: w.poll_interval_ms,
+            poll_timeout_ms: w.poll_timeout_ms,
+            stale_after_ms: w.stale_after_ms,
+            discovery_interval_ms: w.discovery_interval_ms,
+            models_poll_interval_ms: w.models_poll_interval_ms,
+            block: compile_blocking(&w.block)?,
+            prediction: w.prediction.clone(),
+            overload_guard: w.overload_guard.clone(),
+            rendezvous_load_slack: w.rendezvous_load_slack,
+            default_pod_capacity_blocks: w.default_pod_capacity_blocks,
+            max_pod_capacity_blocks: w.max_pod_capacity_blocks,
+            max_endpoints_in_header: w.max_endpoints_in_header,
+            on_no_endpoint: w.on_no_endpoint,
+            debug_header: w.debug_header,
+            max_body_bytes: w.max_body_bytes,
+            trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,
+            leader_lease_ms: w.leader_lease_ms,
+            singleton: w.singleton,
+            pd: w.pd.clone(),
+            session: w.session.compile()?,
+            shedding: w.shedding.compile()?,
+            slo: w.slo.compile()?,
+            health: w.health.clone(),
+        })
+    }
+
+    /// Bytes per block in chars mode.
+    pub fn block_bytes(&self) -> usize {
+        (self.block.tokens_per_block as usize) * (self.block.chars_per_token as usize)
+    }
+}
+
+/// The defaults, as an empty configuration gives them (tests and tools).
+#[cfg(test)]
+impl Default for Config {
+    fn default() -> Self {
+        Config::parse(b"").expect("the defaults compile")
+    }
+}
+
+fn compile_pools(w: &WireConfig) -> Result<Vec<Pool>, ConfigError> {
+    let mut pools: Vec<Pool> = Vec::new();
+    let mut static_members = 0usize;
+    for (i, pool) in w.pools.iter().enumerate() {
+        let at = |f: &str| format!("pools[{i}].{f}");
+        if pool.name.trim().is_empty() {
+            return Err(err(at("name"), "must not be empty"));
+        }
+        if pools.iter().any(|p| p.name == pool.name) {
+            return Err(err(
+                at("name"),
+                format!("duplicate pool name `{}`", pool.name),
+            ));
+        }
+        let members = match (&pool.cluster, pool.endpoints.is_empty()) {
+            (Some(_), false) => {
+                return Err(err(at("endpoints"), "give either `endpoints` or `cluster`, not both"))
+            }
+            (None, true) => return Err(err(at("endpoints"), "a pool needs `endpoints` or `cluster`")),
+            (Some(c), true) if c.trim().is_empty() => {
+                return Err(err(at("cluster"), "must not be empty"))
+            }
+            (Some(_), true) if w.admin_cluster.is_none() => {
+                return Err(err(
+                    "admin_cluster",
+                    "required when a pool is given by `cluster` (membership is read from the admin API)",
+                ))
+            }
+            (Some(c), true) => Members::Cluster(c.clone()),
+            (None, false) => {
+                for (j, ep) in pool.endpoints.iter().enumerate() {
+                    if !is_host_port(ep) {
+                        return Err(err(
+                            format!("pools[{i}].endpoints[{j}]"),
+                            format!("`{ep}` is not `ip:port`"),
+                        ));
+                    }
+                }
+                static_members += pool.endpoints.len();
+                Members::Static(pool.endpoints.clone())
+            }
+        };
+        pools.push(Pool {
+            name: pool.name.clone(),
+            role: pool.role,
+            members,
+        });
+    }
+    if static_members > MAX_PODS {
+        return Err(err(
+            "pools",
+            format!("at most {MAX_PODS} pods in all, got {static_members}"),
+        ));
+    }
+    Ok(pools)
+}
+
+fn compile_blocking(b: &wire::BlockConfig) -> Result<Blocking, ConfigError> {
+    if b.tokens_per_block == 0 || b.tokens_per_block > 1024 {
+        return Err(err("block.tokens_per_block", "must be in 1..=1024"));
+    }
+    if b.chars_per_token == 0 || b.chars_per_token > 64 {
+        return Err(err("block.chars_per_token", "must be in 1..=64"));
+    }
+    let scheme = match b.mode {
+        BlockMode::Chars => BlockScheme::Chars,
+        #[cfg(feature = "tiktoken")]
+        BlockMode::Tiktoken => BlockScheme::Tiktoken(match b.encoding.as_str() {
+            "cl100k_base" => Encoding::Cl100kBase,
+            "o200k_base" => Encoding::O200kBase,
+            _ => {
+                return Err(err(
+                    "block.encoding",
+                    "must be `cl100k_base` or `o200k_base`",
+                ))
+            }
+        }),
+        #[cfg(not(feature = "tiktoken"))]
+        BlockMode::Tiktoken => {
+            return Err(err(
+                "block.mode",
+                "this build of kvroute has no tiktoken tables (kvroute-lite.wasm): use kvroute.wasm, or `chars`",
+            ))
+        }
+    };
+    Ok(Blocking {
+        tokens_per_block: b.tokens_per_block,
+        chars_per_token: b.chars_per_token,
+        scheme,
+    })
+}
+
+/// `ip:port` with a numeric port; the host part must not be empty.
+pub fn is_host_port(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && !host.contains(',')
+                && !host.contains(char::is_whitespace)
+                && port.parse::<u16>().map(|p| p > 0).unwrap_or(false)
+        }
+        None => false,
+    }
+}
+
+/// serde_json says e.g. "unknown field `pols`, expected one of …": pull out the field's name.
+fn field_from_serde(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .filter(|_| message.contains("field"))
+        .unwrap_or("(document)")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_configuration_is_all_defaults() {
+        let c = Config::parse(b"  ").unwrap();
+        assert!(c.pools.is_empty());
+        assert_eq!(c.block_bytes(), 64);
+    }
+
+    #[test]
+    #[cfg(feature = "tiktoken")]
+    fn a_full_configuration_parses() {
+        let c = Config::parse(
+            br#"{"pools":[{"name":"a","role":"decode","endpoints":["127.0.0.1:8000","10.0.0.2:9000"]},
+                          {"name":"p","role":"prefill","cluster":"outbound|8000||p.svc"}],
+                 "admin_cluster":"kvroute_admin","debug_header":true,
+                 "prediction":{"prior":{"us_per_token":20}},"block":{"mode":"tiktoken","encoding":"o200k_base"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pools.len(), 2);
+        assert_eq!(c.pools[1].role, Role::Prefill);
+        assert_eq!(c.prediction.prior.us_per_token, 20.0);
+        assert_eq!(
+            c.prediction.prior.overhead_ms,
+            crate::scheduler::cost::Coefficients::default().overhead_ms,
+            "unset fields keep their defaults"
+        );
+        assert_eq!(c.block.scheme, BlockScheme::Tiktoken(Encoding::O200kBase));
+    }
+
+    fn rejected(json: &str) -> ConfigError {
+        Config::parse(json.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = rejected(r#"{"pols":[]}"#);
+        assert_eq!(e.field, "pols");
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn malformed_json_is_rejected() {
+        let e = rejected("{not json");
+        assert_eq!(e.field, "(document)");
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"a","endpoints":["nope"]}]}"#).field,
+            "pools[0].endpoints[0]"
+        );
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"a"}]}"#).field,
+            "pools[0].endpoints"
+        );
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"a","cluster":"c"}]}"#).field,
+            "admin_cluster"
+        );
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"a","endpoints":["1.2.3.4:1"]},{"name":"a","endpoints":["1.2.3.4:2"]}]}"#)
+                .field,
+            "pools[1].name"
+        );
+        assert_eq!(
+            rejected(r#"{"prediction":{"prior":{"us_per_token":-1}}}"#).field,
+            "prediction.prior.us_per_token"
+        );
+        assert_eq!(
+            rejected(r#"{"poll_interval_ms":5}"#).field,
+            "poll_interval_ms"
+        );
+        assert_eq!(
+            rejected(r#"{"stale_after_ms":100}"#).field,
+            "stale_after_ms"
+        );
+        assert_eq!(
+            rejected(r#"{"block":{"tokens_per_block":0}}"#).field,
+            "block.tokens_per_block"
+        );
+        let tiktoken_field = if cfg!(feature = "tiktoken") {
+            "block.encoding"
+        } else {
+            "block.mode" // a build without tiktoken refuses the mode before its encoding
+        };
+        assert_eq!(
+            rejected(r#"{"block":{"mode":"tiktoken","encoding":"gpt2"}}"#).field,
+            tiktoken_field
+        );
+        assert_eq!(
+            rejected(r#"{"overload_guard":{"rel_gap":0.5}}"#).field,
+            "overload_guard.rel_gap"
+        );
+        assert_eq!(
+            rejected(r#"{"prediction":{"tie_band":2}}"#).field,
+            "prediction.tie_band"
+        );
+        assert_eq!(
+            rejected(r#"{"weights":{"prefix":3}}"#).field,
+            "weights",
+            "the weighted scorers are gone: a configuration that sets them is told so"
+        );
+    }
+
+    #[test]
+    fn host_port_syntax() {
+        assert!(is_host_port("127.0.0.1:80"));
+        assert!(is_host_port("[::1]:80"));
+        assert!(!is_host_port("127.0.0.1"));
+        assert!(!is_host_port("127.0.0.1:0"));
+        assert!(!is_host_port("127.0.0.1:99999"));
+        assert!(!is_host_port(":80"));
+        assert!(!is_host_port("a,b:80"));
+    }
+
+    #[test]
+    fn prefill_decode_settings_are_checked() {
+        assert_eq!(
+            rejected(r#"{"pools":[{"name":"p","role":"prefill","endpoints":["1.2.3.4:1"]}]}"#)
+                .field,
+            "pools"
+        );
+        assert_eq!(
+            rejected(r#"{"pd":{"mode":"telepathy"}}"#).field,
+            "(document)"
+        );
+        assert_eq!(
+            rejected(r#"{"pd":{"prefill_timeout_ms":0}}"#).field,
+            "pd.prefill_timeout_ms"
+        );
+        let c = Config::parse(
+            br#"{"pools":[{"name":"p","role":"prefill","endpoints":["1.2.3.4:1"]},
+                          {"name":"d","role":"decode","endpoints":["1.2.3.4:2"]}],
+                 "pd":{"mode":"inline","split_overhead_ms":5}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pd.mode, crate::pd::PdMode::Inline);
+        assert_eq!(c.pd.split_overhead_ms, 5.0);
+        assert_eq!(
+            rejected(r#"{"pd":{"threshold_tokens":1000}}"#).field,
+            "threshold_tokens",
+            "the threshold is gone (decided by cost): a configuration that sets it is told so"
+        );
+    }
+
+    #[test]
+    fn session_and_shedding_settings_are_checked() {
+        for (json, field) in [
+            (r#"{"session":{"header":"x session"}}"#, "session.header"),
+            (
+                r#"{"shedding":{"priority_header":":path"}}"#,
+                "shedding.priority_header",
+            ),
+            (r#"{"shedding":{"kv_cache":1.5}}"#, "shedding.kv_cache"),
+            (r#"{"shedding":{"queue_depth":0}}"#, "shedding.queue_depth"),
+            (r#"{"session":{"cookie":"x"}}"#, "cookie"),
+        ] {
+            assert_eq!(rejected(json).field, field, "{json}");
+        }
+        let off = Config::parse(br#"{"session":{"header":""},"shedding":{"priority_header":""}}"#)
+            .unwrap();
+        assert!(off.session.header.is_none() && off.shedding.priority_header.is_none());
+        let mixed = Config::parse(br#"{"session":{"header":"X-Session-Id"}}"#).unwrap();
+        assert_eq!(
+            mixed.session.header.as_ref().map(HeaderName::as_str),
+            Some("x-session-id")
+        );
+    }
+}

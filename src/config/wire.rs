@@ -1,0 +1,179 @@
+//! The configuration's wire form: the JSON given as the Wasm filter's `configuration`, as serde
+//! reads it. Parsing is strict (`deny_unknown_fields`) because a typo in a routing config should
+//! fail loudly at load time, not silently route by defaults. Nothing here is used to route: the
+//! runtime form (`super::Config`) is compiled from it, with every check made once.
+
+use serde::Deserialize;
+
+/// The role a pool plays in prefill/decode disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode on the same pod.
+    #[default]
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+/// How the prompt is cut into blocks for prefix matching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockMode {
+    /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.
+    #[default]
+    Chars,
+    /// Blocks of `tokens_per_block` real tokens from a tiktoken encoding (opt-in: ~16 MiB per VM).
+    Tiktoken,
+}
+
+/// What to do when a request is routable but no pod passes the filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NoEndpointPolicy {
+    /// Answer 503 with a JSON error body.
+    #[default]
+    Reject,
+    /// Let the cluster's own load balancer choose.
+    Passthrough,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    #[serde(default)]
+    pub role: Role,
+    /// Static members, `ip:port`.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Or: an Envoy cluster whose members are read from the admin API.
+    #[serde(default)]
+    pub cluster: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BlockConfig {
+    pub mode: BlockMode,
+    pub tokens_per_block: u32,
+    pub chars_per_token: u32,
+    /// tiktoken encoding name, used when `mode` is `tiktoken`.
+    pub encoding: String,
+}
+
+impl Default for BlockConfig {
+    fn default() -> Self {
+        BlockConfig {
+            mode: BlockMode::Chars,
+            tokens_per_block: 16,
+            chars_per_token: 4,
+            encoding: "cl100k_base".to_string(),
+        }
+    }
+}
+
+/// The overload guard of the picker (see `crate::scheduler` picker): a pod this far above the
+/// least-loaded candidate, in requests, is ranked behind the others (the SGLang router's
+/// `balance_abs_threshold` / `balance_rel_threshold` shape).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OverloadGuard {
+    pub abs_gap: f64,
+    pub rel_gap: f64,
+}
+
+impl Default for OverloadGuard {
+    fn default() -> Self {
+        OverloadGuard {
+            abs_gap: 8.0,
+            rel_gap: 1.5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WireConfig {
+    pub pools: Vec<PoolConfig>,
+    /// An ORIGINAL_DST cluster honouring `x-gateway-destination-endpoint`, used to reach any pod.
+    pub poll_cluster: String,
+    /// A static cluster pointing at Envoy's admin address, for pools given as `cluster`.
+    pub admin_cluster: Option<String>,
+    pub poll_interval_ms: u64,
+    pub poll_timeout_ms: u64,
+    /// Metrics older than this are stale: the pod is still routed, on the gateway's own view of its
+    /// work (see `crate::health`).
+    pub stale_after_ms: u64,
+    /// How often cluster membership is re-read from the admin API.
+    pub discovery_interval_ms: u64,
+    /// How often each pod's `/v1/models` (aliases, LoRA adapters) is re-read; a new pod's is read
+    /// at once.
+    pub models_poll_interval_ms: u64,
+    pub block: BlockConfig,
+    /// The TTFT prediction the pods are ranked by (prior costs, tie band).
+    pub prediction: crate::scheduler::predict::PredictionConfig,
+    pub overload_guard: OverloadGuard,
+    /// Among pods whose predictions tie, only those within this many requests of the least loaded
+    /// one are equal candidates for rendezvous hashing.
+    pub rendezvous_load_slack: f64,
+    /// Prefix-index capacity per pod, in blocks, when the pod does not report `num_gpu_blocks`.
+    pub default_pod_capacity_blocks: u32,
+    /// Upper bound on per-pod index capacity, whatever the pod reports: bounds memory and shared data.
+    pub max_pod_capacity_blocks: u32,
+    /// How many hosts `x-gateway-destination-endpoint` carries (primary + fallbacks).
+    pub max_endpoints_in_header: usize,
+    pub on_no_endpoint: NoEndpointPolicy,
+    /// Adds `x-kvroute-debug` to responses: chosen pod, matched prefix, scores.
+    pub debug_header: bool,
+    /// Inference bodies larger than this are refused with 413 (kvroute reads a body whole to route
+    /// it and to remove what a client must not set).
+    pub max_body_bytes: usize,
+    /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
+    /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
+    pub trust_client_kv_transfer_params: bool,
+    /// A lease not renewed for this long is taken over by another worker.
+    pub leader_lease_ms: u64,
+    /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
+    pub singleton: bool,
+    /// Prefill/decode disaggregation, used when a pool has the `decode` role.
+    pub pd: crate::pd::PdConfig,
+    pub session: crate::scheduler::session::SessionConfig,
+    pub shedding: crate::scheduler::saturation::SheddingConfig,
+    pub slo: crate::scheduler::slo::SloConfig,
+    /// Passive health: when pods whose requests fail are ejected (see `crate::health`).
+    pub health: crate::health::HealthConfig,
+}
+
+impl Default for WireConfig {
+    fn default() -> Self {
+        WireConfig {
+            pools: Vec::new(),
+            poll_cluster: "kvroute_poll".to_string(),
+            admin_cluster: None,
+            poll_interval_ms: 200,
+            poll_timeout_ms: 1000,
+            stale_after_ms: 2000,
+            discovery_interval_ms: 2000,
+            models_poll_interval_ms: 10_000,
+            block: BlockConfig::default(),
+            prediction: Default::default(),
+            overload_guard: OverloadGuard::default(),
+            rendezvous_load_slack: 2.0,
+            default_pod_capacity_blocks: 16384,
+            max_pod_capacity_blocks: 65536,
+            max_endpoints_in_header: 3,
+            on_no_endpoint: NoEndpointPolicy::Reject,
+            debug_header: false,
+            max_body_bytes: 8 * 1024 * 1024,
+            trust_client_kv_transfer_params: false,
+            leader_lease_ms: 1500,
+            singleton: false,
+            pd: crate::pd::PdConfig::default(),
+            session: Default::default(),
+            shedding: Default::default(),
+            slo: Default::default(),
+            health: Default::default(),
+        }
+    }
+}
