@@ -55,7 +55,11 @@ fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// Every `.yaml` file under `dir`, at any depth.
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for path in fs::read_dir(dir).unwrap().filter_map(Result::ok).map(|e| e.path()) {
+    for path in fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+    {
         if path.is_dir() {
             out.extend(yaml_files(&path));
         } else if path.extension().is_some_and(|x| x == "yaml") {

@@ -8,7 +8,9 @@ use crate::config::BlockScheme;
 use crate::config::Config;
 use crate::flow::parse::RequestView;
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
-use crate::prefix::{chain_seed, char_block_hashes, token_block_hashes};
+#[cfg(feature = "tiktoken")]
+use crate::prefix::token_block_hashes;
+use crate::prefix::{chain_seed, char_block_hashes};
 use crate::state::messages::{Observation, Page};
 
 /// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
