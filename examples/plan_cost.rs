@@ -1,7 +1,7 @@
 //! The core's own cost per request, natively: parse a 16 KB chat body, hash it, plan (scheduler and
 //! P/D) and observe, as the request path does, against 4 pods that hold part of the prompt.
 //! `cargo run --release --example plan_cost` — prints µs per request (median of 5 rounds), and the
-//! parse alone.
+//! parse alone (with `--features testing`, also the whole-tree parser it replaced, in the same run).
 //!
 //! It only uses API that both the count-based scheduler (commit 4b8e149) and the predicted-TTFT one
 //! share but the parser's path, so the same file times either (in a checkout of 4b8e149, copy it and
@@ -82,6 +82,27 @@ fn main() {
         })
         .collect();
     report("parse alone, 16 KB chat body", &rounds);
+    // The whole-tree parser it replaced (`--features testing`), timed in the same run.
+    #[cfg(feature = "testing")]
+    {
+        let rounds: Vec<f64> = (0..5)
+            .map(|_| {
+                let n = 20_000;
+                let start = Instant::now();
+                for _ in 0..n {
+                    std::hint::black_box(kvroute::flow::parse::reference::parse(
+                        kvroute::flow::parse::Endpoint::ChatCompletions,
+                        std::hint::black_box(body.as_bytes()),
+                    ));
+                }
+                start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+            })
+            .collect();
+        report(
+            "parse alone, the whole-tree parser before, 16 KB chat body",
+            &rounds,
+        );
+    }
 }
 
 fn report(what: &str, rounds: &[f64]) {

@@ -505,3 +505,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod equivalence;

@@ -206,6 +206,17 @@ impl Sink {
         {
             self.over = true;
         }
+        let needed = self.buf.len().saturating_add(more);
+        if !self.over && needed > self.buf.capacity() {
+            // Doubling, but never past the budget: the buffer never holds more than it allows.
+            let grown = self
+                .buf
+                .capacity()
+                .saturating_mul(2)
+                .max(needed)
+                .min(self.limit);
+            self.buf.reserve_exact(grown.max(needed) - self.buf.len());
+        }
         !self.over
     }
 
@@ -373,7 +384,40 @@ impl<'de> DeserializeSeed<'de> for Canonical<'_> {
 }
 
 /// Bytes a member list entry holds (charged to the budget while an object is written).
-const MEMBER_BYTES: usize = std::mem::size_of::<(Key<'static>, usize, usize)>();
+const MEMBER_BYTES: usize = std::mem::size_of::<(usize, usize)>();
+
+/// The key of the member written at `start` (`"key":value`, as serde_json escapes it).
+fn key_at(buf: &[u8], start: usize) -> Cow<'_, str> {
+    let text = buf.get(start + 1..).unwrap_or_default();
+    let mut escaped = false;
+    let mut end = None;
+    let mut i = 0;
+    while let Some(&b) = text.get(i) {
+        match b {
+            b'\\' => {
+                escaped = true;
+                i += 1;
+            }
+            b'"' => {
+                end = Some(i);
+                break;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let Some(end) = end else {
+        return Cow::Borrowed("");
+    };
+    if !escaped {
+        return std::str::from_utf8(text.get(..end).unwrap_or_default())
+            .map(Cow::Borrowed)
+            .unwrap_or_default();
+    }
+    serde_json::from_slice::<String>(buf.get(start..start + end + 2).unwrap_or_default())
+        .map(Cow::Owned)
+        .unwrap_or_default()
+}
 
 impl<'de> Visitor<'de> for Canonical<'_> {
     type Value = bool;
@@ -433,7 +477,9 @@ impl<'de> Visitor<'de> for Canonical<'_> {
         let sink = self.sink;
         let start = sink.len();
         sink.push(b'{');
-        let mut members: Vec<(Key<'de>, usize, usize)> = Vec::new();
+        // Each member's bytes; its key is read back from them when they must be sorted.
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        let mut last_key: Option<Key<'de>> = None;
         let mut sorted = true;
         while let Some(key) = map.next_key::<Key<'de>>()? {
             if !members.is_empty() {
@@ -443,37 +489,41 @@ impl<'de> Visitor<'de> for Canonical<'_> {
             sink.write_json(key.0.as_ref());
             sink.push(b':');
             map.next_value_seed(Canonical::json(&mut *sink, depth))?;
-            if members.last().is_some_and(|(last, _, _)| *last >= key) {
+            if last_key.as_ref().is_some_and(|last| *last >= key) {
                 sorted = false;
             }
+            last_key = Some(key);
             if sink.hold(MEMBER_BYTES) {
-                members.push((key, member_start, sink.len()));
+                members.push((member_start, sink.len()));
             }
         }
         sink.push(b'}');
         if !sorted && !sink.over() {
             // As a BTreeMap holds them: sorted by key, the last of equal keys kept.
-            members.sort_by(|a, b| a.0.cmp(&b.0));
-            let mut kept: Vec<(usize, usize)> = Vec::with_capacity(members.len());
-            for (i, (key, s, e)) in members.iter().enumerate() {
-                let superseded = members.get(i + 1).is_some_and(|next| next.0 == *key);
-                if !superseded {
-                    kept.push((*s, *e));
-                }
-            }
-            let piece_bytes = std::mem::size_of::<Piece>() * (2 * kept.len() + 1);
-            if sink.hold(piece_bytes) {
-                let mut pieces = Vec::with_capacity(2 * kept.len() + 1);
-                pieces.push(Piece::Bytes(b"{"));
-                for (i, (s, e)) in kept.iter().enumerate() {
-                    if i > 0 {
-                        pieces.push(Piece::Bytes(b","));
+            let buf = sink.bytes();
+            members.sort_by(|a, b| key_at(buf, a.0).cmp(&key_at(buf, b.0)));
+            let region_len = sink.len() - start;
+            if sink.hold(region_len) {
+                let region = sink.bytes().get(start..).unwrap_or_default().to_vec();
+                let key = |at: usize| key_at(&region, at - start);
+                sink.truncate(start);
+                sink.push(b'{');
+                let mut first = true;
+                for (i, (s, e)) in members.iter().enumerate() {
+                    let superseded = members
+                        .get(i + 1)
+                        .is_some_and(|next| key(next.0) == key(*s));
+                    if superseded {
+                        continue;
                     }
-                    pieces.push(Piece::Range(*s, *e));
+                    if !first {
+                        sink.push(b',');
+                    }
+                    first = false;
+                    sink.extend(region.get(s - start..e - start).unwrap_or_default());
                 }
-                pieces.push(Piece::Bytes(b"}"));
-                sink.arrange(start, &pieces);
-                sink.release(piece_bytes);
+                sink.push(b'}');
+                sink.release(region_len);
             }
         }
         sink.release(MEMBER_BYTES * members.len());
