@@ -188,9 +188,9 @@ impl<'de> Visitor<'de> for Message<'_> {
                     })?;
                     if null {
                         sink.truncate(at);
-                        spans[slot] = None;
-                    } else {
-                        spans[slot] = Some((at, sink.len()));
+                    }
+                    if let Some(span) = spans.get_mut(slot) {
+                        *span = (!null).then_some((at, sink.len()));
                     }
                 }
                 MessageField::Content => {

@@ -457,3 +457,125 @@ fn a_kv_handle_is_noticed_whatever_becomes_of_the_body() {
         );
     }
 }
+
+/// A Responses request renders as the chat request vLLM makes of it.
+#[test]
+fn responses_render_as_the_chat_messages_vllm_makes_of_them() {
+    use serde_json::json;
+    let chat = |messages: serde_json::Value| {
+        parse(
+            Endpoint::ChatCompletions,
+            json!({"model": "m", "messages": messages})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+        .prompt
+    };
+    let responses = |body: serde_json::Value| {
+        let mut b = json!({"model": "m"});
+        b.as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        parse(Endpoint::Responses, b.to_string().as_bytes()).unwrap()
+    };
+    let call = |name: &str, args: &str, id: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+    let rows = [
+        (
+            "instructions and a string",
+            json!({"input": "hi", "instructions": "Be brief."}),
+            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]),
+        ),
+        (
+            "empty instructions are none",
+            json!({"instructions": "", "input": "hi"}),
+            json!([{"role": "user", "content": "hi"}]),
+        ),
+        (
+            "message items with input_text parts",
+            json!({"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}]}),
+            json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
+        ),
+        (
+            "an input_image is its image_url",
+            json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "what?"}, {"type": "input_image", "image_url": "https://x/1.png"}]}]}),
+            json!([{"role": "user", "content": [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": "https://x/1.png"}}]}]),
+        ),
+        (
+            "a function call and its output",
+            json!({"input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\":\"Paris\"}", "id": "fc_1", "status": "completed"},
+                {"type": "function_call_output", "call_id": "c1", "output": "18C"}
+            ]}),
+            json!([
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [call("weather", "{\"city\":\"Paris\"}", "c1")]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18C"}
+            ]),
+        ),
+        (
+            "calls after an assistant message join it",
+            json!({"input": [
+                {"role": "user", "content": "go"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "c1", "name": "a", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "b", "arguments": "{}"}
+            ]}),
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [call("a", "{}", "c1"), call("b", "{}", "c2")]}
+            ]),
+        ),
+        (
+            "reasoning, then a call, then the text: one assistant message",
+            json!({"input": [
+                {"role": "user", "content": "go"},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}]},
+                {"type": "function_call", "call_id": "c1", "name": "a", "arguments": "{}"},
+                {"role": "assistant", "content": "Done."}
+            ]}),
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "Done.", "tool_calls": [call("a", "{}", "c1")]}
+            ]),
+        ),
+    ];
+    for (what, request, messages) in rows {
+        let view = responses(request);
+        assert_eq!(
+            String::from_utf8_lossy(&view.prompt),
+            String::from_utf8_lossy(&chat(messages)),
+            "{what}"
+        );
+    }
+    let view = responses(
+        json!({"input": "x", "stream": true, "max_output_tokens": 5, "max_tokens": 9, "cache_salt": "s"}),
+    );
+    assert!(view.stream);
+    assert_eq!(view.max_tokens, Some(5));
+    assert_eq!(view.cache_salt.as_deref(), Some("s"));
+    let tools = responses(json!({"input": "x", "tools": [{"type": "function", "name": "f"}]}));
+    assert!(tools
+        .prompt
+        .starts_with(b"tools\x1f[{\"name\":\"f\",\"type\":\"function\"}]\x1e"));
+    for body in [
+        json!({"model": "m"}),
+        json!({"model": "m", "input": []}),
+        json!({"model": "m", "input": 3}),
+    ] {
+        assert_eq!(
+            parse(Endpoint::Responses, body.to_string().as_bytes()),
+            Err(ParseError::MissingPrompt),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        parse(Endpoint::Responses, br#"{"input":"x"}"#),
+        Err(ParseError::MissingModel)
+    );
+    assert_eq!(
+        Endpoint::from_path("/v1/responses?x=1"),
+        Some(Endpoint::Responses)
+    );
+}
