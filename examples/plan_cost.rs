@@ -1,6 +1,7 @@
 //! The core's own cost per request, natively: parse a 16 KB chat body, hash it, plan (scheduler and
 //! P/D) and observe, as the request path does, against 4 pods that hold part of the prompt.
-//! `cargo run --release --example plan_cost` — prints µs per request (median of 5 rounds).
+//! `cargo run --release --example plan_cost` — prints µs per request (median of 5 rounds), and the
+//! parse alone (with `--features testing`, also the whole-tree parser it replaced, in the same run).
 //!
 //! It only uses API that both the count-based scheduler (commit 4b8e149) and the predicted-TTFT one
 //! share but the parser's path, so the same file times either (in a checkout of 4b8e149, copy it and
@@ -63,12 +64,57 @@ fn main() {
             start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
         })
         .collect();
-    let mut sorted = rounds.clone();
+    report(
+        "parse + hash + plan + observe, 16 KB chat body, 4 pods",
+        &rounds,
+    );
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question 0 0"}}]}}"#
+    );
+    let rounds: Vec<f64> = (0..5)
+        .map(|_| {
+            let n = 20_000;
+            let start = Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(parse(std::hint::black_box(&body)));
+            }
+            start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+        })
+        .collect();
+    report("parse alone, 16 KB chat body", &rounds);
+    // The whole-tree parser it replaced (`--features testing`), timed in the same run.
+    #[cfg(feature = "testing")]
+    {
+        let rounds: Vec<f64> = (0..5)
+            .map(|_| {
+                let n = 20_000;
+                let start = Instant::now();
+                for _ in 0..n {
+                    std::hint::black_box(kvroute::flow::parse::reference::parse(
+                        kvroute::flow::parse::Endpoint::ChatCompletions,
+                        std::hint::black_box(body.as_bytes()),
+                    ));
+                }
+                start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+            })
+            .collect();
+        report(
+            "parse alone, the whole-tree parser before, 16 KB chat body",
+            &rounds,
+        );
+    }
+}
+
+fn report(what: &str, rounds: &[f64]) {
+    let mut sorted = rounds.to_vec();
     sorted.sort_by(f64::total_cmp);
     println!(
-        "parse + hash + plan + observe, 16 KB chat body, 4 pods: {:.2} µs per request (median of 5; rounds {:?})",
+        "{what}: {:.2} µs per request (median of 5; rounds {:?})",
         sorted[2],
-        rounds.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>()
+        rounds
+            .iter()
+            .map(|r| (r * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
     );
 }
 

@@ -29,6 +29,8 @@ pub enum Counter {
     ClientKvParamsRemoved,
     /// Inference requests refused with 413: the body was larger than `max_body_bytes`.
     BodyTooLarge,
+    /// Inference requests refused with 413: parsing the body needed more than `max_parse_bytes`.
+    ParseBudgetExceeded,
     /// Metrics polls that failed outright (refused, reset, non-200, garbage): the pod is down.
     PollFailures,
     /// Metrics polls that timed out: the pod's figures are stale, the pod still routed.
@@ -104,7 +106,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::Routed,
         Counter::RoutedPrefixHit,
         Counter::RoutedLoad,
@@ -116,6 +118,7 @@ impl Counter {
         Counter::SpoofedHeadersRemoved,
         Counter::ClientKvParamsRemoved,
         Counter::BodyTooLarge,
+        Counter::ParseBudgetExceeded,
         Counter::PollFailures,
         Counter::PollsLate,
         Counter::RoutedStale,
@@ -150,6 +153,7 @@ impl Counter {
             Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
             Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed",
             Counter::BodyTooLarge => "kvroute.body_too_large",
+            Counter::ParseBudgetExceeded => "kvroute.parse_budget_exceeded",
             Counter::PollFailures => "kvroute.poll_failures",
             Counter::PollsLate => "kvroute.health.polls_late",
             Counter::RoutedStale => "kvroute.health.routed_stale",

@@ -42,7 +42,10 @@ fn admin_answer(config: &Config) -> Vec<u8> {
     let clusters: Vec<serde_json::Value> = config
         .pools
         .iter()
-        .filter_map(|p| p.cluster.as_ref())
+        .filter_map(|p| match &p.members {
+            kvroute::config::Members::Cluster(c) => Some(c),
+            kvroute::config::Members::Static(_) => None,
+        })
         .map(|c| serde_json::json!({"name": c, "host_statuses": hosts}))
         .collect();
     serde_json::json!({ "cluster_statuses": clusters })

@@ -90,6 +90,8 @@ pub struct Config {
     pub on_no_endpoint: NoEndpointPolicy,
     pub debug_header: bool,
     pub max_body_bytes: usize,
+    /// The parse budget: `max_parse_bytes`, or `max_body_bytes` when not set.
+    pub max_parse_bytes: usize,
     pub trust_client_kv_transfer_params: bool,
     pub leader_lease_ms: u64,
     pub singleton: bool,
@@ -213,6 +215,9 @@ impl Config {
         if w.max_body_bytes == 0 {
             return Err(err("max_body_bytes", "must be positive"));
         }
+        if w.max_parse_bytes == Some(0) {
+            return Err(err("max_parse_bytes", "must be positive"));
+        }
         Ok(Config {
             pools,
             poll_cluster: w.poll_cluster.clone(),
@@ -232,6 +237,7 @@ impl Config {
             on_no_endpoint: w.on_no_endpoint,
             debug_header: w.debug_header,
             max_body_bytes: w.max_body_bytes,
+            max_parse_bytes: w.max_parse_bytes.unwrap_or(w.max_body_bytes),
             trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,
             leader_lease_ms: w.leader_lease_ms,
             singleton: w.singleton,
@@ -241,6 +247,11 @@ impl Config {
             slo: w.slo.compile()?,
             health: w.health.clone(),
         })
+    }
+
+    /// The parse budget (see `max_parse_bytes`).
+    pub fn parse_budget(&self) -> usize {
+        self.max_parse_bytes
     }
 
     /// Bytes per block in chars mode.

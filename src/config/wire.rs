@@ -129,6 +129,10 @@ pub struct WireConfig {
     /// Inference bodies larger than this are refused with 413 (kvroute reads a body whole to route
     /// it and to remove what a client must not set).
     pub max_body_bytes: usize,
+    /// What parsing one body may hold (the rendered prompt and the buffers that put it in order);
+    /// a routable body that needs more is refused with 413 `parse_budget_exceeded`. Absent: as
+    /// much as `max_body_bytes` (an ordinary body's prompt is smaller than the body).
+    pub max_parse_bytes: Option<usize>,
     /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
     /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
     pub trust_client_kv_transfer_params: bool,
@@ -166,6 +170,7 @@ impl Default for WireConfig {
             on_no_endpoint: NoEndpointPolicy::Reject,
             debug_header: false,
             max_body_bytes: 8 * 1024 * 1024,
+            max_parse_bytes: None,
             trust_client_kv_transfer_params: false,
             leader_lease_ms: 1500,
             singleton: false,

@@ -23,6 +23,7 @@
 //!    the blocks this request added, in every VM (`Provisional`).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
+pub mod body;
 mod explain;
 pub mod models;
 pub mod parse;
@@ -45,8 +46,7 @@ use crate::scheduler::slo::{parse_objective, Slo};
 use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
-use parse::Endpoint;
-use serde_json::{Map, Value};
+use parse::{Endpoint, ParseError};
 
 /// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
 const METRICS_NOT_PROXIED: &str = "kvroute: /metrics is not proxied to a model server: through the gateway it would be a different pod's page on every scrape. Scrape each model server's own /metrics, and kvroute's and Envoy's stats from Envoy's admin /stats/prometheus (kvroute_*)";
@@ -66,6 +66,7 @@ pub enum ErrorCode {
     NoPods,
     MetricsNotProxied,
     BodyTooLarge,
+    ParseBudgetExceeded,
 }
 
 impl ErrorCode {
@@ -80,13 +81,14 @@ impl ErrorCode {
             ErrorCode::NoPods => "no_pods",
             ErrorCode::MetricsNotProxied => "metrics_not_proxied",
             ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::ParseBudgetExceeded => "parse_budget_exceeded",
         }
     }
 
     fn status_and_kind(self) -> (u32, &'static str) {
         match self {
             ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
-            ErrorCode::BodyTooLarge => (413, "BadRequestError"),
+            ErrorCode::BodyTooLarge | ErrorCode::ParseBudgetExceeded => (413, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
             ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
@@ -218,8 +220,9 @@ pub struct RequestFlow {
     hints: Hints,
     routed_to: Option<String>,
     debug: Option<String>,
-    /// Inline P/D: the client's body, waiting for the prefill pod's answer, and that pod.
-    prefill_original: Option<Map<String, Value>>,
+    /// Inline P/D: the client's body (as sent on, without what kvroute owns), waiting for the
+    /// prefill pod's answer, and that pod.
+    prefill_original: Option<Vec<u8>>,
     prefill_pod: Option<String>,
     awaiting: Option<Awaiting>,
     /// The response's status, once its headers came.
@@ -341,8 +344,23 @@ impl RequestFlow {
             return BodyOutcome::Reply(too_large_reply(vm, host));
         };
         let inline = vm.config.pd.mode == PdMode::Inline;
-        let (view, mut object) = match parse::parse_object(endpoint, body) {
-            Ok(p) => p,
+        let parsed = parse::parse_request(endpoint, body, vm.config.parse_budget());
+        if parsed.owned_field && !vm.config.trust_client_kv_transfer_params {
+            // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
+            // the client's. Removed whatever happens next (routed, passed through, refused).
+            host.count(Counter::ClientKvParamsRemoved, 1);
+            self.rewritten_body = body::edit(body, &[(OWNED_BODY_FIELD, body::Change::Remove)]);
+        }
+        let view = match parsed.view {
+            Ok(view) => view,
+            Err(ParseError::OverBudget) => {
+                host.count(Counter::ParseBudgetExceeded, 1);
+                let message = format!(
+                    "kvroute: reading this request for routing needs more than max_parse_bytes ({} bytes of rendered prompt and parse buffers)",
+                    vm.config.parse_budget()
+                );
+                return BodyOutcome::Reply(Reply::error(ErrorCode::ParseBudgetExceeded, &message));
+            }
             Err(e) => {
                 // The model server gives the client its own error for a bad body.
                 log::debug!("kvroute: pass-through: {}", e.as_str());
@@ -350,13 +368,11 @@ impl RequestFlow {
                 return BodyOutcome::Continue;
             }
         };
-        if !vm.config.trust_client_kv_transfer_params && object.remove(OWNED_BODY_FIELD).is_some() {
-            // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
-            // the client's. Removed whatever happens next (routed, passed through, refused).
-            host.count(Counter::ClientKvParamsRemoved, 1);
-            self.rewritten_body = serde_json::to_vec(&object).ok();
-        }
-        let object = inline.then_some(object);
+        // Inline P/D reads the KV handle from the prefill pod's answer, which vLLM gives for
+        // completions and chat; a Responses request is decoded where it is routed.
+        let split_inline = inline && endpoint != Endpoint::Responses;
+        let original =
+            split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
@@ -366,9 +382,7 @@ impl RequestFlow {
             vm.router.cache_model(&view.model),
             vm.tokenizer.as_deref(),
         );
-        let mut plan = vm
-            .router
-            .plan(&vm.config, &view.model, &blocks, self.hints, now);
+        let mut plan = self.plan(vm, &view.model, &blocks, now, inline && !split_inline);
         if matches!(
             plan.decision,
             Decision::NoEndpoint(
@@ -378,9 +392,7 @@ impl RequestFlow {
             // This VM's copy of the load table is as old as its last tick (and empty in a VM still
             // starting): re-read it once before deciding that nothing can serve the request.
             vm.refresh_load_table(host);
-            plan = vm
-                .router
-                .plan(&vm.config, &view.model, &blocks, self.hints, now);
+            plan = self.plan(vm, &view.model, &blocks, now, inline && !split_inline);
         }
         if vm.router.load_table().version == 0
             || plan.decision == Decision::NoEndpoint(Rejection::NoneKnownYet)
@@ -505,7 +517,7 @@ impl RequestFlow {
                 hashes: blocks.hashes,
             },
         );
-        match (vm.config.pd.mode, object) {
+        match (vm.config.pd.mode, original) {
             (PdMode::Inline, Some(original)) => {
                 route.prefill_call = Some(inline::prefill_call(
                     &vm.config.poll_cluster,
@@ -523,6 +535,24 @@ impl RequestFlow {
             }
         }
         BodyOutcome::Route(route)
+    }
+
+    /// The router's plan; `decode_only`: without a prefill pod (a split this request cannot take).
+    fn plan(
+        &self,
+        vm: &Vm,
+        model: &str,
+        blocks: &crate::router::Blocks,
+        now: u64,
+        decode_only: bool,
+    ) -> Plan {
+        let mut plan = vm.router.plan(&vm.config, model, blocks, self.hints, now);
+        if decode_only {
+            if let Some(pd) = plan.pd.as_mut() {
+                pd.prefill = None;
+            }
+        }
+        plan
     }
 
     fn refuse(

@@ -18,15 +18,37 @@
 //! `role 0x1f content 0x1e` and nothing a field adds can be mistaken for a neighbour's text. Not
 //! rendered (they do not reach the prompt): sampling parameters, `response_format`, `tool_choice`,
 //! a tool call's `id`, `reasoning_content`. Anything we do not recognise as an inference request is
-//! left for the default load balancer.
+//! left for the default load balancer. A Responses API request (`/v1/responses`) renders as the
+//! chat messages vLLM makes of it: `tools`, `instructions` as a system message, then its `input`
+//! (see `responses`), so the same conversation renders alike through either API.
+//!
+//! **How, and in how much memory.** No JSON tree is built (one costs up to ~100 bytes per byte of
+//! a hostile body: a list of `{"":0}` objects). One pass of serde_json's deserializer reads the
+//! body, with a visitor per shape that renders straight into the prompt bytes (`json::Sink`);
+//! members routing does not read are checked and dropped as they pass. The body is refused as
+//! invalid JSON exactly when `serde_json::Value` refused it (`json::Validate`), and a member
+//! repeated counts by its last occurrence, as in a parsed object. What the parse holds (the
+//! prompt, and what it holds while re-ordering a message or object whose members came out of
+//! rendering order) is bounded by a budget (`max_parse_bytes`): past it nothing more is kept, the
+//! body is still checked, and a body that would have been routed is refused
+//! ([`ParseError::OverBudget`]).
 
-use serde_json::Value;
+mod chat;
+pub(crate) mod json;
+#[cfg(any(test, feature = "testing"))]
+pub mod reference;
+mod responses;
+mod top;
+
+use serde::de::DeserializeSeed;
 
 /// Paths kvroute routes; anything else passes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Completions,
     ChatCompletions,
+    /// The OpenAI Responses API.
+    Responses,
 }
 
 impl Endpoint {
@@ -36,6 +58,7 @@ impl Endpoint {
         match path.trim_end_matches('/') {
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/responses" => Some(Endpoint::Responses),
             _ => None,
         }
     }
@@ -45,19 +68,23 @@ impl Endpoint {
 pub struct RequestView {
     pub model: String,
     pub stream: bool,
+    /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` for the Responses API).
     pub max_tokens: Option<u64>,
     pub cache_salt: Option<String>,
     /// Canonical prompt bytes (role-tagged for chat).
     pub prompt: Vec<u8>,
 }
 
-/// Why a body was not routed by prefix; each becomes a pass-through with a counted reason.
+/// Why a body was not routed by prefix; each becomes a pass-through with a counted reason, but
+/// `OverBudget`, which is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseError {
     NotJson,
     NotAnObject,
     MissingModel,
     MissingPrompt,
+    /// A routable body whose parse needs more than the budget.
+    OverBudget,
 }
 
 impl ParseError {
@@ -66,9 +93,20 @@ impl ParseError {
             ParseError::NotJson => "body is not valid JSON",
             ParseError::NotAnObject => "body is not a JSON object",
             ParseError::MissingModel => "`model` is missing or not a string",
-            ParseError::MissingPrompt => "no `prompt` / `messages` to route on",
+            ParseError::MissingPrompt => "no `prompt` / `messages` / `input` to route on",
+            ParseError::OverBudget => {
+                "reading the body for routing needs more than max_parse_bytes"
+            }
         }
     }
+}
+
+/// A parse's outcome, and what the body held that kvroute must not pass on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub view: Result<RequestView, ParseError>,
+    /// The body is an object with a `kv_transfer_params` member (whatever its value).
+    pub owned_field: bool,
 }
 
 /// Between a part's tag and its text.
@@ -77,212 +115,54 @@ const ROLE_SEP: u8 = 0x1f;
 const MESSAGE_END: u8 = 0x1e;
 /// Opens a further field of a message (`name`, `tool_call_id`, a tool call).
 const FIELD_SEP: u8 = 0x1d;
-/// Request fields a chat template may read anywhere in the prompt.
-const TEMPLATE_FIELDS: [&str; 3] = ["chat_template", "chat_template_kwargs", "documents"];
 
+/// [`parse_request`] without a budget.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestView, ParseError> {
-    parse_object(endpoint, body).map(|(view, _)| view)
+    parse_request(endpoint, body, usize::MAX).view
 }
 
-/// Parses once and keeps the JSON object too, for what must rewrite the body (inline P/D).
-pub fn parse_object(
-    endpoint: Endpoint,
-    body: &[u8],
-) -> Result<(RequestView, serde_json::Map<String, Value>), ParseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| ParseError::NotJson)?;
-    let Value::Object(object) = value else {
-        return Err(ParseError::NotAnObject);
+/// Parses `body`, holding at most `budget` bytes for the prompt and what re-ordering it needs.
+pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
+    let mut sink = json::Sink::new(body.len(), budget);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let top = top::TopSeed {
+        endpoint,
+        sink: &mut sink,
+    }
+    .deserialize(&mut de);
+    let top = match top.and_then(|t| de.end().map(|_| t)) {
+        Ok(top) => top,
+        Err(_) => {
+            return Parsed {
+                view: Err(ParseError::NotJson),
+                owned_field: false,
+            }
+        }
     };
-    let view = view_of(endpoint, &object, body.len())?;
-    Ok((view, object))
-}
-
-fn view_of(
-    endpoint: Endpoint,
-    obj: &serde_json::Map<String, Value>,
-    body_len: usize,
-) -> Result<RequestView, ParseError> {
-    let model = obj
-        .get("model")
-        .and_then(Value::as_str)
-        .ok_or(ParseError::MissingModel)?
-        .to_string();
-    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let max_tokens = obj
-        .get("max_completion_tokens")
-        .or_else(|| obj.get("max_tokens"))
-        .and_then(Value::as_u64);
-    let cache_salt = obj
-        .get("cache_salt")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let mut prompt = Vec::with_capacity(body_len);
-    match endpoint {
-        Endpoint::Completions => render_completion_prompt(obj.get("prompt"), &mut prompt)?,
-        Endpoint::ChatCompletions => render_chat_prompt(obj, &mut prompt)?,
-    }
-    Ok(RequestView {
-        model,
-        stream,
-        max_tokens,
-        cache_salt,
-        prompt,
-    })
-}
-
-fn push_part(out: &mut Vec<u8>, role: &str, content: &[u8]) {
-    out.extend_from_slice(role.as_bytes());
-    out.push(ROLE_SEP);
-    out.extend_from_slice(content);
-    out.push(MESSAGE_END);
-}
-
-fn render_completion_prompt(prompt: Option<&Value>, out: &mut Vec<u8>) -> Result<(), ParseError> {
-    match prompt {
-        Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
-        // A list of strings is a batch; its first prompt leads the shared prefix. Token-id lists are
-        // rendered as their decimal ids so identical id sequences still share blocks.
-        Some(Value::Array(items)) if !items.is_empty() => {
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(MESSAGE_END);
-                }
-                match item {
-                    Value::String(s) => out.extend_from_slice(s.as_bytes()),
-                    other => out.extend_from_slice(other.to_string().as_bytes()),
-                }
-            }
+    let owned_field = top.owned_field;
+    let view = if !top.object {
+        Err(ParseError::NotAnObject)
+    } else if let Some(model) = top.model {
+        if !top.prompt {
+            Err(ParseError::MissingPrompt)
+        } else if sink.over() {
+            Err(ParseError::OverBudget)
+        } else {
+            Ok(RequestView {
+                model: model.into_owned(),
+                stream: top.stream.unwrap_or(false),
+                max_tokens: match top.max_completion_tokens {
+                    Some(max) => max,
+                    None => top.max_tokens,
+                },
+                cache_salt: top.cache_salt.map(|s| s.into_owned()),
+                prompt: sink.into_bytes(),
+            })
         }
-        _ => return Err(ParseError::MissingPrompt),
-    }
-    Ok(())
-}
-
-fn render_chat_prompt(
-    obj: &serde_json::Map<String, Value>,
-    out: &mut Vec<u8>,
-) -> Result<(), ParseError> {
-    let messages = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|m| !m.is_empty())
-        .ok_or(ParseError::MissingPrompt)?;
-    let template: serde_json::Map<String, Value> = TEMPLATE_FIELDS
-        .iter()
-        .filter_map(|&k| Some((k.to_string(), obj.get(k).filter(|v| !v.is_null())?.clone())))
-        .collect();
-    if !template.is_empty() {
-        // serde_json's maps are sorted by key: the same fields render the same whatever their order.
-        push_part(
-            out,
-            "template",
-            Value::Object(template).to_string().as_bytes(),
-        );
-    }
-    if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
-        push_part(out, "tools", tools.to_string().as_bytes());
-    }
-    for message in messages {
-        render_message(message, out);
-    }
-    Ok(())
-}
-
-fn render_message(message: &Value, out: &mut Vec<u8>) {
-    let text = |key: &str| message.get(key).filter(|v| !v.is_null());
-    out.extend_from_slice(
-        message
-            .get("role")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .as_bytes(),
-    );
-    for key in ["name", "tool_call_id"] {
-        if let Some(value) = text(key) {
-            push_field(out, key, value);
-        }
-    }
-    out.push(ROLE_SEP);
-    render_content(message.get("content"), out);
-    if let Some(Value::Array(calls)) = text("tool_calls") {
-        for call in calls {
-            // A call is its function's name and arguments (a JSON string, or an object some
-            // clients send); the call's `id` is not rendered by templates, only referenced.
-            let function = call.get("function").unwrap_or(call);
-            out.push(FIELD_SEP);
-            out.extend_from_slice(b"tool_call");
-            out.push(ROLE_SEP);
-            push_scalar(out, function.get("name").unwrap_or(&Value::Null));
-            out.push(ROLE_SEP);
-            push_scalar(out, function.get("arguments").unwrap_or(&Value::Null));
-        }
-    } else if let Some(other) = text("tool_calls") {
-        push_field(out, "tool_calls", other);
-    }
-    out.push(MESSAGE_END);
-}
-
-fn push_field(out: &mut Vec<u8>, key: &str, value: &Value) {
-    out.push(FIELD_SEP);
-    out.extend_from_slice(key.as_bytes());
-    out.push(ROLE_SEP);
-    push_scalar(out, value);
-}
-
-/// A string as its text, anything else as its JSON.
-fn push_scalar(out: &mut Vec<u8>, value: &Value) {
-    match value {
-        Value::String(s) => out.extend_from_slice(s.as_bytes()),
-        Value::Null => {}
-        other => out.extend_from_slice(other.to_string().as_bytes()),
-    }
-}
-
-/// Message content: a string, or content parts. Text parts are joined by a newline, as vLLM joins
-/// them for string-content templates; a media part renders as its kind and its URL or data (an
-/// engine's cache keys a media part by its content, which one URL or data string stands for); any
-/// other part as its JSON.
-fn render_content(content: Option<&Value>, out: &mut Vec<u8>) {
-    match content {
-        Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
-        Some(Value::Array(parts)) => {
-            for (i, part) in parts.iter().enumerate() {
-                if i > 0 {
-                    out.push(b'\n');
-                }
-                render_part(part, out);
-            }
-        }
-        Some(Value::Null) | None => {}
-        Some(other) => out.extend_from_slice(other.to_string().as_bytes()),
-    }
-}
-
-fn render_part(part: &Value, out: &mut Vec<u8>) {
-    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-    if let Some(text) = part.get("text").and_then(Value::as_str) {
-        out.extend_from_slice(text.as_bytes());
-        return;
-    }
-    // `{"type": "image_url", "image_url": {"url": ..}}`, `{"type": "input_audio", "input_audio":
-    // {"data": .., "format": ..}}`, `video_url`, `audio_url`, `file` (`file_data` or `file_id`).
-    let media = part.get(kind).filter(|_| !kind.is_empty());
-    let source = media.and_then(|m| match m {
-        Value::String(_) => Some(m),
-        _ => ["url", "data", "file_data", "file_id"]
-            .iter()
-            .find_map(|k| m.get(*k).filter(|v| v.is_string())),
-    });
-    match source {
-        Some(source) => {
-            out.push(FIELD_SEP);
-            out.extend_from_slice(kind.as_bytes());
-            out.push(ROLE_SEP);
-            push_scalar(out, source);
-            out.push(FIELD_SEP);
-        }
-        None => out.extend_from_slice(part.to_string().as_bytes()),
-    }
+    } else {
+        Err(ParseError::MissingModel)
+    };
+    Parsed { view, owned_field }
 }
 
 #[cfg(test)]
@@ -625,3 +505,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod equivalence;

@@ -851,3 +851,97 @@ fn a_request_a_fallback_served_is_learned_for_the_fallback_not_the_primary() {
     flow.on_done(vm, host, None, None);
     assert!(held(&c, 0, &pod, &other) > 10);
 }
+
+fn send_to(c: &mut Cluster, path: &str, body: &[u8]) -> (RequestFlow, BodyOutcome) {
+    let (vm, host) = &mut c.vms[0];
+    let mut flow = RequestFlow::new();
+    let h = headers(&[(":method", "POST"), (":path", path)]);
+    assert_eq!(
+        flow.on_request_headers(vm, host, &h, false),
+        HeadersOutcome::WaitForBody
+    );
+    let outcome = flow.on_request_body(vm, host, Some(body));
+    (flow, outcome)
+}
+
+#[test]
+fn a_routable_body_past_the_parse_budget_is_refused_and_bad_ones_still_pass_through() {
+    let cfg = config(r#","max_parse_bytes":2000"#);
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let long = "context ".repeat(500);
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", &long));
+    let BodyOutcome::Reply(reply) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(reply.status, 413);
+    let error: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(error["error"]["code"], "parse_budget_exceeded");
+    assert_eq!(c.vms[0].1.counter(Counter::ParseBudgetExceeded), 1);
+    // Within the budget, routed; over it but not JSON, passed through as before.
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", "short"));
+    assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+    let mut truncated = chat_body("m", &long);
+    truncated.pop();
+    let (_, outcome) = send(&mut c, 0, &[], &truncated);
+    assert_eq!(outcome, BodyOutcome::Continue);
+    assert!(Config::parse(br#"{"max_parse_bytes":0}"#).is_err());
+}
+
+#[test]
+fn a_kv_handle_is_removed_from_a_body_passed_through_for_lacking_a_model() {
+    let mut c = Cluster::new(&config(""), 1);
+    c.ready();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                      "kv_transfer_params": {"remote_host": "10.1.2.3", "remote_port": 22}});
+    let (mut flow, outcome) = send(&mut c, 0, &[], body.to_string().as_bytes());
+    assert_eq!(outcome, BodyOutcome::Continue);
+    let sent: serde_json::Value =
+        serde_json::from_slice(&flow.take_rewritten_body().expect("rewritten")).unwrap();
+    assert_eq!(
+        sent,
+        json!({"messages": [{"role": "user", "content": "hi"}]})
+    );
+}
+
+#[test]
+fn responses_requests_are_routed_and_decoded_where_routed_in_inline_pd() {
+    let mut c = pd_cluster("inline");
+    let long = "context ".repeat(3000);
+    let responses = json!({"model": "m", "instructions": long, "input": "hi", "stream": true});
+    let (_, outcome) = send_to(&mut c, "/v1/responses", responses.to_string().as_bytes());
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        route.prefill_call.is_none(),
+        "no inline split for /v1/responses"
+    );
+    assert_eq!(
+        route.destinations.split(',').next(),
+        Some(PODS[1]),
+        "the decode pod"
+    );
+    assert_eq!(c.vms[0].1.counter(Counter::PdDecodeOnly), 1);
+    // The same conversation through chat renders alike: the decode pod holds its prefix now, so
+    // it is a prefix hit there (and not split: what is cached is not prefilled again).
+    let chat = json!({"model": "m", "stream": true, "messages": [
+        {"role": "system", "content": long}, {"role": "user", "content": "hi"}]});
+    let (_, outcome) = send_to(&mut c, "/v1/chat/completions", chat.to_string().as_bytes());
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(route.destinations.split(',').next(), Some(PODS[1]));
+    assert_eq!(c.vms[0].1.counter(Counter::RoutedPrefixHit), 1);
+    // On a fresh pool the chat request is split.
+    let mut fresh = pd_cluster("inline");
+    let (_, outcome) = send_to(
+        &mut fresh,
+        "/v1/chat/completions",
+        chat.to_string().as_bytes(),
+    );
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(route.prefill_call.is_some());
+}

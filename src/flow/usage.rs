@@ -1,6 +1,8 @@
 //! What a model server's response says about its prefix cache: vLLM (and SGLang, TRT-LLM behind the
 //! OpenAI API) report `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, in a
-//! non-streamed body and in a stream's final usage chunk (`stream_options.include_usage`).
+//! non-streamed body and in a stream's final usage chunk (`stream_options.include_usage`). The
+//! Responses API names them `usage.input_tokens` and `usage.input_tokens_details.cached_tokens`
+//! (in the response object, and in the stream's `response.completed` event).
 //!
 //! Scanned, not parsed: the filter looks at response chunks as they pass (it never buffers or
 //! changes them), so this finds the two numbers by their keys in whatever bytes it is given. A
@@ -9,7 +11,8 @@
 /// `(cached_tokens, prompt_tokens)` when both appear in `bytes`.
 pub fn cache_report(bytes: &[u8]) -> Option<(u64, u64)> {
     let cached = number_after(bytes, b"\"cached_tokens\"")?;
-    let prompt = number_after(bytes, b"\"prompt_tokens\"")?;
+    let prompt = number_after(bytes, b"\"prompt_tokens\"")
+        .or_else(|| number_after(bytes, b"\"input_tokens\""))?;
     Some((cached, prompt))
 }
 
@@ -41,6 +44,8 @@ mod tests {
         assert_eq!(cache_report(body), Some((7488, 7504)));
         let chunk = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\": 12, \"prompt_tokens_details\": {\"cached_tokens\" : 0}}}\n\ndata: [DONE]\n\n";
         assert_eq!(cache_report(chunk), Some((0, 12)));
+        let responses = b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":328,\"input_tokens_details\":{\"cached_tokens\":320},\"output_tokens\":8,\"total_tokens\":336}}}\n\n";
+        assert_eq!(cache_report(responses), Some((320, 328)));
     }
 
     #[test]

@@ -6,26 +6,29 @@
 //! a 4xx is the request's own fault and goes back to the client as is; anything else without a
 //! KV handle (a failure, a timeout: the host answers 503/504) falls back to decode-only.
 
+use crate::flow::body::{edit, Change};
 use crate::headers::DESTINATION;
 use crate::port::HttpCall;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
-/// The body sent to the prefill pod (inline mode): the client's request, asked for one token,
-/// non-streaming, with the NixlConnector's "prefill for a remote decoder" parameters.
-pub fn prefill_body(original: &Map<String, Value>) -> Vec<u8> {
-    let mut body = original.clone();
-    body.insert("max_tokens".into(), json!(1));
-    if body.contains_key("max_completion_tokens") {
-        body.insert("max_completion_tokens".into(), json!(1));
-    }
-    body.insert("stream".into(), json!(false));
-    body.remove("stream_options");
-    body.insert(
-        "kv_transfer_params".into(),
-        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-    );
-    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+/// kvroute's own KV handle request: "prefill for a remote decoder".
+const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
+/// The body sent to the prefill pod (inline mode): the client's request (a JSON object the
+/// request parser accepted), asked for one token, non-streaming, with the NixlConnector's
+/// "prefill for a remote decoder" parameters. Every other member is the client's, byte for byte.
+pub fn prefill_body(original: &[u8]) -> Vec<u8> {
+    edit(
+        original,
+        &[
+            ("max_tokens", Change::Set("1")),
+            ("max_completion_tokens", Change::SetIfPresent("1")),
+            ("stream", Change::Set("false")),
+            ("stream_options", Change::Remove),
+            ("kv_transfer_params", Change::Set(PREFILL_PARAMS)),
+        ],
+    )
+    .unwrap_or_default()
 }
 
 /// The `kv_transfer_params` object of a prefill pod's answer, if it has one.
@@ -37,10 +40,9 @@ pub fn transfer_params(prefill_response: &[u8]) -> Option<Value> {
 }
 
 /// The client's body with the prefill's `kv_transfer_params` written in, for the decode pod.
-pub fn decode_body(original: &Map<String, Value>, params: Value) -> Vec<u8> {
-    let mut body = original.clone();
-    body.insert("kv_transfer_params".into(), params);
-    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+pub fn decode_body(original: &[u8], params: &Value) -> Vec<u8> {
+    let params = params.to_string();
+    edit(original, &[("kv_transfer_params", Change::Set(&params))]).unwrap_or_default()
 }
 
 /// The call that asks `prefill_addr` to prefill (through the ORIGINAL_DST cluster `cluster`).
@@ -48,7 +50,7 @@ pub fn prefill_call(
     cluster: &str,
     path: &str,
     prefill_addr: &str,
-    original: &Map<String, Value>,
+    original: &[u8],
     timeout_ms: u64,
 ) -> HttpCall {
     HttpCall {
@@ -76,7 +78,7 @@ pub enum Answer {
     Fallback,
 }
 
-pub fn answer(status: u32, body: &[u8], original: &Map<String, Value>) -> Answer {
+pub fn answer(status: u32, body: &[u8], original: &[u8]) -> Answer {
     if (400..500).contains(&status) {
         return Answer::Refused {
             status,
@@ -84,7 +86,7 @@ pub fn answer(status: u32, body: &[u8], original: &Map<String, Value>) -> Answer
         };
     }
     match (status, transfer_params(body)) {
-        (200, Some(params)) => Answer::Decode(decode_body(original, params)),
+        (200, Some(params)) => Answer::Decode(decode_body(original, &params)),
         _ => Answer::Fallback,
     }
 }
@@ -93,14 +95,12 @@ pub fn answer(status: u32, body: &[u8], original: &Map<String, Value>) -> Answer
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn bodies_follow_the_nixl_protocol() {
-        let original: Map<String, Value> = serde_json::from_str(
-            r#"{"model":"m","prompt":"p","max_tokens":100,"max_completion_tokens":100,"stream":true,"stream_options":{"include_usage":true}}"#,
-        )
-        .unwrap();
-        let p: Value = serde_json::from_slice(&prefill_body(&original)).unwrap();
+        let original = br#"{"model":"m","prompt":"p","max_tokens":100,"max_completion_tokens":100,"stream":true,"stream_options":{"include_usage":true}}"#;
+        let p: Value = serde_json::from_slice(&prefill_body(original)).unwrap();
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["max_completion_tokens"], 1);
         assert_eq!(p["stream"], false);
@@ -109,7 +109,7 @@ mod tests {
         assert_eq!(p["kv_transfer_params"]["remote_block_ids"], Value::Null);
         let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_host":"10.0.0.1","remote_port":5600}}"#;
         let params = transfer_params(answer).unwrap();
-        let d: Value = serde_json::from_slice(&decode_body(&original, params)).unwrap();
+        let d: Value = serde_json::from_slice(&decode_body(original, &params)).unwrap();
         assert_eq!(
             d["max_tokens"], 100,
             "the decode request is the client's own"
@@ -122,28 +122,27 @@ mod tests {
 
     #[test]
     fn answers_decide_the_request() {
-        let original: Map<String, Value> =
-            serde_json::from_str(r#"{"model":"m","prompt":"p","max_tokens":9}"#).unwrap();
+        let original: &[u8] = br#"{"model":"m","prompt":"p","max_tokens":9}"#;
         let ok = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[3]}}"#;
-        let Answer::Decode(body) = answer(200, ok, &original) else {
+        let Answer::Decode(body) = answer(200, ok, original) else {
             panic!()
         };
         let d: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([3]));
         assert_eq!(
-            answer(400, b"bad", &original),
+            answer(400, b"bad", original),
             Answer::Refused {
                 status: 400,
                 body: b"bad".to_vec()
             }
         );
-        assert_eq!(answer(504, b"", &original), Answer::Fallback, "timed out");
-        assert_eq!(answer(200, b"{}", &original), Answer::Fallback, "no handle");
+        assert_eq!(answer(504, b"", original), Answer::Fallback, "timed out");
+        assert_eq!(answer(200, b"{}", original), Answer::Fallback, "no handle");
         let call = prefill_call(
             "kvroute_poll",
             "/v1/completions",
             "10.0.0.7:8000",
-            &original,
+            original,
             500,
         );
         assert_eq!(call.authority, "10.0.0.7:8000");

@@ -1,0 +1,391 @@
+//! The request object's top level: the few members routing reads, each the last of its key (as in
+//! a JSON object), and where in the sink each prompt-bearing member was rendered. The members
+//! render as they come; the prompt is put in its order (template fields, tools, instructions,
+//! messages) at the end, in place.
+
+use super::chat::{Messages, StringOrNone};
+use super::json::{enter, skip_map, skip_seq, Canonical, Form, Piece, Sink, StrVisitor, Validate};
+use super::responses::{push_message, Input};
+use super::{Endpoint, MESSAGE_END, ROLE_SEP};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
+use std::fmt;
+
+/// What the top level held.
+#[derive(Debug, Default)]
+pub struct Top<'de> {
+    pub object: bool,
+    pub model: Option<Cow<'de, str>>,
+    pub stream: Option<bool>,
+    /// `max_completion_tokens` (or the Responses API's `max_output_tokens`): present, and its
+    /// value when an unsigned integer. It wins over `max_tokens` whenever present.
+    pub max_completion_tokens: Option<Option<u64>>,
+    pub max_tokens: Option<u64>,
+    pub cache_salt: Option<Cow<'de, str>>,
+    /// `kv_transfer_params` was in the body (whatever its value).
+    pub owned_field: bool,
+    /// The prompt member was there in a routable form (a prompt, non-empty messages, an input).
+    pub prompt: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Model,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    CacheSalt,
+    Prompt,
+    Messages,
+    Input,
+    Instructions,
+    Tools,
+    /// `chat_template`, `chat_template_kwargs`, `documents`, by their index here.
+    Template(usize),
+    KvTransferParams,
+    Other,
+}
+
+/// Request fields a chat template may read anywhere in the prompt, in key order.
+const TEMPLATE_FIELDS: [&str; 3] = ["chat_template", "chat_template_kwargs", "documents"];
+/// The same as JSON object keys, for the template part.
+const TEMPLATE_KEYS: [&[u8]; 3] = [
+    b"\"chat_template\":",
+    b"\"chat_template_kwargs\":",
+    b"\"documents\":",
+];
+
+fn classify(endpoint: Endpoint, key: &str) -> Field {
+    use Endpoint::*;
+    match (endpoint, key) {
+        (_, "model") => Field::Model,
+        (_, "stream") => Field::Stream,
+        (_, "cache_salt") => Field::CacheSalt,
+        (_, "kv_transfer_params") => Field::KvTransferParams,
+        (Completions | ChatCompletions, "max_tokens") => Field::MaxTokens,
+        (Completions | ChatCompletions, "max_completion_tokens") => Field::MaxCompletionTokens,
+        (Responses, "max_output_tokens") => Field::MaxCompletionTokens,
+        (Completions, "prompt") => Field::Prompt,
+        (ChatCompletions, "messages") => Field::Messages,
+        (ChatCompletions | Responses, "tools") => Field::Tools,
+        (ChatCompletions, k) => match TEMPLATE_FIELDS.iter().position(|t| *t == k) {
+            Some(i) => Field::Template(i),
+            None => Field::Other,
+        },
+        (Responses, "input") => Field::Input,
+        (Responses, "instructions") => Field::Instructions,
+        _ => Field::Other,
+    }
+}
+
+/// Reads the body's top level into [`Top`], rendering the prompt into `sink`.
+pub struct TopSeed<'s> {
+    pub endpoint: Endpoint,
+    pub sink: &'s mut Sink,
+}
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+    type Value = Top<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// An unsigned integer, or `None` for anything else (checked).
+struct U64OrNone;
+
+impl<'de> DeserializeSeed<'de> for U64OrNone {
+    type Value = Option<u64>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// A boolean, or `None` for anything else (checked).
+struct BoolOrNone;
+
+impl<'de> DeserializeSeed<'de> for BoolOrNone {
+    type Value = Option<bool>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<bool>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// The scalar-or-`None` visitors' common arms: containers are checked, other scalars are `None`.
+macro_rules! none_otherwise {
+    ($t:ty) => {
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<$t, A::Error> {
+            skip_seq(seq, 1).map(|_| None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$t, A::Error> {
+            skip_map(map, 1).map(|_| None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<$t, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<$t, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<$t, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<$t, E> {
+            Ok(None)
+        }
+    };
+}
+
+impl<'de> Visitor<'de> for U64OrNone {
+    type Value = Option<u64>;
+    none_otherwise!(Option<u64>);
+    fn visit_u64<E>(self, v: u64) -> Result<Option<u64>, E> {
+        Ok(Some(v))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+}
+
+impl<'de> Visitor<'de> for BoolOrNone {
+    type Value = Option<bool>;
+    none_otherwise!(Option<bool>);
+    fn visit_u64<E>(self, _: u64) -> Result<Option<bool>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Option<bool>, E> {
+        Ok(Some(v))
+    }
+}
+
+/// Where each prompt-bearing member was rendered (the last of its key; `None`: absent or null).
+#[derive(Default)]
+struct Regions {
+    template: [Option<(usize, usize)>; 3],
+    tools: Option<(usize, usize)>,
+    instructions: Option<(usize, usize)>,
+    /// `prompt`, `messages` or `input`.
+    prompt: Option<(usize, usize)>,
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_> {
+    type Value = Top<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a request object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
+        // Only the top object encloses its members.
+        let depth = enter(0)?;
+        let sink = self.sink;
+        let mut top = Top {
+            object: true,
+            ..Top::default()
+        };
+        let mut regions = Regions::default();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            let at = sink.len();
+            match classify(self.endpoint, &key) {
+                Field::Model => top.model = map.next_value_seed(StringOrNone { depth })?,
+                Field::CacheSalt => top.cache_salt = map.next_value_seed(StringOrNone { depth })?,
+                Field::Stream => top.stream = map.next_value_seed(BoolOrNone)?,
+                Field::MaxTokens => top.max_tokens = map.next_value_seed(U64OrNone)?,
+                Field::MaxCompletionTokens => {
+                    top.max_completion_tokens = Some(map.next_value_seed(U64OrNone)?);
+                }
+                Field::KvTransferParams => {
+                    top.owned_field = true;
+                    map.next_value_seed(Validate { depth })?;
+                }
+                Field::Prompt => {
+                    top.prompt = map.next_value_seed(CompletionPrompt {
+                        sink: &mut *sink,
+                        depth,
+                    })?;
+                    regions.prompt = Some((at, sink.len()));
+                }
+                Field::Messages => {
+                    top.prompt = map.next_value_seed(Messages {
+                        sink: &mut *sink,
+                        depth,
+                    })?;
+                    regions.prompt = Some((at, sink.len()));
+                }
+                Field::Input => {
+                    top.prompt = map.next_value_seed(Input {
+                        sink: &mut *sink,
+                        depth,
+                    })?;
+                    regions.prompt = Some((at, sink.len()));
+                }
+                Field::Instructions => {
+                    regions.instructions = match map.next_value_seed(StringOrNone { depth })? {
+                        Some(text) if !text.is_empty() => {
+                            push_message(sink, "system", &text);
+                            Some((at, sink.len()))
+                        }
+                        _ => None,
+                    };
+                }
+                Field::Tools | Field::Template(_) => {
+                    let null = map.next_value_seed(Canonical::json(&mut *sink, depth))?;
+                    let region = if null {
+                        sink.truncate(at);
+                        None
+                    } else {
+                        Some((at, sink.len()))
+                    };
+                    match classify(self.endpoint, &key) {
+                        Field::Template(i) => {
+                            if let Some(slot) = regions.template.get_mut(i) {
+                                *slot = region;
+                            }
+                        }
+                        _ => regions.tools = region,
+                    }
+                }
+                Field::Other => map.next_value_seed(Validate { depth })?,
+            }
+        }
+        assemble(sink, &regions);
+        Ok(top)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
+        skip_seq(seq, 0).map(|_| Top::default())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+    fn visit_unit<E>(self) -> Result<Top<'de>, E> {
+        Ok(Top::default())
+    }
+}
+
+/// Puts the rendered members in prompt order and drops what a later duplicate replaced:
+/// `template ROLE_SEP {fields} MESSAGE_END`, `tools ROLE_SEP tools MESSAGE_END`, the instructions
+/// message, then the prompt.
+fn assemble(sink: &mut Sink, regions: &Regions) {
+    let mut pieces: Vec<Piece> = Vec::with_capacity(16);
+    if regions.template.iter().any(Option::is_some) {
+        pieces.extend([
+            Piece::Bytes(b"template"),
+            Piece::Bytes(&[ROLE_SEP]),
+            Piece::Bytes(b"{"),
+        ]);
+        let mut first = true;
+        for (key, region) in TEMPLATE_KEYS.iter().zip(&regions.template) {
+            if let Some((s, e)) = region {
+                if !first {
+                    pieces.push(Piece::Bytes(b","));
+                }
+                first = false;
+                pieces.extend([Piece::Bytes(key), Piece::Range(*s, *e)]);
+            }
+        }
+        pieces.extend([Piece::Bytes(b"}"), Piece::Bytes(&[MESSAGE_END])]);
+    }
+    if let Some((s, e)) = regions.tools {
+        pieces.extend([
+            Piece::Bytes(b"tools"),
+            Piece::Bytes(&[ROLE_SEP]),
+            Piece::Range(s, e),
+            Piece::Bytes(&[MESSAGE_END]),
+        ]);
+    }
+    for (s, e) in [regions.instructions, regions.prompt].into_iter().flatten() {
+        pieces.push(Piece::Range(s, e));
+    }
+    if let [Piece::Range(0, e)] = pieces.as_slice() {
+        if *e == sink.len() {
+            return; // the usual case: only the prompt, nothing else rendered
+        }
+    }
+    sink.arrange(0, &pieces);
+}
+
+/// A top-level key, without allocating unless it had escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(StrVisitor)
+    }
+}
+
+/// A completion's `prompt`: a string as itself; a non-empty list item by item (strings as their
+/// text, anything else as its JSON: token ids) separated by `MESSAGE_END`. Its value: whether it
+/// was one of those.
+struct CompletionPrompt<'s> {
+    sink: &'s mut Sink,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for CompletionPrompt<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CompletionPrompt<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a prompt")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        self.sink.extend(v.as_bytes());
+        Ok(true)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let depth = enter(self.depth)?;
+        let mut any = false;
+        loop {
+            let at = self.sink.len();
+            if any {
+                self.sink.push(MESSAGE_END);
+            }
+            let item = Canonical {
+                sink: &mut *self.sink,
+                depth,
+                form: Form::Text,
+            };
+            if seq.next_element_seed(item)?.is_none() {
+                self.sink.truncate(at);
+                return Ok(any);
+            }
+            any = true;
+        }
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        skip_map(map, self.depth).map(|_| false)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
