@@ -769,6 +769,7 @@ mod tests {
                 .map(|a| PodLoad {
                     addr: a.to_string(),
                     role: Role::Aggregated,
+                    pool: String::new(),
                     metrics_at_ms: now,
                     failing: false,
                     metrics: PodMetrics {
@@ -1205,6 +1206,7 @@ mod pd_tests {
                 pods.push(PodLoad {
                     addr: ep.clone(),
                     role: pool.role,
+                    pool: String::new(),
                     metrics_at_ms: 100,
                     failing: false,
                     // Decode pods run their streams; only queues count as pressure.
