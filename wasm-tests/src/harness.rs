@@ -131,6 +131,18 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Starts `command`; the process is killed (by PID) when the `Proc` is dropped, a failing
+    /// test's included.
+    pub fn spawn(name: &str, command: &mut Command) -> Result<Proc> {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Proc {
+            child,
+            name: name.to_string(),
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
