@@ -477,7 +477,8 @@ pub fn label_value<'a>(name: &'a str, label: &str) -> Option<&'a str> {
     let at = name
         .match_indices(&key)
         .map(|(i, _)| i)
-        .find(|&i| i == 0 || name[..i].ends_with('.'))?;
+        // A label's name follows the namespace's `.` or the previous pair's `;.;`.
+        .find(|&i| i == 0 || name[..i].ends_with('.') || name[..i].ends_with(";.;"))?;
     let value = &name[at + key.len()..];
     value.find(";.;").map(|end| &value[..end])
 }

@@ -136,14 +136,26 @@ async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_is_faster(
     let exported = wait_for(Duration::from_secs(12), "histograms", || {
         let admin = admin.clone();
         async move {
-            let text = reqwest::get(format!("http://{admin}/stats?filter=kvroute.ttft"))
+            let text = reqwest::get(format!("http://{admin}/stats?filter=kvroute.*ttft"))
                 .await
                 .unwrap()
                 .text()
                 .await
                 .unwrap();
-            text.contains("wasmcustom.kvroute.ttft_milliseconds: P0")
-                && text.contains("wasmcustom.kvroute.ttft_prediction_error_percent: P0")
+            // Histogram lines, their labels taken out of the names (`NAME: P0(…) …`).
+            let names: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains(": P0"))
+                .filter_map(|l| l.split(": ").next())
+                .map(wasm_tests::harness::strip_labels)
+                .collect();
+            [
+                "ttft_milliseconds",
+                "ttft_predicted_milliseconds",
+                "ttft_prediction_error_percent",
+            ]
+            .iter()
+            .all(|h| names.contains(&format!("wasmcustom.kvroute.{h}")))
         }
     })
     .await;
