@@ -5,7 +5,7 @@
 //!   from the real Envoy's admin API;
 //! * `fuzz/seeds/requests/` — OpenAI request bodies of every shape kvroute reads (the API
 //!   reference's examples: tools, tool results, image parts, batches, token ids, schemas);
-//! * the plugin configurations shipped in `envoy/` and `istio/`;
+//! * the plugin configurations shipped in `envoy/` and `deploy/kustomize/`;
 //! * every shared-data value and queue message, as VMs on the fake host write them while routing
 //!   those requests (lease, load table, work and fits boards, pages, snapshot, observations,
 //!   evictions, capacity hints).
@@ -52,17 +52,25 @@ fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Every `.yaml` file under `dir`, at any depth.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for path in fs::read_dir(dir).unwrap().filter_map(Result::ok).map(|e| e.path()) {
+        if path.is_dir() {
+            out.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|x| x == "yaml") {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// The JSON plugin configurations inside the shipped Envoy and Istio YAML: `value: '{…}'` lines
 /// and `value: |` blocks that hold an object.
 fn shipped_configs(root: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    for dir in ["envoy", "istio"] {
-        let mut files: Vec<PathBuf> = fs::read_dir(root.join(dir))
-            .unwrap()
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-            .collect();
+    for dir in ["envoy", "deploy/kustomize"] {
+        let mut files = yaml_files(&root.join(dir));
         files.sort();
         for file in files {
             let text = fs::read_to_string(&file).unwrap();

@@ -275,6 +275,8 @@ pub fn admin_clusters(data: &[u8]) {
                     inflight: n,
                     prefill_tokens: u64::from(n) * 10,
                     prefill_requests: n,
+                    head_since_ms: 900,
+                    head_tokens: 10,
                 },
             )
         })
@@ -558,6 +560,8 @@ pub fn work_board(data: &[u8]) {
                     inflight: g.u32() >> 8,
                     prefill_tokens: g.u64() >> 16,
                     prefill_requests: g.u32() >> 8,
+                    head_since_ms: g.u64() >> 24,
+                    head_tokens: g.u64() >> 40,
                 };
                 (g.addr(), w)
             })
@@ -576,6 +580,7 @@ pub fn work_board(data: &[u8]) {
                 e.inflight += w.inflight;
                 e.prefill_tokens += w.prefill_tokens;
                 e.prefill_requests += w.prefill_requests;
+                e.add_head(w.head_since_ms, w.head_tokens);
             }
         }
         board.put_row(vm, now, &merged, 3000);

@@ -476,8 +476,16 @@ impl RequestFlow {
             ));
         }
         vm.router.inflight_start(&primary.addr);
+        let slowest = ranked
+            .iter()
+            .map(|c| c.prediction.ttft_ms)
+            .fold(0.0, f64::max);
+        let first_byte_timeout_ms = view
+            .stream
+            .then(|| vm.config.health.first_byte_timeout(slowest))
+            .flatten();
         if let Some(first) = first_token {
-            let pending = Some(vm.router.prefill_start(&first, now));
+            let pending = Some(vm.router.prefill_start(&first, now, first_byte_timeout_ms));
             self.awaiting = Some(Awaiting {
                 first,
                 pending,
@@ -518,18 +526,11 @@ impl RequestFlow {
         if prefill_pod.is_none() && ranked.len() > 1 {
             self.hashes.clone_from(&blocks.hashes);
         }
-        let slowest = ranked
-            .iter()
-            .map(|c| c.prediction.ttft_ms)
-            .fold(0.0, f64::max);
         let mut route = Route {
             destinations,
             prefiller: None,
             prefill_call: None,
-            first_byte_timeout_ms: view
-                .stream
-                .then(|| vm.config.health.first_byte_timeout(slowest))
-                .flatten(),
+            first_byte_timeout_ms,
         };
         let Some(prefill_addr) = prefill_pod else {
             return BodyOutcome::Route(route);
@@ -622,8 +623,8 @@ impl RequestFlow {
         // The prefill pod's part is over: its work leaves the board now, while the sample still
         // waits for the client's first byte (the split path's whole time is learned).
         if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
-            if vm.router.prefill_done(id) {
-                let now = host.now_ms();
+            let now = host.now_ms();
+            if vm.router.prefill_done(id, now) {
                 vm.write_inflight_row(host, now);
             }
         }
@@ -830,9 +831,10 @@ impl RequestFlow {
         let Some(awaiting) = self.awaiting.take() else {
             return;
         };
+        let now = host.now_ms();
         let changed = awaiting
             .pending
-            .is_some_and(|id| vm.router.prefill_done(id));
+            .is_some_and(|id| vm.router.prefill_done(id, now));
         if awaiting.learnable && self.response_ok {
             let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
             vm.learn(&awaiting.first, observed_ms);
@@ -852,7 +854,6 @@ impl RequestFlow {
             }
         }
         if changed {
-            let now = host.now_ms();
             vm.write_inflight_row(host, now);
         }
     }

@@ -15,8 +15,14 @@
 //! (`crate::scheduler`): the gateway routed that work, so it knows it a poll interval before the
 //! pod's metrics do, and in tokens rather than requests.
 //!
-//! Encoding: a format line `kvroute-board/2`, then one row per line: `<vm id hex> <written ms>
-//! <addr>=<inflight>/<prefill tokens>/<prefill requests> ...`. A value without the format line (a
+//! The head of that queue: the oldest of those prefills (when it was routed, or when the one before
+//! it on that pod ended, whichever is later) and its tokens. A pod has been working on its head
+//! since then, so part of the head is already computed; the predictor discounts it
+//! (`crate::scheduler::predict::head_progress`) instead of counting a prefill that is nearly done as
+//! wholly ahead. Summing rows keeps the earliest head.
+//!
+//! Encoding: a format line `kvroute-board/3`, then one row per line: `<vm id hex> <written ms>
+//! <addr>=<inflight>/<prefill tokens>/<prefill requests>/<head since ms>/<head tokens> ...`. A value without the format line (a
 //! module of another version writing the same key during a rolling update) decodes as empty;
 //! decoding skips lines and entries it does not understand, so a foreign or truncated value costs
 //! counts, never a panic. The key stays bounded: one row per live VM, one entry per pod with
@@ -31,7 +37,7 @@ use super::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
 /// The format line every board value starts with.
-const FORMAT: &str = "kvroute-board/2";
+const FORMAT: &str = "kvroute-board/3";
 
 /// One VM's unfinished work on one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,6 +48,10 @@ pub struct PodWork {
     pub prefill_tokens: u64,
     /// How many requests those tokens belong to.
     pub prefill_requests: u32,
+    /// The oldest of those prefills: since when the pod has been working on it (ms, the proxy's
+    /// clock), and its uncached tokens. Zero when there is none.
+    pub head_since_ms: u64,
+    pub head_tokens: u64,
 }
 
 impl PodWork {
@@ -53,6 +63,15 @@ impl PodWork {
         self.inflight = self.inflight.saturating_add(other.inflight);
         self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
         self.prefill_requests = self.prefill_requests.saturating_add(other.prefill_requests);
+        self.add_head(other.head_since_ms, other.head_tokens);
+    }
+
+    /// Counts a prefill of `tokens` in progress since `since_ms` as the head if it is the oldest.
+    pub fn add_head(&mut self, since_ms: u64, tokens: u64) {
+        if tokens > 0 && (self.head_tokens == 0 || since_ms < self.head_since_ms) {
+            self.head_since_ms = since_ms;
+            self.head_tokens = tokens;
+        }
     }
 }
 
@@ -67,8 +86,8 @@ impl Entry for WorkEntry {
         let (addr, w) = self;
         let _ = write!(
             out,
-            "{addr}={}/{}/{}",
-            w.inflight, w.prefill_tokens, w.prefill_requests
+            "{addr}={}/{}/{}/{}/{}",
+            w.inflight, w.prefill_tokens, w.prefill_requests, w.head_since_ms, w.head_tokens
         );
     }
 
@@ -79,6 +98,8 @@ impl Entry for WorkEntry {
             inflight: parts.next()?.parse().ok()?,
             prefill_tokens: parts.next()?.parse().ok()?,
             prefill_requests: parts.next()?.parse().ok()?,
+            head_since_ms: parts.next()?.parse().ok()?,
+            head_tokens: parts.next()?.parse().ok()?,
         };
         parts.next().is_none().then(|| (addr.to_string(), work))
     }
@@ -127,6 +148,8 @@ mod tests {
                         inflight: *n,
                         prefill_tokens: u64::from(*n) * 100,
                         prefill_requests: *n,
+                        head_since_ms: 50 + u64::from(*n),
+                        head_tokens: 100,
                     },
                 )
             })
@@ -150,6 +173,11 @@ mod tests {
         assert_eq!(
             (a.inflight, a.prefill_tokens, a.prefill_requests),
             (5, 500, 5)
+        );
+        assert_eq!(
+            (a.head_since_ms, a.head_tokens),
+            (52, 100),
+            "the oldest head"
         );
         assert_eq!(others.get("10.0.0.2:8000").unwrap().inflight, 1);
     }
@@ -177,13 +205,16 @@ mod tests {
     #[test]
     fn garbage_and_other_formats_decode_to_what_can_be_read() {
         let b = Board::decode(
-            b"kvroute-board/2\nzz nope\n1 5 a:1=2/10/1 b:2=x\n\xff\xfe\n2 6 c:3=1/0/0 d:4=1/2/3/4",
+            b"kvroute-board/3\nzz nope\n1 5 a:1=2/10/1/3/10 b:2=x\n\xff\xfe\n2 6 c:3=1/0/0/0/0 d:4=1/2/3/4",
         );
         let others = b.others(0, 6, 100);
         assert_eq!(others.get("a:1").unwrap().prefill_tokens, 10);
         assert_eq!(others.get("c:3").unwrap().inflight, 1);
         assert_eq!(others.len(), 2);
-        // The previous module version's rows (no format line) are not misread as work.
+        // Previous module versions' rows (no format line, or board/2) are not misread as work.
         assert!(Board::decode(b"1 5 a:1=2\n").others(0, 6, 100).is_empty());
+        assert!(Board::decode(b"kvroute-board/2\n1 5 a:1=2/10/1\n")
+            .others(0, 6, 100)
+            .is_empty());
     }
 }

@@ -1,0 +1,148 @@
+//! How fast each pod works: the first-token cost learned from this VM's own first bytes
+//! (`crate::scheduler::cost`) merged with the other VMs' from the fits board, and each pod's
+//! inter-token latency.
+
+use super::{FirstToken, Router};
+use crate::config::{Config, Role};
+use crate::scheduler::cost::{self, Coefficients, CostFit};
+use crate::state::fits::PodFit;
+use hashbrown::HashMap;
+
+/// Weight of the newest stream in a pod's running mean of inter-token latency.
+const ITL_ALPHA: f64 = 0.1;
+
+impl Router {
+    /// The cost model `addr` is predicted with: every VM's fit, weighted by samples. A pod nobody
+    /// has timed yet predicts like the timed pods of its role on average (pods of one pool are
+    /// usually alike, and a prior far from them would make an untimed pod look much faster or
+    /// slower than it is until its first requests); with no timed pod at all, the configured prior
+    /// (plus the split overhead for a prefill pod).
+    pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
+        let (own, samples) = self.own_cost(addr);
+        if samples > 0.0 {
+            return own;
+        }
+        let role = self
+            .load
+            .pods
+            .iter()
+            .find(|p| p.addr == addr)
+            .map(|p| p.role);
+        let peers = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| Some(p.role) == role && p.addr != addr)
+            .map(|p| self.own_cost(&p.addr))
+            .filter(|(_, n)| *n > 0.0);
+        cost::merge(self.prior_of(config, addr), peers)
+    }
+
+    /// `addr`'s own model from every VM's samples, and how many samples that is.
+    fn own_cost(&self, addr: &str) -> (Coefficients, f64) {
+        let own = self.fits.get(addr).map(|f| (f.coefficients(), f.samples()));
+        let others = self
+            .others_fits
+            .get(addr)
+            .into_iter()
+            .flatten()
+            .map(|f| (f.cost, f.samples));
+        let fits: Vec<(Coefficients, f64)> = own.into_iter().chain(others).collect();
+        let samples = fits.iter().map(|(_, n)| n).sum();
+        (cost::merge(Coefficients::default(), fits), samples)
+    }
+
+    pub(super) fn prior_of(&self, config: &Config, addr: &str) -> Coefficients {
+        let mut prior = config.prediction.prior;
+        if self
+            .load
+            .pods
+            .iter()
+            .any(|p| p.addr == addr && p.role == Role::Prefill)
+        {
+            prior.overhead_ms += config.pd.split_overhead_ms;
+        }
+        prior
+    }
+
+    /// Learns from a first byte: the request's features at routing time and how long it took.
+    pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
+        let mut learning = config.prediction.learning();
+        learning.prior = self.prior_of(config, &first.addr);
+        self.fits
+            .entry_ref(first.addr.as_str())
+            .or_insert_with(|| CostFit::new(&learning))
+            .observe(&learning, first.tokens, first.decoding, observed_ms);
+    }
+
+    /// `addr`'s inter-token latency: the mean of what this VM and the others timed.
+    pub(super) fn itl_of(&self, addr: &str) -> Option<f64> {
+        let values: Vec<f64> = self
+            .itl_ms
+            .get(addr)
+            .copied()
+            .into_iter()
+            .chain(
+                self.others_fits
+                    .get(addr)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.itl_ms),
+            )
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    }
+
+    /// A stream on `addr` delivered its tokens `itl_ms` apart on average.
+    pub fn observe_itl(&mut self, addr: &str, itl_ms: f64) {
+        let known = self.slot_of.contains_key(addr);
+        if !(itl_ms.is_finite() && itl_ms >= 0.0 && known) {
+            return;
+        }
+        let mean = self.itl_ms.entry_ref(addr).or_insert(itl_ms);
+        *mean = *mean * (1.0 - ITL_ALPHA) + itl_ms * ITL_ALPHA;
+    }
+
+    /// This VM's fits and inter-token latencies, for its row on the fits board.
+    pub fn own_fits(&self) -> Vec<PodFit> {
+        let mut out: Vec<PodFit> = self
+            .fits
+            .iter()
+            .map(|(a, f)| PodFit {
+                addr: a.clone(),
+                cost: f.coefficients(),
+                samples: f.samples(),
+                itl_ms: self.itl_ms.get(a).copied(),
+            })
+            .collect();
+        for (addr, itl) in &self.itl_ms {
+            if !self.fits.contains_key(addr) {
+                out.push(PodFit {
+                    addr: addr.clone(),
+                    cost: Coefficients::default(),
+                    samples: 0.0,
+                    itl_ms: Some(*itl),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.addr.cmp(&b.addr));
+        out
+    }
+
+    /// Samples behind `addr`'s model, every VM's together (for the stats).
+    pub fn fit_samples(&self, addr: &str) -> f64 {
+        let own = self.fits.get(addr).map_or(0.0, |f| f.samples());
+        let others: f64 = self
+            .others_fits
+            .get(addr)
+            .into_iter()
+            .flatten()
+            .map(|f| f.samples)
+            .sum();
+        own + others
+    }
+
+    pub fn set_others_fits(&mut self, others: HashMap<String, Vec<PodFit>>) {
+        self.others_fits = others;
+    }
+}

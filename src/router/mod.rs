@@ -1,0 +1,284 @@
+//! One VM's routing state and the request-path entry points. The host glue feeds it shared data,
+//! request bodies and first-byte times; it answers with decisions. No host calls here, so all of it
+//! runs natively in tests. One concern per file, each an `impl Router` over the state below:
+//!
+//! * `mod.rs` — the state, the load table's adoption, and the decision: [`Router::route`] ranks one
+//!   role's pods, [`Router::plan`] adds the prefill/decode split;
+//! * `index.rs` — what the pods hold: a request's block hashes, this VM's copy of the prefix index
+//!   (observations, pages, snapshots), and the check of the index against what responses report;
+//! * `work.rs` — the work the pods have to do first: this VM's requests in flight and prefills not
+//!   yet at their first byte, and the other VMs' from the work board;
+//! * `fits.rs` — how fast each pod works: the learned first-token cost and inter-token latency,
+//!   this VM's and the other VMs' from the fits board.
+
+mod fits;
+mod index;
+mod work;
+
+pub use crate::pd::{PdOutcome, PdPlan};
+pub use index::{Blocks, CacheExpectation, CacheVerdict, Tokenizer, MAX_BLOCKS_PER_REQUEST};
+
+use crate::config::{Config, Role};
+use crate::health::{health_of, Health};
+use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
+use crate::scheduler::cost::CostFit;
+use crate::scheduler::predict::head_progress;
+use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
+use crate::state::fits::PodFit;
+use crate::state::inflight::PodWork;
+use crate::state::load::{LoadTable, PodLoad};
+use crate::vm::prom::PodMetrics;
+use hashbrown::HashMap;
+use work::{PendingPrefill, DEFAULT_TYPICAL_TOKENS};
+
+#[derive(Default)]
+pub struct Router {
+    index: PrefixIndex,
+    slot_of: HashMap<String, usize>,
+    load: LoadTable,
+    /// This VM's unfinished requests per pod, live.
+    local_inflight: HashMap<String, u32>,
+    /// This VM's prefills not yet at their first byte.
+    pending: Vec<PendingPrefill>,
+    next_pending_id: u64,
+    /// Every other VM's unfinished work per pod, from the work board.
+    others_work: HashMap<String, PodWork>,
+    /// This VM's own cost fits, learned from its own requests' first bytes.
+    fits: HashMap<String, CostFit>,
+    /// Every other VM's fits, from the fits board.
+    others_fits: HashMap<String, Vec<PodFit>>,
+    /// Running mean of the uncached tokens of the requests this VM routed.
+    typical_tokens: Option<f64>,
+    /// Running mean of each pod's inter-token latency, from the streams this VM timed.
+    itl_ms: HashMap<String, f64>,
+    /// Sequence number of the last delta page applied.
+    pub applied_page: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub decision: Decision,
+    /// `None` where the pool is not split into prefill and decode (or an aggregated pod was chosen).
+    pub pd: Option<PdPlan>,
+    /// Every candidate's metrics were stale (see `crate::health`).
+    pub observer_suspect: bool,
+}
+
+/// Whose prefill a routed request is and what was predicted for it: what the work board carries
+/// until its first byte, and what that first byte teaches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstToken {
+    /// The pod that prefills (the prefill pod of a split request).
+    pub addr: String,
+    pub uncached_tokens: f64,
+    /// The model's features at routing time: tokens ahead + uncached, sequences decoding.
+    pub tokens: f64,
+    pub decoding: f64,
+    pub predicted_ms: f64,
+}
+
+impl Plan {
+    pub fn first_token(&self) -> Option<FirstToken> {
+        let choice = match (&self.pd, &self.decision) {
+            (
+                Some(PdPlan {
+                    prefill: Some(p), ..
+                }),
+                _,
+            ) => p,
+            (_, Decision::Route { ranked, .. }) => ranked.first()?,
+            _ => return None,
+        };
+        let p = &choice.prediction;
+        Some(FirstToken {
+            addr: choice.addr.clone(),
+            uncached_tokens: p.uncached_tokens,
+            tokens: p.tokens_ahead + p.uncached_tokens,
+            decoding: p.decoding,
+            predicted_ms: p.ttft_ms,
+        })
+    }
+}
+
+impl Router {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn load_table(&self) -> &LoadTable {
+        &self.load
+    }
+
+    /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
+    /// capacities follow what the pods report.
+    pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
+        let removed: Vec<String> = self
+            .slot_of
+            .keys()
+            .filter(|addr| !table.pods.iter().any(|p| &p.addr == *addr))
+            .cloned()
+            .collect();
+        for addr in removed {
+            if let Some(slot) = self.slot_of.remove(&addr) {
+                self.index.clear_slot(slot);
+            }
+        }
+        self.fits
+            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
+        self.itl_ms
+            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
+        for pod in &table.pods {
+            let slot = match self.slot_of.get(&pod.addr) {
+                Some(&s) => s,
+                None => {
+                    let Some(free) =
+                        (0..MAX_SLOTS).find(|s| !self.slot_of.values().any(|v| v == s))
+                    else {
+                        continue;
+                    };
+                    self.slot_of.insert(pod.addr.clone(), free);
+                    free
+                }
+            };
+            let capacity = pod.capacity_blocks(
+                config.block.tokens_per_block,
+                config.default_pod_capacity_blocks,
+                config.max_pod_capacity_blocks,
+            );
+            self.index.set_capacity(slot, capacity);
+        }
+        self.load = table;
+    }
+
+    pub fn route(
+        &self,
+        config: &Config,
+        model: &str,
+        roles: &[Role],
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+    ) -> Decision {
+        self.route_judging_health(config, model, roles, blocks, hints, now_ms)
+            .0
+    }
+
+    /// [`Self::route`], and whether every candidate's metrics were stale (then the last known
+    /// figures were used: the observer is suspect, see `crate::health`).
+    fn route_judging_health(
+        &self,
+        config: &Config,
+        model: &str,
+        roles: &[Role],
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+    ) -> (Decision, bool) {
+        let lengths = self.index.match_lengths(&blocks.hashes, MAX_SLOTS);
+        let of_role: Vec<(&PodLoad, Health)> = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| roles.contains(&p.role))
+            .map(|p| (p, health_of(p, now_ms, config.stale_after_ms)))
+            .collect();
+        let observer_suspect = of_role.iter().any(|(_, h)| *h == Health::Stale)
+            && !of_role.iter().any(|(_, h)| *h == Health::Fresh);
+        let pods: Vec<PodView> = of_role
+            .into_iter()
+            .map(|(p, health)| {
+                let work = self.work(&p.addr);
+                let cost = self.cost_of(config, &p.addr);
+                // A stale pod's figures are as old as its last answer: routed on the board alone,
+                // unless every pod is stale (then all are equally old, and better than nothing).
+                let polled = if health == Health::Stale && !observer_suspect {
+                    PodMetrics::default()
+                } else {
+                    p.metrics.clone()
+                };
+                PodView {
+                    addr: &p.addr,
+                    role: p.role,
+                    health,
+                    waiting: polled.waiting,
+                    running: polled.running,
+                    kv_usage: polled.kv_usage,
+                    inflight: f64::from(work.inflight),
+                    queued_tokens: work.prefill_tokens as f64 - head_progress(&work, &cost, now_ms),
+                    queued_requests: f64::from(work.prefill_requests),
+                    cost,
+                    itl_ms: self.itl_of(&p.addr),
+                    models: &p.serves,
+                    matched_blocks: self
+                        .slot_of
+                        .get(&p.addr)
+                        .and_then(|&s| lengths.get(s).copied())
+                        .unwrap_or(0),
+                }
+            })
+            .collect();
+        let decision = decide(
+            config,
+            &pods,
+            &RouteRequest {
+                model,
+                roles,
+                block_hashes: &blocks.hashes,
+                prompt_tokens: blocks.prompt_tokens,
+                tokens_per_block: config.block.tokens_per_block,
+                affinity_key: blocks.affinity_key,
+                typical_tokens: self.typical_tokens.unwrap_or(DEFAULT_TYPICAL_TOKENS),
+                hints,
+            },
+        );
+        (decision, observer_suspect)
+    }
+
+    /// The full decision for a request: the decode (or aggregated) pod with fallbacks, and, where
+    /// pools are split into prefill and decode, whether and where to prefill (see `crate::pd`).
+    pub fn plan(
+        &self,
+        config: &Config,
+        model: &str,
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+    ) -> Plan {
+        let split = config.pools.iter().any(|p| p.role == Role::Decode);
+        let roles: &[Role] = if split {
+            &[Role::Decode, Role::Aggregated]
+        } else {
+            &[Role::Aggregated]
+        };
+        let (decision, observer_suspect) =
+            self.route_judging_health(config, model, roles, blocks, hints, now_ms);
+        let decode = match &decision {
+            Decision::Route { ranked, .. } if split => ranked.first(),
+            _ => None,
+        };
+        let on_decode_pod = decode.filter(|c| {
+            self.load
+                .pods
+                .iter()
+                .any(|p| p.addr == c.addr && p.role == Role::Decode)
+        });
+        let Some(decode) = on_decode_pod else {
+            return Plan {
+                decision,
+                pd: None,
+                observer_suspect,
+            };
+        };
+        let pd = crate::pd::plan_split(self, config, model, blocks, hints, now_ms, decode);
+        Plan {
+            pd: Some(pd),
+            decision,
+            observer_suspect,
+        }
+    }
+}
+
+#[cfg(test)]
+mod pd_tests;
+#[cfg(test)]
+mod tests;

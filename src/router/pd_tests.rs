@@ -1,0 +1,189 @@
+use super::*;
+use crate::state::load::PodLoad;
+use crate::state::messages::Observation;
+use crate::vm::prom::PodMetrics;
+
+fn pd_config() -> Config {
+    Config::parse(
+        br#"{"pools":[{"name":"p","role":"prefill","endpoints":["10.0.0.1:1","10.0.0.2:1"]},
+                      {"name":"d","role":"decode","endpoints":["10.0.1.1:1"]}]}"#,
+    )
+    .unwrap()
+}
+
+fn router(cfg: &Config, prefill_waiting: f64) -> Router {
+    router_with_streams(cfg, prefill_waiting, 0.0)
+}
+
+fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) -> Router {
+    let mut pods = Vec::new();
+    for pool in &cfg.pools {
+        for ep in &pool.endpoints {
+            pods.push(PodLoad {
+                addr: ep.clone(),
+                role: pool.role,
+                pool: String::new(),
+                metrics_at_ms: 100,
+                failing: false,
+                // Decode pods run their streams; only queues count as pressure.
+                metrics: PodMetrics {
+                    waiting: if pool.role == Role::Prefill {
+                        prefill_waiting
+                    } else {
+                        0.0
+                    },
+                    running: if pool.role == Role::Decode {
+                        decode_running
+                    } else {
+                        0.0
+                    },
+                    ..PodMetrics::default()
+                },
+                capacity_hint_blocks: None,
+                served: Vec::new(),
+                serves: Vec::new(),
+                late: false,
+                ejected_until_ms: 0,
+            });
+        }
+    }
+    let mut r = Router::new();
+    r.apply_load_table(
+        cfg,
+        LoadTable {
+            format: crate::state::load::LOAD_FORMAT,
+            version: 1,
+            published_ms: 100,
+            pods,
+        },
+    );
+    r
+}
+
+fn blocks(tokens: u64) -> Blocks {
+    Blocks {
+        hashes: (1..=tokens / 16).collect(),
+        affinity_key: 1,
+        prompt_tokens: tokens,
+    }
+}
+
+#[test]
+fn long_uncached_prompts_get_a_prefill_pod_short_ones_do_not() {
+    let cfg = pd_config();
+    let r = router(&cfg, 0.0);
+    let long = r.plan(&cfg, "m", &blocks(8000), Hints::default(), 100);
+    let Decision::Route { ranked, .. } = &long.decision else {
+        panic!()
+    };
+    assert_eq!(ranked[0].addr, "10.0.1.1:1", "decode pod first");
+    let pd = long.pd.unwrap();
+    assert_eq!(pd.outcome, PdOutcome::Disaggregated);
+    assert!(pd.prefill.unwrap().addr.starts_with("10.0.0."));
+    let short = r
+        .plan(&cfg, "m", &blocks(100), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(short.outcome, PdOutcome::LocalCheaper);
+    assert!(short.prefill.is_none());
+}
+
+#[test]
+fn a_prompt_cached_on_the_decode_pod_stays_there() {
+    let cfg = pd_config();
+    let mut r = router(&cfg, 0.0);
+    let b = blocks(8000);
+    r.observe(&Observation {
+        addr: "10.0.1.1:1".into(),
+        hashes: b.hashes.clone(),
+    });
+    let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+    assert_eq!(pd.uncached_tokens, 0.0);
+    assert_eq!(pd.outcome, PdOutcome::LocalCheaper);
+}
+
+#[test]
+fn a_busy_prefill_pool_keeps_prefills_local_and_a_dead_one_means_decode_only() {
+    let cfg = pd_config();
+    let idle = router(&cfg, 0.0)
+        .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(idle.outcome, PdOutcome::Disaggregated);
+    // Each prefill pod reports 12 waiting requests the gateway did not send.
+    let busy = router(&cfg, 12.0)
+        .plan(&cfg, "m", &blocks(1000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert!(busy.split_cost_ms.unwrap() > idle.split_cost_ms.unwrap());
+    assert_eq!(busy.outcome, PdOutcome::LocalCheaper);
+    let mut dead = router(&cfg, 0.0);
+    let mut table = dead.load_table().clone();
+    for p in table.pods.iter_mut().filter(|p| p.role == Role::Prefill) {
+        p.failing = true;
+    }
+    dead.apply_load_table(&cfg, table);
+    let pd = dead
+        .plan(&cfg, "m", &blocks(8000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.outcome, PdOutcome::NoPrefillPod);
+}
+
+#[test]
+fn a_long_prompt_beside_running_streams_is_split_but_not_on_an_idle_short_one() {
+    let cfg = pd_config();
+    // 20 streams decode on the decode pod: a 300-token prefill there stalls every one of them,
+    // so even a short prompt is cheaper on a prefill pod ...
+    let r = router_with_streams(&cfg, 0.0, 20.0);
+    let pd = r
+        .plan(&cfg, "m", &blocks(300), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.outcome, PdOutcome::Disaggregated, "{pd:?}");
+    // ... but a handful of tokens are not worth a split's overhead ...
+    let pd = r
+        .plan(&cfg, "m", &blocks(16), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.outcome, PdOutcome::LocalCheaper, "{pd:?}");
+    // ... and without streams to stall, 300 tokens stay local too.
+    let pd = router(&cfg, 0.0)
+        .plan(&cfg, "m", &blocks(300), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.outcome, PdOutcome::LocalCheaper, "{pd:?}");
+}
+
+#[test]
+fn without_a_split_there_is_no_pd_plan() {
+    let cfg = Config::parse(br#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#).unwrap();
+    let r = router(&cfg, 0.0);
+    assert_eq!(
+        r.plan(&cfg, "m", &blocks(8000), Hints::default(), 100).pd,
+        None
+    );
+}
+
+#[test]
+fn a_context_only_the_decode_pod_holds_is_prefilled_there() {
+    let cfg = pd_config();
+    let mut r = router(&cfg, 0.0);
+    let b = blocks(12_000);
+    // The decode pod holds all but the last 1,000 tokens; no prefill pod holds any of it.
+    let held = (12_000 - 1_000) / 16;
+    r.observe(&Observation {
+        addr: "10.0.1.1:1".into(),
+        hashes: b.hashes[..held].to_vec(),
+    });
+    let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+    assert_eq!(pd.outcome, PdOutcome::LocalCheaper);
+    // Once a prefill pod holds the context too, the split pays again.
+    r.observe(&Observation {
+        addr: "10.0.0.1:1".into(),
+        hashes: b.hashes[..held].to_vec(),
+    });
+    let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+    assert_eq!(pd.outcome, PdOutcome::Disaggregated);
+    assert_eq!(pd.prefill.unwrap().addr, "10.0.0.1:1");
+}

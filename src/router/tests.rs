@@ -1,0 +1,472 @@
+use super::work::MAX_PENDING;
+use super::*;
+use crate::config::BlockMode;
+use crate::flow::parse::RequestView;
+use crate::flow::parse::{parse, Endpoint};
+use crate::scheduler::Decision;
+use crate::state::load::PodLoad;
+use crate::state::messages::{Observation, Page};
+use crate::vm::prom::PodMetrics;
+
+fn table(addrs: &[&str], now: u64) -> LoadTable {
+    LoadTable {
+        format: crate::state::load::LOAD_FORMAT,
+        version: 1,
+        published_ms: now,
+        pods: addrs
+            .iter()
+            .map(|a| PodLoad {
+                addr: a.to_string(),
+                role: Role::Aggregated,
+                pool: String::new(),
+                metrics_at_ms: now,
+                failing: false,
+                metrics: PodMetrics {
+                    block_size: Some(16),
+                    num_gpu_blocks: Some(1024),
+                    ..PodMetrics::default()
+                },
+                capacity_hint_blocks: None,
+                served: Vec::new(),
+                serves: Vec::new(),
+                late: false,
+                ejected_until_ms: 0,
+            })
+            .collect(),
+    }
+}
+
+fn primary(d: &Decision) -> String {
+    match d {
+        Decision::Route { ranked, .. } => ranked[0].addr.clone(),
+        Decision::NoEndpoint(r) => panic!("{r:?}"),
+    }
+}
+
+fn chat(system: &str, user: &str) -> RequestView {
+    let body = serde_json::json!({"model":"m","messages":[{"role":"system","content":system},{"role":"user","content":user}]});
+    parse(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn a_shared_prefix_follows_the_first_choice() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
+    let system = "You are a helpful assistant. ".repeat(100);
+    let first = Router::blocks(&cfg, &chat(&system, "question one"), None);
+    let d = r.route(
+        &cfg,
+        "m",
+        &[Role::Aggregated],
+        &first,
+        Hints::default(),
+        100,
+    );
+    let pod = primary(&d);
+    r.observe(&Observation {
+        addr: pod.clone(),
+        hashes: first.hashes.clone(),
+    });
+    // The chosen pod is now a little busier than the others; the prefix keeps it first.
+    let mut busier = table(&["a:1", "b:1", "c:1", "d:1"], 100);
+    busier
+        .pods
+        .iter_mut()
+        .find(|p| p.addr == pod)
+        .unwrap()
+        .metrics
+        .running = 4.0;
+    r.apply_load_table(&cfg, busier);
+    let mut followed = 0;
+    for i in 0..20 {
+        let b = Router::blocks(&cfg, &chat(&system, &format!("another question {i}")), None);
+        if primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)) == pod {
+            followed += 1;
+        }
+    }
+    // Without the observation the same load sends it elsewhere.
+    let mut fresh = Router::new();
+    let mut busier = table(&["a:1", "b:1", "c:1", "d:1"], 100);
+    busier
+        .pods
+        .iter_mut()
+        .find(|p| p.addr == pod)
+        .unwrap()
+        .metrics
+        .running = 4.0;
+    fresh.apply_load_table(&cfg, busier);
+    assert_ne!(
+        primary(&fresh.route(
+            &cfg,
+            "m",
+            &[Role::Aggregated],
+            &first,
+            Hints::default(),
+            100
+        )),
+        pod
+    );
+    assert_eq!(followed, 20);
+}
+
+#[test]
+fn removed_pods_leave_the_index_and_stale_tables_still_route() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    r.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: vec![1, 2, 3],
+    });
+    assert_eq!(r.index_entries(), 3);
+    r.apply_load_table(&cfg, table(&["b:1"], 100));
+    assert_eq!(r.index_entries(), 0);
+    assert_eq!(r.slot_of("a:1"), None);
+    let b = Router::blocks(&cfg, &chat("x", "y"), None);
+    let late = 100 + cfg.stale_after_ms + 1;
+    let plan = r.plan(&cfg, "m", &b, Hints::default(), late);
+    assert_eq!(
+        primary(&plan.decision),
+        "b:1",
+        "stale metrics are not a dead pod"
+    );
+    assert!(
+        plan.observer_suspect,
+        "every pod is stale: the observer is suspect"
+    );
+    let mut failing = table(&["b:1"], 100);
+    failing.pods[0].failing = true;
+    r.apply_load_table(&cfg, failing);
+    assert_eq!(
+        r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100),
+        Decision::NoEndpoint(crate::scheduler::Rejection::NoneHealthy)
+    );
+}
+
+#[test]
+fn snapshot_reproduces_the_index() {
+    let cfg = Config::default();
+    let mut a = Router::new();
+    a.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    a.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: vec![1, 2, 3],
+    });
+    a.observe(&Observation {
+        addr: "b:1".into(),
+        hashes: vec![1, 9],
+    });
+    let mut b = Router::new();
+    b.apply_load_table(&cfg, table(&["b:1", "a:1"], 100));
+    b.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: vec![77],
+    });
+    b.load_snapshot(&a.snapshot(5));
+    assert_eq!(b.applied_page, 5);
+    assert_eq!(
+        b.index().match_lengths(&[1, 2, 3], 64)[b.slot_of("a:1").unwrap()],
+        3
+    );
+    assert_eq!(
+        b.index().match_lengths(&[1, 9], 64)[b.slot_of("b:1").unwrap()],
+        2
+    );
+    assert_eq!(
+        b.index().match_lengths(&[77], 64)[b.slot_of("a:1").unwrap()],
+        0
+    );
+    assert_eq!(
+        a.index()
+            .slot_blocks_oldest_first(a.slot_of("a:1").unwrap()),
+        b.index()
+            .slot_blocks_oldest_first(b.slot_of("a:1").unwrap())
+    );
+}
+
+#[test]
+fn other_vms_work_counts_as_soon_as_the_board_is_read() {
+    use crate::state::inflight::Board;
+    let cfg = Config::default();
+    let (mut vm1, mut vm2) = (Router::new(), Router::new());
+    for r in [&mut vm1, &mut vm2] {
+        r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    }
+    let mut board = Board::default();
+    vm1.inflight_start("a:1");
+    vm1.inflight_start("a:1");
+    let first = FirstToken {
+        addr: "a:1".into(),
+        uncached_tokens: 3000.0,
+        tokens: 3000.0,
+        decoding: 0.0,
+        predicted_ms: 100.0,
+    };
+    let id = vm1.prefill_start(&first, 100, None);
+    board.put_row(1, 100, &vm1.own_work(), 3000);
+    vm2.inflight_start("a:1");
+    vm2.set_others_work(board.others(2, 100, 3000));
+    let w = vm2.work("a:1");
+    assert_eq!(
+        (w.inflight, w.prefill_tokens, w.prefill_requests),
+        (3, 3000, 1)
+    );
+    assert_eq!(vm2.work("b:1"), PodWork::default());
+    // The other VM's queued prefill makes a new prompt cheaper on the idle pod.
+    let b = Router::blocks(&cfg, &chat("fresh", "prompt"), None);
+    assert_eq!(
+        primary(&vm2.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)),
+        "b:1"
+    );
+    assert!(vm1.prefill_done(id, 150));
+    assert!(!vm1.prefill_done(id, 150), "done once");
+    vm1.inflight_end("a:1");
+    vm1.inflight_end("a:1");
+    assert!(vm1.own_work().is_empty(), "finished requests leave the row");
+}
+
+#[test]
+fn a_reported_miss_trims_what_the_pod_evidently_lost() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    let older = Router::blocks(&cfg, &chat(&"older tenant ".repeat(200), "q"), None);
+    let newer = Router::blocks(&cfg, &chat(&"newer tenant ".repeat(200), "q"), None);
+    for b in [&older, &newer] {
+        r.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: b.hashes.clone(),
+        });
+    }
+    let slot = r.slot_of("a:1").unwrap();
+    let matched = r.index().match_lengths(&newer.hashes, 64)[slot];
+    let expected = r.expect_cache("a:1", &newer, matched).unwrap();
+    assert_eq!(expected.matched_blocks, newer.hashes.len());
+    assert!(
+        r.expect_cache("b:1", &newer, 0).is_none(),
+        "b holds nothing"
+    );
+    // Routing observes the prompt again (the pod recomputes it) ...
+    r.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: newer.hashes.clone(),
+    });
+    // ... a report that matches changes nothing ...
+    let prompt = newer.prompt_tokens;
+    assert_eq!(
+        r.on_cache_report(&expected, prompt - 10, prompt),
+        CacheVerdict::Confirmed
+    );
+    assert_eq!(
+        r.index().match_lengths(&older.hashes, 64)[slot],
+        older.hashes.len()
+    );
+    // ... but "nothing cached" means the pod's LRU dropped the newer prompt, so the older one
+    // is surely gone too; what was touched since (this request's own blocks) stays.
+    let CacheVerdict::Evicted { blocks, lost } = r.on_cache_report(&expected, 0, prompt) else {
+        panic!("not detected")
+    };
+    assert_eq!(blocks, newer.hashes.len() as u32);
+    let mut lost_sorted = lost.clone();
+    lost_sorted.sort();
+    let mut older_sorted = older.hashes.clone();
+    older_sorted.sort();
+    older_sorted.dedup();
+    assert_eq!(
+        lost_sorted, older_sorted,
+        "exactly the older prompt's blocks"
+    );
+    assert_eq!(r.index().match_lengths(&older.hashes, 64)[slot], 0);
+    assert_eq!(
+        r.index().match_lengths(&newer.hashes, 64)[slot],
+        newer.hashes.len()
+    );
+    // The leader publishes the hint; every VM's index capacity follows it.
+    let mut t = table(&["a:1", "b:1"], 100);
+    t.pods[0].capacity_hint_blocks = Some(5);
+    r.apply_load_table(&cfg, t);
+    assert_eq!(r.index().blocks_held(slot), 5);
+}
+
+#[test]
+fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1"], 100));
+    let first = |tokens: f64| FirstToken {
+        addr: "a:1".into(),
+        uncached_tokens: tokens,
+        tokens,
+        decoding: 0.0,
+        predicted_ms: 1e6,
+    };
+    let head = r.prefill_start(&first(4000.0), 1000, None);
+    r.prefill_start(&first(2000.0), 1500, None);
+    let w = r.work("a:1");
+    assert_eq!(
+        (w.prefill_tokens, w.head_since_ms, w.head_tokens),
+        (6000, 1000, 4000)
+    );
+    let cost = r.cost_of(&cfg, "a:1");
+    let per_ms = 1e3 / cost.us_per_token;
+    let at = |ms: f64| 1000 + (cost.overhead_ms + ms) as u64;
+    assert_eq!(head_progress(&w, &cost, 1000), 0.0, "nothing done at once");
+    let half = head_progress(&w, &cost, at(2000.0 / per_ms));
+    assert!((half - 2000.0).abs() < per_ms + 1.0, "{half}");
+    assert_eq!(
+        head_progress(&w, &cost, at(1e7)),
+        4000.0,
+        "at most the whole head"
+    );
+    // The next prefill becomes the head when the first ends, computing only since then.
+    assert!(r.prefill_done(head, 9000));
+    let w = r.work("a:1");
+    assert_eq!((w.head_since_ms, w.head_tokens), (9000, 2000));
+    assert_eq!(head_progress(&w, &cost, 9000), 0.0);
+}
+
+#[test]
+fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1"], 100));
+    let first = FirstToken {
+        addr: "a:1".into(),
+        uncached_tokens: 10.0,
+        tokens: 10.0,
+        decoding: 0.0,
+        predicted_ms: 100.0,
+    };
+    r.prefill_start(&first, 1000, None);
+    assert!(!r.expire_prefills(1000 + 200));
+    assert!(r.expire_prefills(1000 + 251), "2 × 100 ms + 50 ms margin");
+    // A streamed response shows its first byte at the first token: it stays queued until its
+    // first-byte deadline, however low the prediction ran.
+    r.prefill_start(&first, 1000, Some(5000));
+    assert!(!r.expire_prefills(1000 + 4999));
+    assert!(r.expire_prefills(1000 + 5000));
+    for _ in 0..MAX_PENDING + 10 {
+        r.prefill_start(&first, 1000, None);
+    }
+    assert_eq!(r.pending.len(), MAX_PENDING);
+}
+
+#[test]
+fn a_slow_pod_is_learned_and_gets_less_work() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["fast:1", "slow:1"], 100));
+    // Samples as the board gives them: the request's own tokens plus a queue ahead that varies.
+    for i in 0..40 {
+        let tokens = 500.0 + 800.0 * f64::from(i % 10);
+        for (addr, us) in [("fast:1", 20.0), ("slow:1", 40.0)] {
+            let first = FirstToken {
+                addr: addr.into(),
+                uncached_tokens: tokens,
+                tokens,
+                decoding: 0.0,
+                predicted_ms: 0.0,
+            };
+            r.learn(&cfg, &first, 2.0 + us * tokens / 1e3);
+        }
+    }
+    let fast = r.cost_of(&cfg, "fast:1");
+    let slow = r.cost_of(&cfg, "slow:1");
+    assert!(
+        (slow.us_per_token / fast.us_per_token - 2.0).abs() < 0.2,
+        "{fast:?} {slow:?}"
+    );
+    // Queue equal work on both: new prompts keep choosing the fast pod until its queue is
+    // about twice the slow one's.
+    let mut queued = [0u64; 2];
+    for i in 0..30 {
+        let b = Router::blocks(
+            &cfg,
+            &chat(&format!("unique {i} "), &"w ".repeat(1000)),
+            None,
+        );
+        let pod = primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100));
+        let first = FirstToken {
+            addr: pod.clone(),
+            uncached_tokens: b.prompt_tokens as f64,
+            tokens: 0.0,
+            decoding: 0.0,
+            predicted_ms: 1e9,
+        };
+        r.prefill_start(&first, 100, None);
+        queued[usize::from(pod == "slow:1")] += 1;
+    }
+    assert!(
+        queued[0] >= 18 && queued[0] <= 22,
+        "fast pod took about two thirds: {queued:?}"
+    );
+}
+
+#[test]
+fn an_observation_travels_from_one_vm_to_another() {
+    use crate::state::messages::Message;
+    let cfg = Config::default();
+    let (mut w1, mut leader, mut w2) = (Router::new(), Router::new(), Router::new());
+    for r in [&mut w1, &mut leader, &mut w2] {
+        r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
+    }
+    let blocks = Router::blocks(&cfg, &chat(&"word ".repeat(5000), "q"), None);
+    let o = Observation {
+        addr: "c:1".into(),
+        hashes: blocks.hashes.clone(),
+    };
+    w1.observe(&o);
+    let msg = Message::Observation {
+        vm: 1,
+        observation: o,
+    }
+    .encode();
+    let Some(Message::Observation { observation, .. }) = Message::decode(&msg) else {
+        panic!()
+    };
+    leader.observe(&observation);
+    let page = Page {
+        seq: 1,
+        observations: vec![observation],
+        evictions: vec![],
+    }
+    .encode();
+    w2.apply_page(&Page::decode(&page).unwrap());
+    let slot = w2.slot_of("c:1").unwrap();
+    assert_eq!(
+        w2.index().match_lengths(&blocks.hashes, 64)[slot],
+        blocks.hashes.len()
+    );
+    assert_eq!(
+        primary(&w2.route(
+            &cfg,
+            "m",
+            &[Role::Aggregated],
+            &blocks,
+            Hints::default(),
+            100
+        )),
+        "c:1"
+    );
+}
+
+struct Words;
+impl Tokenizer for Words {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        text.split_whitespace().map(|w| w.len() as u32).collect()
+    }
+}
+
+#[test]
+fn tiktoken_mode_uses_the_tokenizer() {
+    let mut cfg = Config::default();
+    cfg.block.mode = BlockMode::Tiktoken;
+    let v = chat(&"word ".repeat(64), "q");
+    let b = Router::blocks(&cfg, &v, Some(&Words));
+    assert_eq!(b.prompt_tokens, 65);
+    assert_eq!(b.hashes.len(), 4);
+    // Without a tokenizer it falls back to characters rather than failing.
+    let c = Router::blocks(&cfg, &v, None);
+    assert_eq!(c.hashes.len(), v.prompt.len() / 64);
+}

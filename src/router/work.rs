@@ -1,0 +1,145 @@
+//! The work each pod has to do first: this VM's requests in flight and its prefills not yet at
+//! their first byte (what its row on the work board carries, see `crate::state::inflight`), plus
+//! the other VMs' rows.
+
+use super::{FirstToken, Router};
+use crate::state::inflight::PodWork;
+use hashbrown::HashMap;
+
+/// A prefill this VM routed that has not produced its first byte yet.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PendingPrefill {
+    id: u64,
+    addr: String,
+    tokens: u64,
+    /// Since when the pod can have been computing it: when it was routed, or when the prefill before
+    /// it on the same pod ended, whichever is later (the board's head, see `state::inflight`).
+    since_ms: u64,
+    /// When it counts as done even without a first byte seen: a non-streaming response shows its
+    /// first byte only at the end, so the predicted first token with margin; a streamed one shows it
+    /// at the first token, so only the first-byte timeout (a safety net: `on_done` clears it too).
+    until_ms: u64,
+}
+
+/// Before any request was routed, requests a pod reports waiting that the board does not show are
+/// counted at this size.
+pub(super) const DEFAULT_TYPICAL_TOKENS: f64 = 512.0;
+/// Weight of the newest request in the running mean of request sizes.
+const TYPICAL_TOKENS_ALPHA: f64 = 0.05;
+/// A prefill with no first byte seen counts as done after its predicted TTFT times this (plus
+/// `PENDING_MARGIN_MS`): a non-streaming response only shows its first byte when it is complete.
+const PENDING_SLACK: f64 = 2.0;
+const PENDING_MARGIN_MS: u64 = 50;
+/// At most this many prefills are tracked per VM; beyond it the oldest stops counting (bounded
+/// memory whatever the traffic; a VM has far fewer requests in flight than this).
+pub(super) const MAX_PENDING: usize = 4096;
+
+impl Router {
+    /// Unfinished work on `addr`: the other VMs' rows on the board plus this VM's live state.
+    pub fn work(&self, addr: &str) -> PodWork {
+        let mut w = self.others_work.get(addr).copied().unwrap_or_default();
+        w.inflight = w
+            .inflight
+            .saturating_add(self.local_inflight.get(addr).copied().unwrap_or(0));
+        for p in self.pending.iter().filter(|p| p.addr == addr) {
+            w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
+            w.prefill_requests = w.prefill_requests.saturating_add(1);
+            w.add_head(p.since_ms, p.tokens);
+        }
+        w
+    }
+
+    pub fn inflight_start(&mut self, addr: &str) {
+        *self.local_inflight.entry_ref(addr).or_insert(0) += 1;
+    }
+
+    pub fn inflight_end(&mut self, addr: &str) {
+        if let Some(n) = self.local_inflight.get_mut(addr) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Puts a routed request's prefill on the board until [`Router::prefill_done`] (or its deadline:
+    /// `streamed_deadline_ms` after `now_ms` for a streamed response, else twice the predicted
+    /// first token); returns its handle.
+    pub fn prefill_start(
+        &mut self,
+        first: &FirstToken,
+        now_ms: u64,
+        streamed_deadline_ms: Option<u64>,
+    ) -> u64 {
+        let alpha = TYPICAL_TOKENS_ALPHA;
+        self.typical_tokens = Some(match self.typical_tokens {
+            Some(t) => t * (1.0 - alpha) + first.uncached_tokens * alpha,
+            None => first.uncached_tokens,
+        });
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.next_pending_id += 1;
+        let wait = streamed_deadline_ms
+            .unwrap_or((first.predicted_ms.max(0.0) * PENDING_SLACK) as u64 + PENDING_MARGIN_MS);
+        self.pending.push(PendingPrefill {
+            id: self.next_pending_id,
+            addr: first.addr.clone(),
+            tokens: first.uncached_tokens.max(0.0) as u64,
+            since_ms: now_ms,
+            until_ms: now_ms.saturating_add(wait),
+        });
+        self.next_pending_id
+    }
+
+    /// The prefill's first byte arrived, or the request ended: it no longer counts as queued work,
+    /// and the pod's next prefills can have been computing only since now. Returns whether it was
+    /// still counted (the board row changed).
+    pub fn prefill_done(&mut self, id: u64, now_ms: u64) -> bool {
+        let Some(at) = self.pending.iter().position(|p| p.id == id) else {
+            return false;
+        };
+        let done = self.pending.remove(at);
+        self.pending_moved_on(&done.addr, now_ms);
+        true
+    }
+
+    /// Drops prefills past their deadline; returns whether any was dropped (the row changed).
+    pub fn expire_prefills(&mut self, now_ms: u64) -> bool {
+        let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| p.until_ms <= now_ms);
+        self.pending = kept;
+        for p in &expired {
+            self.pending_moved_on(&p.addr, now_ms);
+        }
+        !expired.is_empty()
+    }
+
+    fn pending_moved_on(&mut self, addr: &str, now_ms: u64) {
+        for p in self.pending.iter_mut().filter(|p| p.addr == addr) {
+            p.since_ms = p.since_ms.max(now_ms);
+        }
+    }
+
+    /// This VM's unfinished work per pod, for its row on the work board.
+    pub fn own_work(&mut self) -> Vec<(String, PodWork)> {
+        self.local_inflight.retain(|_, n| *n > 0);
+        let mut rows: HashMap<&str, PodWork> = HashMap::new();
+        for (addr, n) in &self.local_inflight {
+            rows.entry(addr.as_str()).or_default().inflight = *n;
+        }
+        for p in &self.pending {
+            let w = rows.entry(p.addr.as_str()).or_default();
+            w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
+            w.prefill_requests = w.prefill_requests.saturating_add(1);
+            w.add_head(p.since_ms, p.tokens);
+        }
+        let mut out: Vec<(String, PodWork)> =
+            rows.into_iter().map(|(a, w)| (a.to_string(), w)).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Adopts the other VMs' work read from the board.
+    pub fn set_others_work(&mut self, others: HashMap<String, PodWork>) {
+        self.others_work = others;
+    }
+}
