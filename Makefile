@@ -60,7 +60,7 @@ toolchain:
 
 # Debian packages of the registry and Prometheus tests (docker-registry, skopeo, prometheus with
 # promtool). Best effort: where apt-get cannot install them, those tests skip and say why.
-SYSDEPS := docker-registry skopeo promtool
+SYSDEPS := docker-registry skopeo promtool prometheus
 sysdeps:
 	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \

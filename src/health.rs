@@ -425,6 +425,7 @@ mod tests {
         let mut pod = PodLoad {
             addr: "a:1".into(),
             role: Role::Aggregated,
+            pool: String::new(),
             metrics_at_ms: 0,
             failing: false,
             late: false,

@@ -1,24 +1,90 @@
 //! The names of every stat the plugin emits, declared once: each metric is an enum variant with
-//! its Envoy name, so reordering cannot mislabel one. Envoy prefixes custom Wasm metrics with
-//! `wasmcustom.` in `/stats` (`wasmcustom.kvroute.*`) and drops that prefix in `/stats/prometheus`
-//! (`kvroute_*`). Metrics are process-wide by name: every VM defines the same names and
-//! increments the same counters; gauges are set by the leader alone. Recording goes through the
-//! host port (`crate::port::Host`).
+//! its Envoy name and the labels it carries, so reordering cannot mislabel one.
+//!
+//! **Naming scheme** (what Prometheus scrapes from Envoy's `/stats/prometheus`):
+//! * Envoy exports a Wasm metric `kvroute.a.b` as `kvroute_a_b` (it drops its `wasmcustom.`
+//!   namespace and turns dots into underscores) and adds no suffix of its own, so the names here
+//!   carry Prometheus' suffixes themselves: every counter ends in `_total`, a unit follows the
+//!   quantity (`_tokens_total`, `_milliseconds`), gauges are plain counts.
+//! * Envoy's Wasm gauges and histogram samples are integers. A fraction is never fixed-point: a
+//!   mean is exported as its two integer terms (a sum and a count, divided in PromQL), a rate as
+//!   per-second integers, and a duration too short for whole seconds in the unit its name says
+//!   (histograms in milliseconds or microseconds, as Envoy's own `upstream_rq_time`). The recording
+//!   rules of `deploy/monitoring` give the seconds and the ratios.
+//! * Labels are part of the Envoy name, in Istio's tag encoding: `kvroute.pool=.=llama;.;role=.=
+//!   decode;.;requests_routed_total`. A `stats_tags` regex `(pool=\.=(.*?);\.;)` per label (plain
+//!   Envoy: `stats_config`; Istio: `extraStatTags`, which generates exactly that regex) removes each
+//!   pair from the name and makes it a label: `kvroute_requests_routed_total{pool="llama",…}`.
+//!   Without the regexes the names still work but carry their labels. [`LABELS`] lists them all.
+//! * Cardinality is bounded by configuration: `pool` and `role` by the configured pools, `model` by
+//!   the names the pods serve (any other name is not a label value), `pod` by the pools' members,
+//!   `reason` and `version` by the code.
+//!
+//! Metrics are process-wide by name: every VM defines the same names and increments the same
+//! counters; gauges are set by the leader alone. Recording goes through the host port
+//! (`crate::port::Host`).
+
+use crate::config::Role;
+
+/// Every label a kvroute series can carry: the tag names a proxy's stats configuration extracts.
+pub const LABELS: [&str; 6] = [POOL, ROLE, MODEL, REASON, POD, VERSION];
+/// The configured pool (`pools[].name`) of the pod a series is about.
+pub const POOL: &str = "pool";
+/// That pool's role: `aggregated`, `prefill` or `decode`.
+pub const ROLE: &str = "role";
+/// The request's model, where some pod serves that name.
+pub const MODEL: &str = "model";
+/// Why a request went where it did (`requests_routed_total`).
+pub const REASON: &str = "reason";
+/// A pod's `ip:port`.
+pub const POD: &str = "pod";
+/// The module's version (`build_info`).
+pub const VERSION: &str = "version";
+
+/// A series' labels: (label, value) pairs, in the order of the metric's [`Counter::labels`] (or
+/// the gauge's or histogram's).
+pub type Labels<'a> = [(&'static str, &'a str)];
+
+const POOL_ROLE: &[&str] = &[POOL, ROLE];
+const POOL_ROLE_MODEL: &[&str] = &[POOL, ROLE, MODEL];
+
+pub fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::Aggregated => "aggregated",
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+    }
+}
+
+/// The Envoy name of one series: the metric's name with its labels encoded after `kvroute.`.
+/// A value cannot end its pair early: `;` becomes `_`.
+pub fn series_name(name: &str, labels: &Labels<'_>) -> String {
+    if labels.is_empty() {
+        return name.to_string();
+    }
+    let rest = name.strip_prefix("kvroute.").unwrap_or(name);
+    let mut out = String::with_capacity(name.len() + 24 * labels.len());
+    out.push_str("kvroute.");
+    for (label, value) in labels {
+        out.push_str(label);
+        out.push_str("=.=");
+        out.extend(value.chars().map(|c| if c == ';' { '_' } else { c }));
+        out.push_str(";.;");
+    }
+    out.push_str(rest);
+    out
+}
 
 #[derive(Debug, Clone, Copy)]
 pub enum Counter {
-    /// Inference requests given a destination by kvroute.
-    Routed,
-    /// … whose primary pod already held part of the prompt.
-    RoutedPrefixHit,
-    /// … to a pod holding none of the prompt (chosen by predicted TTFT alone).
-    RoutedLoad,
+    /// Inference requests given a destination by kvroute, by `reason`: `prefix_hit` (the primary
+    /// pod already held part of the prompt), `load` (it held none; chosen by predicted TTFT
+    /// alone) or `session` (the session's pod).
+    RequestsRouted,
     /// Requests left to the cluster's own load balancer (not inference, unparsable, too large).
     Passthrough,
     /// Routable requests with no pod to take them (503 or fail-open).
     NoEndpoint,
-    /// Requests routed to their session's pod.
-    RoutedSession,
     /// Negative-priority requests refused with 429 because every pod was saturated.
     Shed,
     /// Requests refused with 400 because their priority header was not an integer.
@@ -46,7 +112,7 @@ pub enum Counter {
     Ejections,
     /// This VM became the leader.
     LeaderChanges,
-    /// Requests sent through a prefill pod and a decode pod.
+    /// Requests sent through a prefill pod and a decode pod (labelled with the decode pod's pool).
     PdDisaggregated,
     /// Requests on a split pool served by the decode pod alone (short, cached, or prefill failed).
     PdDecodeOnly,
@@ -75,7 +141,7 @@ pub enum Counter {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Gauge {
-    /// Pods that may take requests (fresh or stale metrics; not failing, not ejected).
+    /// Pods that may take requests (fresh or stale metrics; not failing, not ejected), per pool.
     PodsHealthy,
     /// Of those, pods whose metrics are stale (polls late).
     PodsStale,
@@ -85,20 +151,29 @@ pub enum Gauge {
     PodsKnown,
     /// Block hashes in the leader's prefix index.
     IndexEntries,
-    /// Mean queued (waiting) requests per prefill pod, × 1000.
-    PdPrefillPoolQueueX1000,
-    /// Mean queued requests per decode pod, × 1000.
-    PdDecodePoolQueueX1000,
-    /// 1, named after the module's version (`kvroute.build.version.<version>.info`): which
-    /// module every gateway runs, during a rollout too.
+    /// Requests waiting in the engines of the pool's pods with fresh metrics (their sum: divided
+    /// by those pods, `pods_healthy − pods_stale`, it is the mean queue the P/D split and the
+    /// autoscalers read).
+    PoolRequestsWaiting,
+    /// 1, labelled with the module's version: which module every gateway runs, during a rollout
+    /// too.
     BuildInfo,
+    /// A pod's learned fixed cost before its first token (the TTFT model's intercept), µs.
+    PodTtftOverheadUs,
+    /// A pod's learned prefill speed: uncached prompt tokens per second (the inverse of the TTFT
+    /// model's per-token cost).
+    PodPrefillTokensPerSecond,
+    /// First bytes the pod's TTFT model has learned from (decayed).
+    PodFitSamples,
 }
 
 /// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
 #[derive(Debug, Clone, Copy)]
 pub enum Histogram {
-    /// Time from the routing decision to the response's first body byte, streamed responses.
+    /// Time from the routing decision to the response's first body byte, streamed responses, ms.
     TtftMs,
+    /// kvroute's prediction of that time for the same responses, ms.
+    TtftPredictedMs,
     /// |predicted − observed| / observed time to first byte, in percent.
     TtftPredictionErrorPct,
     /// Time kvroute spent deciding one request in the filter (parse, hash, predict, pick), µs.
@@ -106,13 +181,10 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
-        Counter::Routed,
-        Counter::RoutedPrefixHit,
-        Counter::RoutedLoad,
+    pub const ALL: [Counter; 27] = [
+        Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
-        Counter::RoutedSession,
         Counter::Shed,
         Counter::BadPriority,
         Counter::SpoofedHeadersRemoved,
@@ -142,50 +214,62 @@ impl Counter {
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
     pub fn name(self) -> &'static str {
         match self {
-            Counter::Routed => "kvroute.requests_routed",
-            Counter::RoutedPrefixHit => "kvroute.routed_prefix_hit",
-            Counter::RoutedLoad => "kvroute.routed_load",
-            Counter::Passthrough => "kvroute.passthrough",
-            Counter::NoEndpoint => "kvroute.no_endpoint",
-            Counter::RoutedSession => "kvroute.routed_session",
-            Counter::Shed => "kvroute.shed",
-            Counter::BadPriority => "kvroute.bad_priority",
-            Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed",
-            Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed",
-            Counter::BodyTooLarge => "kvroute.body_too_large",
-            Counter::ParseBudgetExceeded => "kvroute.parse_budget_exceeded",
-            Counter::PollFailures => "kvroute.poll_failures",
-            Counter::PollsLate => "kvroute.health.polls_late",
-            Counter::RoutedStale => "kvroute.health.routed_stale",
-            Counter::ObserverSuspect => "kvroute.health.observer_suspect",
-            Counter::RequestFailures => "kvroute.health.request_failures",
-            Counter::Ejections => "kvroute.health.ejections",
-            Counter::LeaderChanges => "kvroute.leader_changes",
-            Counter::PdDisaggregated => "kvroute.pd.disaggregated",
-            Counter::PdDecodeOnly => "kvroute.pd.decode_only",
-            Counter::PdPrefillFailures => "kvroute.pd.prefill_failures",
-            Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected",
-            Counter::BadSlo => "kvroute.bad_slo",
-            Counter::SloPredictedMiss => "kvroute.slo.predicted_miss",
-            Counter::SloTtftMissed => "kvroute.slo.ttft_missed",
-            Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens",
-            Counter::CacheReportedTokens => "kvroute.cache.reported_tokens",
-            Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected",
-            Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn",
+            Counter::RequestsRouted => "kvroute.requests_routed_total",
+            Counter::Passthrough => "kvroute.passthrough_total",
+            Counter::NoEndpoint => "kvroute.no_endpoint_total",
+            Counter::Shed => "kvroute.shed_total",
+            Counter::BadPriority => "kvroute.bad_priority_total",
+            Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed_total",
+            Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed_total",
+            Counter::BodyTooLarge => "kvroute.body_too_large_total",
+            Counter::ParseBudgetExceeded => "kvroute.parse_budget_exceeded_total",
+            Counter::PollFailures => "kvroute.poll_failures_total",
+            Counter::PollsLate => "kvroute.health.polls_late_total",
+            Counter::RoutedStale => "kvroute.health.routed_stale_total",
+            Counter::ObserverSuspect => "kvroute.health.observer_suspect_total",
+            Counter::RequestFailures => "kvroute.health.request_failures_total",
+            Counter::Ejections => "kvroute.health.ejections_total",
+            Counter::LeaderChanges => "kvroute.leader_changes_total",
+            Counter::PdDisaggregated => "kvroute.pd.disaggregated_total",
+            Counter::PdDecodeOnly => "kvroute.pd.decode_only_total",
+            Counter::PdPrefillFailures => "kvroute.pd.prefill_failures_total",
+            Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected_total",
+            Counter::BadSlo => "kvroute.bad_slo_total",
+            Counter::SloPredictedMiss => "kvroute.slo.predicted_miss_total",
+            Counter::SloTtftMissed => "kvroute.slo.ttft_missed_total",
+            Counter::CachePredictedTokens => "kvroute.cache.predicted_tokens_total",
+            Counter::CacheReportedTokens => "kvroute.cache.reported_tokens_total",
+            Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected_total",
+            Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn_total",
+        }
+    }
+
+    /// The labels its series carry (none: one gateway-wide series, defined at start).
+    pub fn labels(self) -> &'static [&'static str] {
+        match self {
+            Counter::RequestsRouted => &[POOL, ROLE, MODEL, REASON],
+            Counter::RequestFailures
+            | Counter::PdDisaggregated
+            | Counter::PdDecodeOnly
+            | Counter::CachePredictedTokens
+            | Counter::CacheReportedTokens => POOL_ROLE_MODEL,
+            _ => &[],
         }
     }
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 8] = [
+    pub const ALL: [Gauge; 10] = [
         Gauge::PodsHealthy,
         Gauge::PodsStale,
         Gauge::PodsEjected,
         Gauge::PodsKnown,
         Gauge::IndexEntries,
-        Gauge::PdPrefillPoolQueueX1000,
-        Gauge::PdDecodePoolQueueX1000,
+        Gauge::PoolRequestsWaiting,
         Gauge::BuildInfo,
+        Gauge::PodTtftOverheadUs,
+        Gauge::PodPrefillTokensPerSecond,
+        Gauge::PodFitSamples,
     ];
 
     pub fn name(self) -> &'static str {
@@ -195,27 +279,128 @@ impl Gauge {
             Gauge::PodsEjected => "kvroute.pods_ejected",
             Gauge::PodsKnown => "kvroute.pods_known",
             Gauge::IndexEntries => "kvroute.index_entries",
-            Gauge::PdPrefillPoolQueueX1000 => "kvroute.pd.prefill_pool_queue_x1000",
-            Gauge::PdDecodePoolQueueX1000 => "kvroute.pd.decode_pool_queue_x1000",
-            Gauge::BuildInfo => {
-                concat!("kvroute.build.version.", env!("CARGO_PKG_VERSION"), ".info")
+            Gauge::PoolRequestsWaiting => "kvroute.pool_requests_waiting",
+            Gauge::BuildInfo => "kvroute.build_info",
+            Gauge::PodTtftOverheadUs => "kvroute.pod.ttft_overhead_microseconds",
+            Gauge::PodPrefillTokensPerSecond => "kvroute.pod.prefill_tokens_per_second",
+            Gauge::PodFitSamples => "kvroute.pod.fit_samples",
+        }
+    }
+
+    pub fn labels(self) -> &'static [&'static str] {
+        match self {
+            Gauge::PodsHealthy
+            | Gauge::PodsStale
+            | Gauge::PodsEjected
+            | Gauge::PodsKnown
+            | Gauge::PoolRequestsWaiting => POOL_ROLE,
+            Gauge::BuildInfo => &[VERSION],
+            Gauge::PodTtftOverheadUs | Gauge::PodPrefillTokensPerSecond | Gauge::PodFitSamples => {
+                &[POOL, ROLE, POD]
             }
+            Gauge::IndexEntries => &[],
         }
     }
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 3] = [
+    pub const ALL: [Histogram; 4] = [
         Histogram::TtftMs,
+        Histogram::TtftPredictedMs,
         Histogram::TtftPredictionErrorPct,
         Histogram::DecisionUs,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
-            Histogram::TtftMs => "kvroute.ttft_ms",
-            Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_pct",
-            Histogram::DecisionUs => "kvroute.decision_us",
+            Histogram::TtftMs => "kvroute.ttft_milliseconds",
+            Histogram::TtftPredictedMs => "kvroute.ttft_predicted_milliseconds",
+            Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_percent",
+            Histogram::DecisionUs => "kvroute.decision_microseconds",
         }
+    }
+
+    pub fn labels(self) -> &'static [&'static str] {
+        match self {
+            Histogram::TtftMs | Histogram::TtftPredictedMs => POOL_ROLE_MODEL,
+            Histogram::TtftPredictionErrorPct | Histogram::DecisionUs => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_names() -> Vec<(&'static str, &'static [&'static str])> {
+        Counter::ALL
+            .iter()
+            .map(|c| (c.name(), c.labels()))
+            .chain(Gauge::ALL.iter().map(|g| (g.name(), g.labels())))
+            .chain(Histogram::ALL.iter().map(|h| (h.name(), h.labels())))
+            .collect()
+    }
+
+    #[test]
+    fn names_follow_the_scheme() {
+        let names = all_names();
+        for (name, labels) in &names {
+            assert!(name.starts_with("kvroute."), "{name}");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.'),
+                "{name}: lower case, `_` and `.` only"
+            );
+            assert!(
+                labels.iter().all(|l| LABELS.contains(l)),
+                "{name}: a label missing from LABELS"
+            );
+        }
+        for c in Counter::ALL {
+            assert!(c.name().ends_with("_total"), "counter {}", c.name());
+        }
+        for g in Gauge::ALL {
+            assert!(!g.name().ends_with("_total"), "gauge {}", g.name());
+            assert!(!g.name().contains("x1000"), "fixed point: {}", g.name());
+        }
+        for h in Histogram::ALL {
+            let unit = ["_milliseconds", "_microseconds", "_percent"];
+            assert!(
+                unit.iter().any(|u| h.name().ends_with(u)),
+                "histogram {} names its unit",
+                h.name()
+            );
+        }
+        let mut prometheus: Vec<String> = names.iter().map(|(n, _)| n.replace('.', "_")).collect();
+        prometheus.sort();
+        prometheus.dedup();
+        assert_eq!(prometheus.len(), names.len(), "two metrics, one name");
+    }
+
+    #[test]
+    fn labels_go_after_the_namespace_in_istio_encoding() {
+        assert_eq!(
+            series_name(
+                Counter::RequestsRouted.name(),
+                &[
+                    (POOL, "llama"),
+                    (ROLE, "decode"),
+                    (MODEL, "meta-llama/Llama-3.1-8B"),
+                    (REASON, "prefix_hit")
+                ]
+            ),
+            "kvroute.pool=.=llama;.;role=.=decode;.;model=.=meta-llama/Llama-3.1-8B;.;\
+             reason=.=prefix_hit;.;requests_routed_total"
+        );
+        assert_eq!(
+            series_name(Gauge::PodFitSamples.name(), &[(POD, "10.0.0.1:8000")]),
+            "kvroute.pod=.=10.0.0.1:8000;.;pod.fit_samples"
+        );
+        assert_eq!(series_name("kvroute.shed_total", &[]), "kvroute.shed_total");
+        // A value cannot close its pair early.
+        assert_eq!(
+            series_name("kvroute.x_total", &[(MODEL, "a;.;b")]),
+            "kvroute.model=.=a_._b;.;x_total"
+        );
     }
 }

@@ -7,8 +7,7 @@
 //! proxy-wasm and keeps only Envoy's callbacks. (Kuadrant's wasm-shim keeps proxy-wasm out of its
 //! logic the same way.)
 
-use crate::metrics::{Counter, Gauge, Histogram};
-use crate::scheduler::cost::Coefficients;
+use crate::metrics::{Counter, Gauge, Histogram, Labels};
 
 /// A shared-data write lost a compare-and-swap (someone wrote in between), or the host refused it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +48,19 @@ pub trait Host {
     /// with the returned token.
     fn http_call(&mut self, call: &HttpCall) -> Option<u32>;
 
-    fn count(&mut self, counter: Counter, n: u64);
-    fn gauge(&mut self, gauge: Gauge, value: u64);
-    fn histogram(&mut self, histogram: Histogram, value: u64);
-    /// A pod's learned TTFT model, as gauges named after the pod.
-    fn pod_cost(&mut self, addr: &str, cost: &Coefficients, samples: f64);
+    /// Adds to the series of `counter` with these labels (in the order of `counter.labels()`).
+    fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64);
+    fn gauge_in(&mut self, gauge: Gauge, labels: &Labels<'_>, value: u64);
+    fn histogram_in(&mut self, histogram: Histogram, labels: &Labels<'_>, value: u64);
+
+    /// A gateway-wide counter (one without labels).
+    fn count(&mut self, counter: Counter, n: u64) {
+        self.count_in(counter, &[], n);
+    }
+    fn gauge(&mut self, gauge: Gauge, value: u64) {
+        self.gauge_in(gauge, &[], value);
+    }
+    fn histogram(&mut self, histogram: Histogram, value: u64) {
+        self.histogram_in(histogram, &[], value);
+    }
 }

@@ -2,9 +2,8 @@
 //! compare-and-swap, queues) that several VMs' [`FakeHost`] handles share, with a clock the test
 //! moves, recorded HTTP calls, counted metrics, and switches to lose compare-and-swap races.
 
-use crate::metrics::{Counter, Gauge, Histogram};
+use crate::metrics::{Counter, Gauge, Histogram, Labels};
 use crate::port::{Host, HttpCall, WriteRefused};
-use crate::scheduler::cost::Coefficients;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -27,9 +26,24 @@ pub struct FakeHost {
     pub now_us: u64,
     pub calls: Vec<(u32, HttpCall)>,
     next_call: u32,
-    pub counters: HashMap<&'static str, u64>,
-    pub gauges: HashMap<&'static str, u64>,
-    pub histograms: HashMap<&'static str, Vec<u64>>,
+    pub counters: HashMap<Series, u64>,
+    pub gauges: HashMap<Series, u64>,
+    pub histograms: HashMap<Series, Vec<u64>>,
+}
+
+/// One series: the metric's name and its labels, in order.
+pub type Series = (&'static str, Vec<(&'static str, String)>);
+
+fn series(name: &'static str, labels: &Labels<'_>) -> Series {
+    (
+        name,
+        labels.iter().map(|(l, v)| (*l, (*v).to_string())).collect(),
+    )
+}
+
+/// Whether a series' labels have this value for this label.
+fn has(labels: &[(&'static str, String)], label: &str, value: &str) -> bool {
+    labels.iter().any(|(l, v)| *l == label && v == value)
 }
 
 impl FakeHost {
@@ -49,8 +63,48 @@ impl FakeHost {
         self.now_us += ms * 1000;
     }
 
+    /// A counter summed over all its series.
     pub fn counter(&self, c: Counter) -> u64 {
-        self.counters.get(c.name()).copied().unwrap_or(0)
+        self.counters
+            .iter()
+            .filter(|((name, _), _)| *name == c.name())
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// A counter summed over its series with this label value.
+    pub fn counter_where(&self, c: Counter, label: &str, value: &str) -> u64 {
+        self.counters
+            .iter()
+            .filter(|((name, labels), _)| *name == c.name() && has(labels, label, value))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// A gauge summed over its series (a per-pool gauge: the gateway's total).
+    pub fn gauge_sum(&self, g: Gauge) -> u64 {
+        self.gauges
+            .iter()
+            .filter(|((name, _), _)| *name == g.name())
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// A gauge's series with this label value.
+    pub fn gauge_where(&self, g: Gauge, label: &str, value: &str) -> Option<u64> {
+        self.gauges
+            .iter()
+            .find(|((name, labels), _)| *name == g.name() && has(labels, label, value))
+            .map(|(_, v)| *v)
+    }
+
+    /// Every sample recorded into a histogram, over all its series.
+    pub fn histogram_samples(&self, h: Histogram) -> Vec<u64> {
+        self.histograms
+            .iter()
+            .filter(|((name, _), _)| *name == h.name())
+            .flat_map(|(_, v)| v.iter().copied())
+            .collect()
     }
 
     /// Takes the recorded calls (token, call).
@@ -132,20 +186,31 @@ impl Host for FakeHost {
         Some(self.next_call)
     }
 
-    fn count(&mut self, counter: Counter, n: u64) {
-        *self.counters.entry(counter.name()).or_default() += n;
+    fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64) {
+        check_labels(counter.name(), counter.labels(), labels);
+        *self
+            .counters
+            .entry(series(counter.name(), labels))
+            .or_default() += n;
     }
 
-    fn gauge(&mut self, gauge: Gauge, value: u64) {
-        self.gauges.insert(gauge.name(), value);
+    fn gauge_in(&mut self, gauge: Gauge, labels: &Labels<'_>, value: u64) {
+        check_labels(gauge.name(), gauge.labels(), labels);
+        self.gauges.insert(series(gauge.name(), labels), value);
     }
 
-    fn histogram(&mut self, histogram: Histogram, value: u64) {
+    fn histogram_in(&mut self, histogram: Histogram, labels: &Labels<'_>, value: u64) {
+        check_labels(histogram.name(), histogram.labels(), labels);
         self.histograms
-            .entry(histogram.name())
+            .entry(series(histogram.name(), labels))
             .or_default()
             .push(value);
     }
+}
 
-    fn pod_cost(&mut self, _addr: &str, _cost: &Coefficients, _samples: f64) {}
+/// A series is recorded with exactly the labels its metric declares, in order (tests fail on a
+/// call site that forgets one).
+fn check_labels(name: &str, declared: &[&str], labels: &Labels<'_>) {
+    let given: Vec<&str> = labels.iter().map(|(l, _)| *l).collect();
+    assert_eq!(given, declared, "labels of {name}");
 }

@@ -355,6 +355,7 @@ fn gen_table(g: &mut Gen) -> LoadTable {
         .map(|_| PodLoad {
             addr: g.addr(),
             role: [Role::Aggregated, Role::Prefill, Role::Decode][usize::from(g.u8() % 3)],
+            pool: String::new(),
             metrics_at_ms: g.u64() >> 1,
             failing: g.u8() & 1 == 1,
             late: g.u8() & 1 == 1,

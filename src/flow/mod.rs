@@ -32,10 +32,10 @@ pub mod parse;
 mod tests;
 pub mod usage;
 
-use crate::config::{HeaderName, NoEndpointPolicy};
+use crate::config::{HeaderName, NoEndpointPolicy, Role};
 use crate::headers::DEBUG;
 use crate::health::{RequestEnd, Verdict};
-use crate::metrics::{Counter, Histogram};
+use crate::metrics::{self, Counter, Histogram};
 use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
 use crate::port::{Host, HttpCall};
@@ -245,6 +245,46 @@ pub struct RequestFlow {
     rewritten_body: Option<Vec<u8>>,
     /// The host that answered, as the response headers named it ([`Self::on_upstream`]).
     upstream: Option<String>,
+    /// The routed request's metric labels (its primary pod's pool and role, its model).
+    labels: RouteLabels,
+}
+
+/// The `pool`, `role` and `model` labels of a routed request's series (see `crate::metrics`).
+#[derive(Debug, Default, Clone)]
+struct RouteLabels {
+    pool: String,
+    role: &'static str,
+    /// The request's model where some pod serves that name; empty (no label) otherwise, so a
+    /// client cannot mint series.
+    model: String,
+}
+
+impl RouteLabels {
+    fn of(vm: &Vm, addr: &str, model: &str) -> RouteLabels {
+        let table = vm.router.load_table();
+        let pod = table.pods.iter().find(|p| p.addr == addr);
+        let served = table
+            .pods
+            .iter()
+            .any(|p| p.serves.iter().any(|s| s == model));
+        RouteLabels {
+            pool: pod.map(|p| p.pool.clone()).unwrap_or_default(),
+            role: metrics::role_label(pod.map_or(Role::Aggregated, |p| p.role)),
+            model: if served {
+                model.to_string()
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    fn pairs(&self) -> [(&'static str, &str); 3] {
+        [
+            (metrics::POOL, self.pool.as_str()),
+            (metrics::ROLE, self.role),
+            (metrics::MODEL, self.model.as_str()),
+        ]
+    }
 }
 
 /// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
@@ -417,7 +457,18 @@ impl RequestFlow {
         let Some(primary) = ranked.first() else {
             return BodyOutcome::Continue;
         };
-        host.count(Counter::Routed, 1);
+        self.labels = RouteLabels::of(vm, &primary.addr, &view.model);
+        let [pool, role, model] = self.labels.pairs();
+        let reason_label = match reason {
+            RouteReason::PrefixHit => "prefix_hit",
+            RouteReason::Load => "load",
+            RouteReason::Session => "session",
+        };
+        host.count_in(
+            Counter::RequestsRouted,
+            &[pool, role, model, (metrics::REASON, reason_label)],
+            1,
+        );
         if observer_suspect {
             host.count(Counter::ObserverSuspect, 1);
         } else if primary.stale {
@@ -426,14 +477,6 @@ impl RequestFlow {
         if primary.meets_slo == Some(false) {
             host.count(Counter::SloPredictedMiss, 1);
         }
-        host.count(
-            match reason {
-                RouteReason::PrefixHit => Counter::RoutedPrefixHit,
-                RouteReason::Load => Counter::RoutedLoad,
-                RouteReason::Session => Counter::RoutedSession,
-            },
-            1,
-        );
         if vm.config.debug_header {
             self.debug = Some(explain::debug_line(
                 vm,
@@ -475,7 +518,7 @@ impl RequestFlow {
         vm.write_inflight_row(host, now);
         self.routed_to = Some(primary.addr.clone());
         if pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
-            host.count(Counter::PdDecodeOnly, 1);
+            host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
         }
         let destinations = ranked
             .iter()
@@ -530,7 +573,7 @@ impl RequestFlow {
                 self.prefill_pod = Some(prefill_addr);
             }
             _ => {
-                host.count(Counter::PdDisaggregated, 1);
+                host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
                 route.prefiller = Some(prefill_addr);
             }
         }
@@ -595,7 +638,7 @@ impl RequestFlow {
             a.learnable = false;
         }
         host.count(Counter::PdPrefillFailures, 1);
-        host.count(Counter::PdDecodeOnly, 1);
+        host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
     }
 
     /// The prefill pod answered (status 503/504 from the host: it failed or timed out).
@@ -619,7 +662,7 @@ impl RequestFlow {
         };
         match inline::answer(status, body, &original) {
             Answer::Decode(body) => {
-                host.count(Counter::PdDisaggregated, 1);
+                host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
                 PrefillOutcome::Resume(Some(body))
             }
             Answer::Refused { status, body } => {
@@ -643,7 +686,7 @@ impl RequestFlow {
                     a.learnable = false;
                 }
                 host.count(Counter::PdPrefillFailures, 1);
-                host.count(Counter::PdDecodeOnly, 1);
+                host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
                 PrefillOutcome::Resume(None)
             }
         }
@@ -652,7 +695,7 @@ impl RequestFlow {
     /// The body the host could not rewrite after a good prefill: counted as a fallback.
     pub fn on_body_not_rewritten(&mut self, host: &mut dyn Host) {
         host.count(Counter::PdPrefillFailures, 1);
-        host.count(Counter::PdDecodeOnly, 1);
+        host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
     }
 
     /// The host Envoy sent the request to, as its response headers arrive. Another than the
@@ -794,7 +837,11 @@ impl RequestFlow {
             .count();
         if failed > 0 {
             log::debug!("kvroute: a request failed on {addr}: {end:?}");
-            host.count(Counter::RequestFailures, failed as u64);
+            host.count_in(
+                Counter::RequestFailures,
+                &self.labels.pairs(),
+                failed as u64,
+            );
         }
         vm.record_verdicts(verdicts);
         if completed && self.chunks >= 3 {
@@ -820,7 +867,13 @@ impl RequestFlow {
         if awaiting.learnable && self.response_ok {
             let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
             vm.learn(&awaiting.first, observed_ms);
-            host.histogram(Histogram::TtftMs, observed_ms as u64);
+            let labels = self.labels.pairs();
+            host.histogram_in(Histogram::TtftMs, &labels, observed_ms as u64);
+            host.histogram_in(
+                Histogram::TtftPredictedMs,
+                &labels,
+                awaiting.first.predicted_ms.max(0.0) as u64,
+            );
             if self.hints.slo.ttft_ms.is_some_and(|slo| observed_ms > slo) {
                 host.count(Counter::SloTtftMissed, 1);
             }
@@ -848,11 +901,13 @@ impl RequestFlow {
             return;
         };
         let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
-        host.count(
+        let labels = self.labels.pairs();
+        host.count_in(
             Counter::CachePredictedTokens,
+            &labels,
             (share.min(1.0) * prompt as f64) as u64,
         );
-        host.count(Counter::CacheReportedTokens, cached);
+        host.count_in(Counter::CacheReportedTokens, &labels, cached);
         if let CacheVerdict::Evicted { blocks, lost } =
             vm.router.on_cache_report(&expected, cached, prompt)
         {

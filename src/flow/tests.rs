@@ -84,7 +84,7 @@ fn a_routed_request_counts_as_work_until_its_first_byte_then_teaches_the_pod() {
     assert_eq!(flow.on_response_headers(vm, host, Some("200"), false), None);
     flow.on_response_body(vm, host, 40, None, false);
     assert_eq!(
-        host.histograms[Histogram::TtftMs.name()],
+        host.histogram_samples(Histogram::TtftMs),
         vec![120],
         "routing to first byte"
     );
@@ -279,8 +279,8 @@ fn late_polls_make_figures_stale_and_refused_polls_make_pods_down() {
     let host = &c.vms[0].1;
     assert_eq!(host.counter(Counter::PollsLate), 3);
     assert_eq!(host.counter(Counter::PollFailures), 3);
-    assert_eq!(host.gauges[crate::metrics::Gauge::PodsHealthy.name()], 1);
-    assert_eq!(host.gauges[crate::metrics::Gauge::PodsStale.name()], 1);
+    assert_eq!(host.gauge_sum(crate::metrics::Gauge::PodsHealthy), 1);
+    assert_eq!(host.gauge_sum(crate::metrics::Gauge::PodsStale), 1);
     for i in 0..5 {
         let (mut flow, outcome) = send(&mut c, 0, &[], &chat_body("m", &format!("sys {i}")));
         assert_eq!(primary_of(&outcome), PODS[0], "the late pod still serves");
@@ -932,7 +932,12 @@ fn responses_requests_are_routed_and_decoded_where_routed_in_inline_pd() {
         panic!("{outcome:?}")
     };
     assert_eq!(route.destinations.split(',').next(), Some(PODS[1]));
-    assert_eq!(c.vms[0].1.counter(Counter::RoutedPrefixHit), 1);
+    assert_eq!(
+        c.vms[0]
+            .1
+            .counter_where(Counter::RequestsRouted, metrics::REASON, "prefix_hit"),
+        1
+    );
     // On a fresh pool the chat request is split.
     let mut fresh = pd_cluster("inline");
     let (_, outcome) = send_to(
@@ -944,4 +949,58 @@ fn responses_requests_are_routed_and_decoded_where_routed_in_inline_pd() {
         panic!("{outcome:?}")
     };
     assert!(route.prefill_call.is_some());
+}
+
+#[test]
+fn a_routed_request_counts_under_its_pods_pool_and_role_and_its_model_if_served() {
+    let mut c = pd_cluster("sidecar");
+    let long = "a long system prompt ".repeat(400);
+    let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", &long));
+    assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+    let host = &c.vms[0].1;
+    let routed =
+        |label: &str, value: &str| host.counter_where(Counter::RequestsRouted, label, value);
+    assert_eq!(routed(metrics::POOL, "d"), 1, "{:?}", host.counters);
+    assert_eq!(routed(metrics::ROLE, "decode"), 1);
+    assert_eq!(routed(metrics::MODEL, "m"), 1, "the pods serve `m`");
+    assert_eq!(routed(metrics::REASON, "load"), 1);
+    assert_eq!(
+        host.counter_where(Counter::PdDisaggregated, metrics::POOL, "d"),
+        1
+    );
+    // A name no pod reports is no label value (its requests route while pods list no names).
+    let labels = RouteLabels::of(&c.vms[0].0, PODS[1], "made-up-by-a-client");
+    assert_eq!((labels.pool.as_str(), labels.role), ("d", "decode"));
+    assert_eq!(labels.model, "");
+}
+
+#[test]
+fn the_leader_publishes_each_pools_pods_and_waiting_requests() {
+    let mut c = pd_cluster("sidecar");
+    c.tick();
+    let leader = c.leaders()[0];
+    let host = &c.vms[leader].1;
+    use crate::metrics::Gauge;
+    for pool in ["p", "d"] {
+        assert_eq!(
+            host.gauge_where(Gauge::PodsKnown, metrics::POOL, pool),
+            Some(1)
+        );
+        assert_eq!(
+            host.gauge_where(Gauge::PodsHealthy, metrics::POOL, pool),
+            Some(1)
+        );
+    }
+    assert_eq!(host.gauge_sum(Gauge::PodsKnown), 2);
+    assert_eq!(
+        host.gauge_where(Gauge::PodFitSamples, metrics::POD, PODS[0]),
+        Some(0)
+    );
+    assert!(host
+        .gauge_where(Gauge::PodPrefillTokensPerSecond, metrics::POD, PODS[1])
+        .is_some_and(|v| v > 0));
+    assert_eq!(
+        host.gauge_where(Gauge::PoolRequestsWaiting, metrics::ROLE, "prefill"),
+        Some(0)
+    );
 }

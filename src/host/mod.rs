@@ -7,9 +7,8 @@ mod filter;
 mod root;
 mod stats;
 
-use crate::metrics::{Counter, Gauge, Histogram};
+use crate::metrics::{Counter, Gauge, Histogram, Labels};
 use crate::port::{Host, HttpCall, WriteRefused};
-use crate::scheduler::cost::Coefficients;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
@@ -87,20 +86,16 @@ impl Host for ProxyHost {
         .ok()
     }
 
-    fn count(&mut self, counter: Counter, n: u64) {
-        self.stats.add(counter, n);
+    fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64) {
+        self.stats.add(counter, labels, n);
     }
 
-    fn gauge(&mut self, gauge: Gauge, value: u64) {
-        self.stats.set(gauge, value);
+    fn gauge_in(&mut self, gauge: Gauge, labels: &Labels<'_>, value: u64) {
+        self.stats.set(gauge, labels, value);
     }
 
-    fn histogram(&mut self, histogram: Histogram, value: u64) {
-        self.stats.record(histogram, value);
-    }
-
-    fn pod_cost(&mut self, addr: &str, cost: &Coefficients, samples: f64) {
-        self.stats.set_pod_cost(addr, cost, samples);
+    fn histogram_in(&mut self, histogram: Histogram, labels: &Labels<'_>, value: u64) {
+        self.stats.record(histogram, labels, value);
     }
 }
 

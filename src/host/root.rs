@@ -5,7 +5,7 @@ use super::filter::Filter;
 use super::ProxyHost;
 use crate::config::BlockScheme;
 use crate::config::Config;
-use crate::metrics::Gauge;
+use crate::metrics::{self, Gauge};
 use crate::port::Host;
 use crate::router::Tokenizer;
 use crate::vm::Vm;
@@ -87,7 +87,11 @@ impl RootContext for Root {
             config.poll_interval_ms
         );
         let mut host = ProxyHost::new();
-        host.gauge(Gauge::BuildInfo, 1);
+        host.gauge_in(
+            Gauge::BuildInfo,
+            &[(metrics::VERSION, env!("CARGO_PKG_VERSION"))],
+            1,
+        );
         let id = random_u64(host.now_ms());
         self.node = Some(Rc::new(RefCell::new(Node {
             vm: Vm::new(config, tokenizer, id),

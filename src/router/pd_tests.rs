@@ -25,6 +25,7 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
             pods.push(PodLoad {
                 addr: ep.clone(),
                 role: pool.role,
+                pool: String::new(),
                 metrics_at_ms: 100,
                 failing: false,
                 // Decode pods run their streams; only queues count as pressure.

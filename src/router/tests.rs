@@ -19,6 +19,7 @@ fn table(addrs: &[&str], now: u64) -> LoadTable {
             .map(|a| PodLoad {
                 addr: a.to_string(),
                 role: Role::Aggregated,
+                pool: String::new(),
                 metrics_at_ms: now,
                 failing: false,
                 metrics: PodMetrics {

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 pub struct PodLoad {
     pub addr: String,
     pub role: Role,
+    /// The configured pool (`pools[].name`) the pod belongs to: its `pool` label in the metrics.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pool: String,
     /// Time of the last successful metrics read; 0 = never.
     pub metrics_at_ms: u64,
     /// The last poll failed outright: refused or reset, non-200, or unparsable (see
@@ -122,6 +125,7 @@ mod tests {
         let mut p = PodLoad {
             addr: "a:1".into(),
             role: Role::Aggregated,
+            pool: String::new(),
             metrics_at_ms: 1000,
             failing: false,
             late: false,

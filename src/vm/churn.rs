@@ -313,7 +313,11 @@ fn a_hundred_thousand_prefixes_and_pods_coming_and_going_stay_bounded() {
         c.max_pod_blocks, POD_BLOCKS,
         "pods filled up: their LRUs evicted"
     );
-    let routed_requests: u64 = c.vms.iter().map(|(_, h)| h.counter(Counter::Routed)).sum();
+    let routed_requests: u64 = c
+        .vms
+        .iter()
+        .map(|(_, h)| h.counter(Counter::RequestsRouted))
+        .sum();
     assert!(
         routed_requests as usize > PREFIXES * 9 / 10,
         "{routed_requests} routed"

@@ -12,6 +12,8 @@ use hashbrown::HashMap;
 #[derive(Debug, Clone, PartialEq)]
 struct PodRecord {
     role: Role,
+    /// The first configured pool listing the pod.
+    pool: String,
     metrics: PodMetrics,
     metrics_at_ms: u64,
     failing: bool,
@@ -66,20 +68,22 @@ impl Leader {
     }
 
     fn sync_pods(&mut self, config: &Config) {
-        let mut wanted: Vec<(&String, Role)> = Vec::new();
+        let mut wanted: Vec<(&String, Role, &String)> = Vec::new();
         for (pool, members) in config.pools.iter().zip(&self.members) {
             for addr in members {
-                if wanted.len() < crate::config::MAX_PODS && !wanted.iter().any(|(a, _)| *a == addr)
+                if wanted.len() < crate::config::MAX_PODS
+                    && !wanted.iter().any(|(a, _, _)| *a == addr)
                 {
-                    wanted.push((addr, pool.role));
+                    wanted.push((addr, pool.role, &pool.name));
                 }
             }
         }
         self.pods
-            .retain(|addr, _| wanted.iter().any(|(a, _)| *a == addr));
-        for (addr, role) in wanted {
+            .retain(|addr, _| wanted.iter().any(|(a, _, _)| *a == addr));
+        for (addr, role, pool) in wanted {
             let record = self.pods.entry_ref(addr.as_str()).or_insert(PodRecord {
                 role,
+                pool: pool.clone(),
                 metrics: PodMetrics::default(),
                 metrics_at_ms: 0,
                 failing: false,
@@ -89,6 +93,9 @@ impl Leader {
                 models_asked_ms: 0,
             });
             record.role = role;
+            if record.pool != *pool {
+                record.pool.clone_from(pool);
+            }
         }
     }
 
@@ -232,6 +239,7 @@ impl Leader {
             .map(|(addr, r)| PodLoad {
                 addr: addr.clone(),
                 role: r.role,
+                pool: r.pool.clone(),
                 metrics_at_ms: r.metrics_at_ms,
                 failing: r.failing,
                 late: r.late,

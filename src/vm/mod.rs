@@ -16,8 +16,8 @@ pub mod models;
 pub mod prom;
 
 use crate::config::Config;
-use crate::health::{Health, Tally, Verdict};
-use crate::metrics::{Counter, Gauge};
+use crate::health::{health_of, Health, Tally, Verdict};
+use crate::metrics::{self, Counter, Gauge};
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
 use crate::state::fits::FitBoard;
@@ -442,41 +442,69 @@ impl Vm {
             let _ = host.shared_set(LOAD_KEY, &table.encode(), None);
             st.published_pods = Some(table.pods.clone());
         }
-        host.gauge(Gauge::PodsKnown, table.pods.len() as u64);
-        let health = |wanted: Health| {
-            table
-                .pods
-                .iter()
-                .filter(|p| crate::health::health_of(p, now, self.config.stale_after_ms) == wanted)
-                .count() as u64
-        };
-        let (fresh, stale) = (health(Health::Fresh), health(Health::Stale));
-        host.gauge(Gauge::PodsHealthy, fresh + stale);
-        host.gauge(Gauge::PodsStale, stale);
-        host.gauge(
-            Gauge::PodsEjected,
-            table
-                .pods
-                .iter()
-                .filter(|p| p.ejected_until_ms > now)
-                .count() as u64,
-        );
+        self.publish_gauges(host, &table, now);
+        self.leader = Some(st);
+    }
+
+    /// The leader's gauges, per configured pool (every pool has its series, empty or not), and
+    /// each pod's learned TTFT model.
+    fn publish_gauges(&self, host: &mut dyn Host, table: &LoadTable, now: u64) {
+        let stale_after = self.config.stale_after_ms;
+        for pool in &self.config.pools {
+            let labels = [
+                (metrics::POOL, pool.name.as_str()),
+                (metrics::ROLE, metrics::role_label(pool.role)),
+            ];
+            let members = || table.pods.iter().filter(|p| p.pool == pool.name);
+            let in_state = |wanted: Health| {
+                members().filter(move |p| health_of(p, now, stale_after) == wanted)
+            };
+            let (fresh, stale) = (
+                in_state(Health::Fresh).count(),
+                in_state(Health::Stale).count(),
+            );
+            // Only fresh figures: a stale pod's queue is an old reading, a down pod's none.
+            let waiting: f64 = in_state(Health::Fresh).map(|p| p.metrics.waiting).sum();
+            host.gauge_in(Gauge::PodsKnown, &labels, members().count() as u64);
+            host.gauge_in(Gauge::PodsHealthy, &labels, (fresh + stale) as u64);
+            host.gauge_in(Gauge::PodsStale, &labels, stale as u64);
+            host.gauge_in(
+                Gauge::PodsEjected,
+                &labels,
+                members().filter(|p| p.ejected_until_ms > now).count() as u64,
+            );
+            host.gauge_in(Gauge::PoolRequestsWaiting, &labels, waiting.round() as u64);
+        }
         host.gauge(Gauge::IndexEntries, self.router.index_entries() as u64);
-        let (prefill_queue, decode_queue) = table.pd_queues(now, self.config.stale_after_ms);
-        host.gauge(
-            Gauge::PdPrefillPoolQueueX1000,
-            (prefill_queue * 1000.0) as u64,
-        );
-        host.gauge(
-            Gauge::PdDecodePoolQueueX1000,
-            (decode_queue * 1000.0) as u64,
-        );
         for pod in &table.pods {
             let cost = self.router.cost_of(&self.config, &pod.addr);
-            let samples = self.router.fit_samples(&pod.addr);
-            host.pod_cost(&pod.addr, &cost, samples);
+            let labels = [
+                (metrics::POOL, pod.pool.as_str()),
+                (metrics::ROLE, metrics::role_label(pod.role)),
+                (metrics::POD, pod.addr.as_str()),
+            ];
+            host.gauge_in(
+                Gauge::PodTtftOverheadUs,
+                &labels,
+                (cost.overhead_ms * 1e3).max(0.0) as u64,
+            );
+            // The per-token cost is µs; its inverse, tokens per second, is an integer worth reading.
+            let tokens_per_second = if cost.us_per_token > 0.0 {
+                1e6 / cost.us_per_token
+            } else {
+                0.0
+            };
+            host.gauge_in(
+                Gauge::PodPrefillTokensPerSecond,
+                &labels,
+                tokens_per_second.round() as u64,
+            );
+            host.gauge_in(
+                Gauge::PodFitSamples,
+                &labels,
+                self.router.fit_samples(&pod.addr).max(0.0).round() as u64,
+            );
         }
-        self.leader = Some(st);
     }
 
     /// Publishes the drained changes as delta pages, in their order: a page applies its

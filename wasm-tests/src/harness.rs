@@ -131,6 +131,18 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Starts `command`; the process is killed (by PID) when the `Proc` is dropped, a failing
+    /// test's included.
+    pub fn spawn(name: &str, command: &mut Command) -> Result<Proc> {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Proc {
+            child,
+            name: name.to_string(),
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -401,9 +413,80 @@ pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
     all
 }
 
+/// Every label kvroute writes into its stat names (`kvroute::metrics::LABELS`).
+pub const KVROUTE_LABELS: [&str; 6] = ["pool", "role", "model", "reason", "pod", "version"];
+
+/// The `stats_config` that turns kvroute's labels into Prometheus labels, as every shipped
+/// configuration sets it: one regex per label in Istio's tag encoding (`pool=.=VALUE;.;`).
+pub fn stats_config() -> Value {
+    let tags: Vec<Value> = KVROUTE_LABELS
+        .iter()
+        .map(|l| json!({"tag_name": l, "regex": format!(r"({l}=\.=(.*?);\.;)")}))
+        .collect();
+    json!({"stats_tags": tags})
+}
+
+/// A stat's name without kvroute's labels (`kvroute.pool=.=a;.;x_total` → `kvroute.x_total`).
+pub fn strip_labels(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(at) = rest.find("=.=") {
+        // The label's name starts after the last `.` or `;.;` before `=.=`.
+        let head = &rest[..at];
+        let start = head.rfind('.').map_or(0, |i| i + 1);
+        let Some(end) = rest[at..].find(";.;") else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        rest = &rest[at + end + 3..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Stats by full name → each metric summed over its labels.
+pub fn sum_over_labels(labelled: HashMap<String, u64>) -> HashMap<String, u64> {
+    let mut summed: HashMap<String, u64> = HashMap::new();
+    for (name, value) in labelled {
+        *summed.entry(strip_labels(&name)).or_default() += value;
+    }
+    summed
+}
+
+/// kvroute's stats out of labelled ones (Envoy's full names → value): each metric summed over its
+/// labels, and the routed requests also by reason (`…requests_routed_total{reason="load"}`).
+pub fn kvroute_summary(labelled: &HashMap<String, u64>) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (name, value) in labelled {
+        let base = strip_labels(name);
+        if !base.starts_with("wasmcustom.kvroute.") {
+            continue;
+        }
+        if let Some(reason) = label_value(name, "reason") {
+            *out.entry(format!("{base}{{reason=\"{reason}\"}}"))
+                .or_default() += value;
+        }
+        *out.entry(base).or_default() += value;
+    }
+    out
+}
+
+/// The value of one of kvroute's labels in a stat's name (`pool=.=VALUE;.;`).
+pub fn label_value<'a>(name: &'a str, label: &str) -> Option<&'a str> {
+    let key = format!("{label}=.=");
+    let at = name
+        .match_indices(&key)
+        .map(|(i, _)| i)
+        // A label's name follows the namespace's `.` or the previous pair's `;.;`.
+        .find(|&i| i == 0 || name[..i].ends_with('.') || name[..i].ends_with(";.;"))?;
+    let value = &name[at + key.len()..];
+    value.find(";.;").map(|end| &value[..end])
+}
+
 /// The whole bootstrap for these options, as JSON (Envoy reads JSON and YAML alike).
 pub fn envoy_config(opts: &EnvoyOptions, wasm: &Path, admin_port: u16) -> Value {
     let mut bootstrap = json!({
+        "stats_config": stats_config(),
         "admin": {"address": socket_address(&format!("127.0.0.1:{admin_port}"))},
         "static_resources": {"listeners": [listener(opts, wasm, opts.listen_port)], "clusters": clusters(opts, admin_port)}
     });
@@ -457,6 +540,7 @@ impl LdsEnvoy {
         write_lds(&lds_path, &listener(&opts, &wasm, port))?;
         let bootstrap = json!({
             "node": {"id": "kvroute-test", "cluster": "kvroute-test"},
+            "stats_config": stats_config(),
             "admin": {"address": socket_address("127.0.0.1:0")},
             "dynamic_resources": {"lds_config": {"resource_api_version": "V3", "path_config_source": {
                 "path": lds_path.display().to_string(),
@@ -615,8 +699,15 @@ impl Envoy {
         format!("http://{}{}", self.listener, path)
     }
 
-    /// Counters and gauges from `/stats`, by full name.
+    /// Counters and gauges from `/stats`, by name, each kvroute metric summed over its labels
+    /// (`wasmcustom.kvroute.requests_routed_total`: every pool, model and reason).
     pub async fn stats(&self) -> Result<HashMap<String, u64>> {
+        Ok(sum_over_labels(self.labelled_stats().await?))
+    }
+
+    /// Counters and gauges from `/stats` by full name, labels and all
+    /// (`wasmcustom.kvroute.pool=.=default;.;role=.=aggregated;.;pods_healthy`).
+    pub async fn labelled_stats(&self) -> Result<HashMap<String, u64>> {
         let text = reqwest::get(format!("http://{}/stats", self.admin))
             .await?
             .text()
@@ -624,7 +715,23 @@ impl Envoy {
         Ok(parse_stats(&text))
     }
 
-    /// One stat, 0 when absent.
+    /// A kvroute metric summed over its series whose `label` is `value`, 0 when absent.
+    pub async fn stat_where(&self, name: &str, label: &str, value: &str) -> u64 {
+        self.labelled_stats()
+            .await
+            .map(|stats| {
+                stats
+                    .iter()
+                    .filter(|(k, _)| {
+                        strip_labels(k) == name && label_value(k, label) == Some(value)
+                    })
+                    .map(|(_, v)| v)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// One stat (a kvroute metric summed over its labels), 0 when absent.
     pub async fn stat(&self, name: &str) -> u64 {
         self.stats()
             .await
@@ -711,5 +818,32 @@ where
             bail!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_come_out_of_stat_names() {
+        assert_eq!(
+            strip_labels(
+                "wasmcustom.kvroute.pool=.=a.b;.;model=.=meta/Llama-3.1;.;requests_routed_total"
+            ),
+            "wasmcustom.kvroute.requests_routed_total"
+        );
+        assert_eq!(
+            strip_labels("cluster.pool.upstream_rq_200"),
+            "cluster.pool.upstream_rq_200"
+        );
+        let name = "wasmcustom.kvroute.pool=.=a;.;reason=.=load;.;requests_routed_total";
+        assert_eq!(label_value(name, "reason"), Some("load"));
+        assert_eq!(label_value(name, "pool"), Some("a"));
+        assert_eq!(label_value(name, "pod"), None);
+        assert_eq!(
+            stats_config()["stats_tags"][0]["regex"],
+            r"(pool=\.=(.*?);\.;)"
+        );
     }
 }

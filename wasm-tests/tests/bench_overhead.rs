@@ -80,17 +80,17 @@ async fn a_tiny_overhead_run_has_every_sample_and_routes_only_the_kvroute_arm() 
         assert!(lo <= hi, "{name}: {lo} > {hi}");
 
         // Every request to the kvroute Envoy, warm-up included, was routed by kvroute ...
-        let routed = k.kvroute_counters["kvroute.requests_routed"];
+        let routed = k.kvroute_counters["kvroute.requests_routed_total"];
         assert_eq!(
             routed as usize,
             PAIRS + WARMUP,
             "{name}: {:?}",
             k.kvroute_counters
         );
-        assert_eq!(k.kvroute_counters["kvroute.passthrough"], 0, "{name}");
-        assert_eq!(k.kvroute_counters["kvroute.no_endpoint"], 0, "{name}");
+        assert_eq!(k.kvroute_counters["kvroute.passthrough_total"], 0, "{name}");
+        assert_eq!(k.kvroute_counters["kvroute.no_endpoint_total"], 0, "{name}");
         // ... the repeated system prompt is a prefix hit once kvroute has seen it ...
-        let hits = k.kvroute_counters["kvroute.routed_prefix_hit"];
+        let hits = k.kvroute_counters["kvroute.requests_routed_total{reason=\"prefix_hit\"}"];
         match k.kind {
             PromptKind::Repeat => assert!(hits as usize >= PAIRS, "{name}: {hits} hits"),
             PromptKind::Fresh => assert_eq!(hits, 0, "{name}: fresh prompts hit"),

@@ -193,3 +193,203 @@ fn each_overlays_settings_reach_the_envoyfilter() {
         );
     }
 }
+
+/// The body of `message NAME { … }` in a proto file (the first one, nested or not).
+fn proto_message<'a>(proto: &'a str, name: &str) -> &'a str {
+    let start = proto
+        .find(&format!("message {name} {{"))
+        .unwrap_or_else(|| panic!("message {name}"));
+    let open = start + proto[start..].find('{').unwrap();
+    let mut depth = 0;
+    for (i, c) in proto[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &proto[open + 1..open + i];
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("message {name} is not closed")
+}
+
+/// The JSON (camelCase) names of a message body's own fields (not its nested messages').
+fn proto_fields(body: &str) -> Vec<String> {
+    let mut depth = 0;
+    let mut fields = Vec::new();
+    for line in body.lines() {
+        let code = line.split("//").next().unwrap_or("").trim();
+        if depth == 0 && code.ends_with(';') && code.contains('=') {
+            let words: Vec<&str> = code.split_whitespace().collect();
+            if let Some(eq) = words.iter().position(|w| *w == "=") {
+                let snake = words[eq - 1];
+                let mut camel = String::new();
+                let mut upper = false;
+                for ch in snake.chars() {
+                    if ch == '_' {
+                        upper = true;
+                    } else if upper {
+                        camel.push(ch.to_ascii_uppercase());
+                        upper = false;
+                    } else {
+                        camel.push(ch);
+                    }
+                }
+                fields.push(camel);
+            }
+        }
+        depth += code.matches('{').count() as i32 - code.matches('}').count() as i32;
+    }
+    fields
+}
+
+/// The Istio proxy configuration that gives kvroute's series their labels: the same in the
+/// gateway-api overlay's Gateway and in the patch for other proxies, every field one of Istio's
+/// ProxyConfig (istio/api's proto, `deploy/schemas/istio-proxyconfig.proto`), `extraStatTags`
+/// naming every label kvroute writes (istio-agent makes each the regex the shipped Envoy configs
+/// carry), and the patched Deployment valid for Kubernetes.
+#[test]
+fn the_istio_proxy_configuration_extracts_every_kvroute_label() {
+    const ANNOTATION: &str = "proxy.istio.io/config";
+    let patch_path = repo_root().join("deploy/kustomize/proxy-stats/pod-annotations.yaml");
+    let patch = docs(&std::fs::read_to_string(&patch_path).unwrap()).remove(0);
+    let from_patch = patch["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+        .as_str()
+        .expect("the annotation in the patch")
+        .to_string();
+    let rendered = docs(&render_overlay("gateway-api").unwrap());
+    let gateway = rendered
+        .iter()
+        .find(|d| {
+            d["kind"] == "Gateway"
+                && d["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .contains("gateway.networking.k8s.io")
+        })
+        .expect("the Gateway");
+    assert_eq!(
+        gateway["spec"]["infrastructure"]["annotations"][ANNOTATION].as_str(),
+        Some(from_patch.as_str()),
+        "one proxy configuration"
+    );
+
+    let proxy_config = docs(&from_patch).remove(0);
+    let proto = std::fs::read_to_string(repo_root().join("deploy/schemas/istio-proxyconfig.proto"))
+        .unwrap();
+    let config_fields = proto_fields(proto_message(&proto, "ProxyConfig"));
+    let matcher_fields = proto_fields(proto_message(&proto, "ProxyStatsMatcher"));
+    assert!(
+        config_fields.contains(&"extraStatTags".to_string()),
+        "{config_fields:?}"
+    );
+    assert!(
+        !config_fields.contains(&"extraStatTag".to_string()),
+        "the check can fail"
+    );
+    for key in proxy_config.as_object().unwrap().keys() {
+        assert!(
+            config_fields.contains(key),
+            "ProxyConfig has no field `{key}`"
+        );
+    }
+    for key in proxy_config["proxyStatsMatcher"]
+        .as_object()
+        .unwrap()
+        .keys()
+    {
+        assert!(
+            matcher_fields.contains(key),
+            "ProxyStatsMatcher has no field `{key}`"
+        );
+    }
+    let prefixes: Vec<&str> = proxy_config["proxyStatsMatcher"]["inclusionPrefixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        prefixes
+            .iter()
+            .any(|p| "wasmcustom.kvroute.pods_healthy".starts_with(p)),
+        "{prefixes:?} keep kvroute's stats"
+    );
+    let tags: Vec<&str> = proxy_config["extraStatTags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tags, kvroute::metrics::LABELS, "every label kvroute writes");
+    // istio-agent's bootstrap template (tools/packaging/common/envoy_bootstrap.json) turns each
+    // tag into `({{ $tag }}=\.=(.*?);\.;)`: the shipped configurations' regexes.
+    let shipped = wasm_tests::harness::stats_config();
+    for (i, tag) in tags.iter().enumerate() {
+        assert_eq!(
+            shipped["stats_tags"][i]["regex"].as_str().unwrap(),
+            format!(r"({tag}=\.=(.*?);\.;)")
+        );
+    }
+
+    // Patched onto an ingress gateway Deployment (kubectl's own strategic merge), still valid.
+    let dir = std::env::temp_dir().join(format!("kvroute-proxy-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let deployment = dir.join("istio-ingressgateway.yaml");
+    std::fs::write(
+        &deployment,
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: istio-ingressgateway, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  template:
+    metadata:
+      labels: {istio: ingressgateway}
+      annotations: {prometheus.io/scrape: "true"}
+    spec:
+      containers:
+      - {name: istio-proxy, image: auto}
+"#,
+    )
+    .unwrap();
+    let out = Command::new(tools_bin("kubectl").unwrap())
+        .args([
+            "patch",
+            "--local",
+            "--type",
+            "strategic",
+            "-o",
+            "yaml",
+            "-f",
+        ])
+        .arg(&deployment)
+        .arg("--patch-file")
+        .arg(&patch_path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let patched = dir.join("patched.yaml");
+    std::fs::write(&patched, &out.stdout).unwrap();
+    let merged = docs(&String::from_utf8_lossy(&out.stdout)).remove(0);
+    let annotations = &merged["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations[ANNOTATION].as_str(), Some(from_patch.as_str()));
+    assert_eq!(
+        annotations["prometheus.io/scrape"], "true",
+        "merged, not replaced"
+    );
+    let (ok, text) = check(
+        &repo_root().join("deploy"),
+        &["--files", patched.to_str().unwrap()],
+    );
+    assert!(ok, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

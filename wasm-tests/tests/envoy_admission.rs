@@ -51,7 +51,16 @@ async fn a_session_header_keeps_a_conversation_on_one_pod_whatever_its_prompts()
         sessions.len() >= 3,
         "sessions spread over the pods: {sessions:?}"
     );
-    assert!(envoy.stat("wasmcustom.kvroute.routed_session").await >= 36);
+    assert!(
+        envoy
+            .stat_where(
+                "wasmcustom.kvroute.requests_routed_total",
+                "reason",
+                "session"
+            )
+            .await
+            >= 36
+    );
     drop(sim);
 }
 
@@ -83,7 +92,7 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
     .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert!(bad.body.contains("x-kvroute-priority"), "{}", bad.body);
-    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_priority").await, 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_priority_total").await, 1);
     // Not saturated yet: a sheddable request is routed like any other.
     let calm = post(
         &client,
@@ -146,7 +155,7 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
     );
     assert!(shed.body.contains("saturated"), "{}", shed.body);
     assert_eq!(after, before, "the shed request reached no pod");
-    assert_eq!(envoy.stat("wasmcustom.kvroute.shed").await, 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.shed_total").await, 1);
     // Default and positive priorities are still routed (they queue behind the fillers).
     for priority in [None, Some("5")] {
         let headers: Vec<(&str, &str)> = priority

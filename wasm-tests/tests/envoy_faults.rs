@@ -567,8 +567,9 @@ async fn run_pod_case(envoy: &Envoy, sim: &Sim, case: &PodCase, index: usize) ->
             }
             while started.elapsed() < Duration::from_secs(10) {
                 if let Ok(r) = reqwest::get(format!("http://{admin}/stats")).await {
-                    let stats =
-                        wasm_tests::harness::parse_stats(&r.text().await.unwrap_or_default());
+                    let stats = wasm_tests::harness::sum_over_labels(
+                        wasm_tests::harness::parse_stats(&r.text().await.unwrap_or_default()),
+                    );
                     if want
                         .iter()
                         .all(|(g, v)| stats.get(g).copied().unwrap_or(0) == *v)
@@ -616,13 +617,17 @@ async fn the_fault_matrix_through_real_envoy() {
         "|---|---|---|".to_string(),
     ];
     for case in request_cases() {
-        let ejected_before = envoy.stat("wasmcustom.kvroute.health.ejections").await;
+        let ejected_before = envoy
+            .stat("wasmcustom.kvroute.health.ejections_total")
+            .await;
         let (status, reply) = send_case(&envoy, &case).await;
         check_request_case(&sim, &case, status, &reply).await;
         still_serves(&envoy, case.name).await;
         if matches!(case.expect, Expect::ClientGone) {
             assert_eq!(
-                envoy.stat("wasmcustom.kvroute.health.ejections").await,
+                envoy
+                    .stat("wasmcustom.kvroute.health.ejections_total")
+                    .await,
                 ejected_before,
                 "{}: a client that left counts against no pod",
                 case.name
@@ -690,8 +695,10 @@ async fn the_fault_matrix_through_real_envoy() {
     eprintln!(
         "VMs created {} (unchanged), health.ejections {}, no_endpoint {}",
         vms_created(&envoy).await,
-        envoy.stat("wasmcustom.kvroute.health.ejections").await,
-        envoy.stat("wasmcustom.kvroute.no_endpoint").await
+        envoy
+            .stat("wasmcustom.kvroute.health.ejections_total")
+            .await,
+        envoy.stat("wasmcustom.kvroute.no_endpoint_total").await
     );
     assert!(
         failures.is_empty(),

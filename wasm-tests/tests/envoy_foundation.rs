@@ -78,7 +78,7 @@ async fn streams_and_plain_answers_come_back_intact() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);
-    assert!(envoy.stat("wasmcustom.kvroute.requests_routed").await >= 2);
+    assert!(envoy.stat("wasmcustom.kvroute.requests_routed_total").await >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,11 +158,11 @@ async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
     );
     assert!(
         envoy
-            .stat("wasmcustom.kvroute.spoofed_headers_removed")
+            .stat("wasmcustom.kvroute.spoofed_headers_removed_total")
             .await
             >= 31
     );
-    assert!(envoy.stat("wasmcustom.kvroute.passthrough").await >= 1);
+    assert!(envoy.stat("wasmcustom.kvroute.passthrough_total").await >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,7 +67,7 @@ async fn late_metrics_are_stale_figures_not_a_dead_pod() {
     wait_for(
         Duration::from_secs(10),
         "every pod's poll timing out",
-        || async { counter(&envoy, "health.polls_late").await >= 8 },
+        || async { counter(&envoy, "health.polls_late_total").await >= 8 },
     )
     .await
     .unwrap();
@@ -80,20 +80,29 @@ async fn late_metrics_are_stale_figures_not_a_dead_pod() {
             "tenant {t} stays with the pod holding its prefix: {went:?}"
         );
     }
-    assert!(counter(&envoy, "routed_prefix_hit").await >= 12);
     assert!(
-        counter(&envoy, "health.observer_suspect").await >= 15,
+        envoy
+            .stat_where(
+                "wasmcustom.kvroute.requests_routed_total",
+                "reason",
+                "prefix_hit"
+            )
+            .await
+            >= 12
+    );
+    assert!(
+        counter(&envoy, "health.observer_suspect_total").await >= 15,
         "every pod stale: routed on the last known figures"
     );
-    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    assert_eq!(counter(&envoy, "no_endpoint_total").await, 0);
     // Two pods recover: the other two are the only stale ones, still routed (on the board).
     for pod in &sim.pods[..2] {
         sim_fault(pod, json!({})).await;
     }
     gauge_reaches(&envoy, "pods_stale", 2, Duration::from_secs(10)).await;
     tenant_rounds(&envoy, "mixed", 8, 2).await;
-    assert!(counter(&envoy, "health.routed_stale").await >= 1);
-    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    assert!(counter(&envoy, "health.routed_stale_total").await >= 1);
+    assert_eq!(counter(&envoy, "no_endpoint_total").await, 0);
     drop(sim);
 }
 
@@ -151,15 +160,15 @@ async fn a_proxy_that_stops_ticking_refuses_nothing() {
         }
     }
     assert!(total >= 20, "{total} requests");
-    assert_eq!(counter(&envoy, "no_endpoint").await, 0);
+    assert_eq!(counter(&envoy, "no_endpoint_total").await, 0);
     // How many requests met an all-stale table depends on the order Envoy handles its timers and
     // sockets after the resumption (usually a handful, sometimes none: a poll that answered
     // during the freeze is read first); the deterministic case is the native test
     // `flow::tests::a_leader_that_misses_ticks_causes_no_refusal`.
     eprintln!(
         "requests {total}; observer_suspect {}; routed_stale {}",
-        counter(&envoy, "health.observer_suspect").await,
-        counter(&envoy, "health.routed_stale").await
+        counter(&envoy, "health.observer_suspect_total").await,
+        counter(&envoy, "health.routed_stale_total").await
     );
     drop(sim);
 }
@@ -178,7 +187,7 @@ async fn a_pod_that_refuses_connections_is_avoided_within_a_poll_interval() {
         noticed < Duration::from_millis(600),
         "noticed after {noticed:?}"
     );
-    assert!(counter(&envoy, "poll_failures").await >= 1);
+    assert!(counter(&envoy, "poll_failures_total").await >= 1);
     let pods = tenant_rounds(&envoy, "refuse", 6, 2).await;
     assert!(
         pods.values().flatten().all(|p| *p != victim),
@@ -204,8 +213,8 @@ async fn a_pod_failing_half_its_requests_is_ejected_and_costs_clients_nothing() 
         }
     }
     assert_eq!(errors, 0, "Envoy retried the 500s on a fallback");
-    assert!(counter(&envoy, "health.ejections").await >= 1);
-    assert!(counter(&envoy, "health.request_failures").await >= 1);
+    assert!(counter(&envoy, "health.ejections_total").await >= 1);
+    assert!(counter(&envoy, "health.request_failures_total").await >= 1);
     let failed_on_bad = sim_stats(&bad).await["requests_failed"].as_u64().unwrap();
     assert!(
         failed_on_bad <= 12,

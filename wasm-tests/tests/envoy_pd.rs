@@ -131,9 +131,17 @@ async fn long_and_short_prompts_take_their_paths(mode: &str) {
         spoof_seen, expected_sidecar,
         "the client's x-prefiller-host-port never reached a pod"
     );
-    let counter = s.envoy.stat("wasmcustom.kvroute.pd.disaggregated").await;
+    let counter = s
+        .envoy
+        .stat("wasmcustom.kvroute.pd.disaggregated_total")
+        .await;
     assert_eq!(counter, 1);
-    assert!(s.envoy.stat("wasmcustom.kvroute.pd.decode_only").await >= 2);
+    assert!(
+        s.envoy
+            .stat("wasmcustom.kvroute.pd.decode_only_total")
+            .await
+            >= 2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +183,12 @@ async fn a_dead_prefill_pool_costs_no_request(mode: &str) {
         last.debug
     );
     if mode == "inline" {
-        assert!(s.envoy.stat("wasmcustom.kvroute.pd.prefill_failures").await >= 1);
+        assert!(
+            s.envoy
+                .stat("wasmcustom.kvroute.pd.prefill_failures_total")
+                .await
+                >= 1
+        );
     } else {
         assert!(sum_stat(&s.decode.pods, "sidecar_prefill_failures").await >= 1);
     }
@@ -201,7 +214,10 @@ async fn inline_mode_returns_a_prefill_pods_4xx_as_is() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["type"], "BadRequestError", "{}", r.body);
     wait_for(Duration::from_secs(5), "the rejection counted", || async {
-        s.envoy.stat("wasmcustom.kvroute.pd.prefill_rejected").await == 1
+        s.envoy
+            .stat("wasmcustom.kvroute.pd.prefill_rejected_total")
+            .await
+            == 1
     })
     .await
     .unwrap();
@@ -251,7 +267,7 @@ async fn a_client_kv_handle_never_reaches_a_pod(mode: &str) {
     );
     assert_eq!(
         s.envoy
-            .stat("wasmcustom.kvroute.spoofed_kv_transfer_params_removed")
+            .stat("wasmcustom.kvroute.spoofed_kv_transfer_params_removed_total")
             .await,
         2
     );

@@ -69,11 +69,16 @@ async fn a_request_the_pod_refuses_teaches_the_index_nothing() {
     }
     // One per pod that held a refused request's blocks: 6, or more where Envoy retried a 500 on
     // the other pod (the blocks move there, then are withdrawn from it too).
-    wait_for_stat(&envoy, "wasmcustom.kvroute.cache.observations_withdrawn", 6).await;
+    wait_for_stat(
+        &envoy,
+        "wasmcustom.kvroute.cache.observations_withdrawn_total",
+        6,
+    )
+    .await;
     // The leader publishes within a tick (25 ms); each worker applies the page on its next request.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let withdrawn = envoy
-        .stat("wasmcustom.kvroute.cache.observations_withdrawn")
+        .stat("wasmcustom.kvroute.cache.observations_withdrawn_total")
         .await;
     for prompt in refused.iter().chain(&failed) {
         // A new connection each: the requests land on both workers' VMs.
@@ -97,7 +102,7 @@ async fn a_request_the_pod_refuses_teaches_the_index_nothing() {
     }
     assert_eq!(
         envoy
-            .stat("wasmcustom.kvroute.cache.observations_withdrawn")
+            .stat("wasmcustom.kvroute.cache.observations_withdrawn_total")
             .await,
         withdrawn,
         "accepted requests withdraw nothing"

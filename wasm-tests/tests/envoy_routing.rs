@@ -332,7 +332,10 @@ async fn odd_requests_get_clear_answers() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
-    assert_eq!(envoy.stat("wasmcustom.kvroute.body_too_large").await, 2);
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.body_too_large_total").await,
+        2
+    );
     // An unknown model gets kvroute's own 404, in OpenAI's error shape.
     let r = post(
         &client,
@@ -358,7 +361,7 @@ async fn odd_requests_get_clear_answers() {
     let models = client.get(envoy.url("/v1/models")).send().await.unwrap();
     assert_eq!(models.status(), 200);
     assert!(models.headers().get("x-kvsim-pod").is_none());
-    assert!(envoy.stat("wasmcustom.kvroute.passthrough").await >= 3);
+    assert!(envoy.stat("wasmcustom.kvroute.passthrough_total").await >= 3);
     drop(sim);
 }
 
@@ -374,7 +377,7 @@ async fn no_routable_pod_gets_a_clear_503() {
     .await
     .unwrap();
     wait_for(Duration::from_secs(10), "poll failures", || async {
-        envoy.stat("wasmcustom.kvroute.poll_failures").await >= 3
+        envoy.stat("wasmcustom.kvroute.poll_failures_total").await >= 3
     })
     .await
     .unwrap();
@@ -396,7 +399,7 @@ async fn no_routable_pod_gets_a_clear_503() {
         "{}",
         r.body
     );
-    assert!(envoy.stat("wasmcustom.kvroute.no_endpoint").await >= 1);
+    assert!(envoy.stat("wasmcustom.kvroute.no_endpoint_total").await >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,6 +485,9 @@ async fn an_http2_request_ending_in_trailers_is_routed() {
     );
     let debug = debug.expect("routed by kvroute");
     assert!(debug.contains(&format!("pod={}", pod.unwrap())), "{debug}");
-    assert_eq!(envoy.stat("wasmcustom.kvroute.requests_routed").await, 1);
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.requests_routed_total").await,
+        1
+    );
     drop(sim);
 }

@@ -136,14 +136,26 @@ async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_is_faster(
     let exported = wait_for(Duration::from_secs(12), "histograms", || {
         let admin = admin.clone();
         async move {
-            let text = reqwest::get(format!("http://{admin}/stats?filter=kvroute.ttft"))
+            let text = reqwest::get(format!("http://{admin}/stats?filter=kvroute.*ttft"))
                 .await
                 .unwrap()
                 .text()
                 .await
                 .unwrap();
-            text.contains("wasmcustom.kvroute.ttft_ms: P0")
-                && text.contains("wasmcustom.kvroute.ttft_prediction_error_pct: P0")
+            // Histogram lines, their labels taken out of the names (`NAME: P0(…) …`).
+            let names: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains(": P0"))
+                .filter_map(|l| l.split(": ").next())
+                .map(wasm_tests::harness::strip_labels)
+                .collect();
+            [
+                "ttft_milliseconds",
+                "ttft_predicted_milliseconds",
+                "ttft_prediction_error_percent",
+            ]
+            .iter()
+            .all(|h| names.contains(&format!("wasmcustom.kvroute.{h}")))
         }
     })
     .await;
@@ -224,19 +236,12 @@ async fn a_slower_pod_is_learned_and_given_less_work() {
         "the pod twice as fast took {on_fast} of {total}"
     );
     // The learned costs are exported per pod, and the slow pod's is the larger.
-    let stats = envoy.stats().await.unwrap();
-    let cost = |pod: &str| {
-        let key = format!(
-            "wasmcustom.kvroute.pod.{}.prefill_ns_per_token",
-            pod.replace(['.', ':'], "_")
-        );
-        stats.get(&key).copied().unwrap_or(0)
-    };
+    let name = "wasmcustom.kvroute.pod.prefill_tokens_per_second";
+    let fast_speed = envoy.stat_where(name, "pod", &fast.pods[0]).await;
+    let slow_speed = envoy.stat_where(name, "pod", &slow.pods[0]).await;
     assert!(
-        cost(&slow.pods[0]) > cost(&fast.pods[0]) && cost(&fast.pods[0]) > 0,
-        "fast {} ns/token, slow {} ns/token",
-        cost(&fast.pods[0]),
-        cost(&slow.pods[0])
+        fast_speed > slow_speed && slow_speed > 0,
+        "fast {fast_speed} tokens/s, slow {slow_speed} tokens/s"
     );
     drop((fast, slow));
 }
@@ -294,7 +299,12 @@ async fn latency_objectives_steer_and_unattainable_ones_are_answered_clearly() {
     .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.debug_field("meets_slo").as_deref(), Some("false"));
-    assert!(envoy.stat("wasmcustom.kvroute.slo.predicted_miss").await >= 1);
+    assert!(
+        envoy
+            .stat("wasmcustom.kvroute.slo.predicted_miss_total")
+            .await
+            >= 1
+    );
     // ... or, with a negative priority, refused at once with a reason.
     let shed = post(
         &fresh_client(),
@@ -317,7 +327,7 @@ async fn latency_objectives_steer_and_unattainable_ones_are_answered_clearly() {
     .await;
     assert_eq!(bad.status, 400);
     assert!(bad.body.contains("x-slo-ttft-ms"), "{}", bad.body);
-    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_slo").await, 1);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_slo_total").await, 1);
     drop((fast, slow));
 }
 
@@ -366,7 +376,7 @@ async fn a_pod_that_evicted_a_prefix_stops_attracting_what_it_lost() {
     );
     wasm_tests::harness::wait_for(Duration::from_secs(5), "the eviction counted", || async {
         envoy
-            .stat("wasmcustom.kvroute.cache.evictions_detected")
+            .stat("wasmcustom.kvroute.cache.evictions_detected_total")
             .await
             >= 1
     })
@@ -374,7 +384,7 @@ async fn a_pod_that_evicted_a_prefix_stops_attracting_what_it_lost() {
     .unwrap();
     assert!(
         envoy
-            .stat("wasmcustom.kvroute.cache.predicted_tokens")
+            .stat("wasmcustom.kvroute.cache.predicted_tokens_total")
             .await
             > 0
     );

@@ -905,7 +905,7 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
         "{:?}",
         again.debug
     );
-    assert!(envoy.stat("wasmcustom.kvroute.requests_routed").await >= 2);
+    assert!(envoy.stat("wasmcustom.kvroute.requests_routed_total").await >= 2);
 
     // An HTTP/1.0 client (ApacheBench): the NETWORK_FILTER patch has it served, not sent a 426.
     let (status, headers, body) = http10(

@@ -1,12 +1,14 @@
 //! The monitoring of `deploy/monitoring` against Debian's real `promtool`: the rules load
 //! (`promtool check rules`), their unit tests pass (`promtool test rules`), every Grafana query
 //! is valid PromQL, and every kvroute series a rule, a dashboard or an autoscaler reads is one the
-//! plugin declares (src/metrics.rs), so a renamed metric cannot leave them silently empty.
+//! plugin declares (src/metrics.rs), selected only by labels it carries, so a renamed metric or
+//! label cannot leave them silently empty. `prometheus_scrape` runs them against live data.
 //!
 //! Skips, saying so, where promtool is not installed (Debian package `prometheus`: `make sysdeps`).
 
+use kvroute::metrics::{Counter, Gauge, Histogram};
 use serde_json::Value;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use wasm_tests::harness::repo_root;
@@ -43,32 +45,33 @@ fn dashboard_queries() -> Vec<String> {
         .collect()
 }
 
-/// The Prometheus names of the plugin's stats, as Envoy exports them (`kvroute.a.b` → `kvroute_a_b`).
-fn declared_series() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(repo_root().join("src/metrics.rs")).unwrap();
-    let mut names = BTreeSet::new();
-    for quoted in src.split('"').skip(1).step_by(2) {
-        if let Some(rest) = quoted.strip_prefix("kvroute.") {
-            let name = format!("kvroute_{}", rest.replace('.', "_"));
-            names.insert(name.clone());
-            for suffix in ["_bucket", "_sum", "_count"] {
-                names.insert(format!("{name}{suffix}"));
-            }
-        }
+/// The Prometheus names of the plugin's stats, as Envoy exports them (`kvroute.a.b` → `kvroute_a_b`,
+/// its labels extracted), each with the labels its series carry.
+fn declared_series() -> BTreeMap<String, Vec<&'static str>> {
+    let mut names = BTreeMap::new();
+    let labels = |l: &[&'static str]| l.to_vec();
+    for c in Counter::ALL {
+        names.insert(c.name().replace('.', "_"), labels(c.labels()));
     }
-    // The build-info gauge is named after the version; its `version` tag is extracted by the
-    // shipped stats_config, leaving kvroute_build_info.
-    names.insert("kvroute_build_info".into());
-    // The per-pod cost gauges, the `pod` tag extracted likewise.
-    for g in ["overhead_us", "prefill_ns_per_token", "fit_samples"] {
-        names.insert(format!("kvroute_pod_{g}"));
+    for g in Gauge::ALL {
+        names.insert(g.name().replace('.', "_"), labels(g.labels()));
+    }
+    for h in Histogram::ALL {
+        let name = h.name().replace('.', "_");
+        for suffix in ["_sum", "_count"] {
+            names.insert(format!("{name}{suffix}"), labels(h.labels()));
+        }
+        let mut with_le = labels(h.labels());
+        with_le.push("le");
+        names.insert(format!("{name}_bucket"), with_le);
     }
     names
 }
 
-/// Every `kvroute_…` series name in a text (recording rules are `kvroute:…`, not matched).
-fn kvroute_series(text: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
+/// Every `kvroute_…` series name in a text (recording rules are `kvroute:…`, not matched), with
+/// the label names of the selector that follows it, if any (`kvroute_x{pool="a"}` → `pool`).
+fn kvroute_series(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
     let bytes = text.as_bytes();
     let mut i = 0;
     while let Some(at) = text[i..].find("kvroute_") {
@@ -81,7 +84,21 @@ fn kvroute_series(text: &str) -> BTreeSet<String> {
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .map_or(text.len(), |e| start + e);
         if boundary {
-            found.insert(text[start..end].to_string());
+            let mut labels = Vec::new();
+            if text[end..].starts_with('{') {
+                let close = text[end..].find('}').map_or(text.len(), |c| end + c);
+                for matcher in text[end + 1..close].split(',') {
+                    let name: String = matcher
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        labels.push(name);
+                    }
+                }
+            }
+            found.push((text[start..end].to_string(), labels));
         }
         i = end;
     }
@@ -147,18 +164,31 @@ fn every_kvroute_series_read_is_one_the_plugin_declares() {
     }
     let mut read = 0;
     for (name, text) in &sources {
-        for series in kvroute_series(text) {
+        for (series, labels) in kvroute_series(text) {
             // The adapter's external metric names (kvroute_prefill_waiting_per_pod, …) are ours,
             // declared in the adapter rules themselves.
             if series.ends_with("_per_pod") {
                 continue;
             }
-            assert!(
-                declared.contains(&series),
-                "{name} reads {series}, which the plugin does not emit"
-            );
+            let Some(carried) = declared.get(&series) else {
+                panic!("{name} reads {series}, which the plugin does not emit");
+            };
+            for label in &labels {
+                // Prometheus' own target labels.
+                if ["instance", "job"].contains(&label.as_str()) {
+                    continue;
+                }
+                assert!(
+                    carried.contains(&label.as_str()),
+                    "{name} selects {series} by `{label}`, a label it does not carry ({carried:?})"
+                );
+            }
             read += 1;
         }
     }
     assert!(read >= 15, "{read} series read");
+    // The checks can fail: an old name, and a label a series does not carry.
+    let old = kvroute_series("rate(kvroute_requests_routed[5m]) + kvroute_pods_healthy{pod=\"x\"}");
+    assert!(!declared.contains_key(&old[0].0));
+    assert!(!declared[&old[1].0].contains(&old[1].1[0].as_str()));
 }

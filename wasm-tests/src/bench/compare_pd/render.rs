@@ -131,8 +131,8 @@ pub fn render_pd_table(scenario: &Scenario, rows: &[PdRow]) -> String {
                         + stat("client.prefill_failures").unwrap_or(0)
                 ));
             } else {
-                cells.push(pd("kvroute.pd.disaggregated"));
-                cells.push(pd("kvroute.pd.decode_only"));
+                cells.push(pd("kvroute.pd.disaggregated_total"));
+                cells.push(pd("kvroute.pd.decode_only_total"));
             }
             cells
         })
@@ -218,21 +218,21 @@ fn render_counters(rows: &[PdRow]) -> String {
             format!(
                 "{}: kvroute routed {} (prefix hit {}, load {}), no endpoint {}, passthrough {}",
                 r.label,
-                stat("kvroute.requests_routed"),
-                stat("kvroute.routed_prefix_hit"),
-                stat("kvroute.routed_load"),
-                stat("kvroute.no_endpoint"),
-                stat("kvroute.passthrough"),
+                stat("kvroute.requests_routed_total"),
+                stat("kvroute.requests_routed_total{reason=\"prefix_hit\"}"),
+                stat("kvroute.requests_routed_total{reason=\"load\"}"),
+                stat("kvroute.no_endpoint_total"),
+                stat("kvroute.passthrough_total"),
             )
         };
         if r.setup.topology.is_kvroute_pd() {
             let _ = write!(
                 line,
                 "; pd: disaggregated {}, decode-only {}, prefill failures {}, rejected {}",
-                stat("kvroute.pd.disaggregated"),
-                stat("kvroute.pd.decode_only"),
-                stat("kvroute.pd.prefill_failures"),
-                stat("kvroute.pd.prefill_rejected"),
+                stat("kvroute.pd.disaggregated_total"),
+                stat("kvroute.pd.decode_only_total"),
+                stat("kvroute.pd.prefill_failures_total"),
+                stat("kvroute.pd.prefill_rejected_total"),
             );
         }
         if r.setup.variant.is_some() {

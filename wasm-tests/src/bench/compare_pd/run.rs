@@ -143,15 +143,12 @@ pub async fn run_scenario(scenario: &Scenario, opts: &PdStackOptions) -> Result<
         )
         .await
         .with_context(|| format!("running {} on {label}", scenario.name))?;
-        let mut kvroute_stats: BTreeMap<String, u64> = stack
-            .envoy
-            .stats()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("wasmcustom.kvroute."))
-            .map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_owned(), v))
-            .collect();
+        let mut kvroute_stats: BTreeMap<String, u64> = crate::harness::kvroute_summary(
+            &stack.envoy.labelled_stats().await.unwrap_or_default(),
+        )
+        .into_iter()
+        .map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_owned(), v))
+        .collect();
         if let Some(router) = &drive.router {
             for (k, v) in router.counters().snapshot() {
                 kvroute_stats.insert(format!("client.{k}"), v);

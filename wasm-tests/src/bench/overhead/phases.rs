@@ -23,20 +23,16 @@ use crate::harness::Envoy;
 
 /// Counters of kvroute whose growth over a phase is reported.
 const KVROUTE_COUNTERS: [&str; 5] = [
-    "wasmcustom.kvroute.requests_routed",
-    "wasmcustom.kvroute.routed_prefix_hit",
-    "wasmcustom.kvroute.routed_load",
-    "wasmcustom.kvroute.passthrough",
-    "wasmcustom.kvroute.no_endpoint",
+    "wasmcustom.kvroute.requests_routed_total",
+    "wasmcustom.kvroute.requests_routed_total{reason=\"prefix_hit\"}",
+    "wasmcustom.kvroute.requests_routed_total{reason=\"load\"}",
+    "wasmcustom.kvroute.passthrough_total",
+    "wasmcustom.kvroute.no_endpoint_total",
 ];
 
-/// kvroute's stats in `stats` (name → value).
+/// kvroute's stats in `stats` (Envoy's labelled names → value).
 fn kvroute_stats(stats: &HashMap<String, u64>) -> BTreeMap<String, u64> {
-    stats
-        .iter()
-        .filter(|(k, _)| k.starts_with("wasmcustom.kvroute."))
-        .map(|(k, v)| (k.clone(), *v))
-        .collect()
+    crate::harness::kvroute_summary(stats)
 }
 
 /// The two Envoys and the sequential phase's connection to each.
@@ -93,7 +89,7 @@ pub(super) async fn measure_kind(
     kind: PromptKind,
     opts: &OverheadOptions,
 ) -> Result<KindReport> {
-    let before = kvroute_stats(&arms.kvroute.stats().await?);
+    let before = kvroute_stats(&arms.kvroute.labelled_stats().await?);
     run_pairs(arms, prompts, kind, 0, opts.warmup).await;
     let (kv_pid, plain_pid) = (arms.kvroute.proc.pid(), arms.plain.proc.pid());
     let (kv_cpu0, plain_cpu0) = (thread_cpu_ns(kv_pid), thread_cpu_ns(plain_pid));
@@ -102,8 +98,8 @@ pub(super) async fn measure_kind(
         run_pairs(arms, prompts, kind, opts.warmup as u64, opts.requests).await;
     let wall_s = t0.elapsed().as_secs_f64();
     let (kv_cpu1, plain_cpu1) = (thread_cpu_ns(kv_pid), thread_cpu_ns(plain_pid));
-    let after = kvroute_stats(&arms.kvroute.stats().await?);
-    let plain_stats = arms.plain.stats().await?;
+    let after = kvroute_stats(&arms.kvroute.labelled_stats().await?);
+    let plain_stats = arms.plain.labelled_stats().await?;
     let paired: Vec<(f64, f64)> = kv
         .iter()
         .zip(&plain)
