@@ -2,7 +2,8 @@
 //! nothing; conversations differing only in a tool call share only what precedes it, in kvroute's
 //! index as in the pod's cache; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
 //! report them) and unknown names are refused; HTTP/1.0 clients are served; a metrics scrape of
-//! the gateway is refused with where to scrape instead.
+//! the gateway is refused with where to scrape instead; a Responses API conversation keeps its
+//! prefix on the pod that holds it.
 
 mod common;
 
@@ -373,6 +374,70 @@ async fn conversations_differing_in_a_tool_call_share_only_what_precedes_it() {
             (index_share - pod_share).abs() < 0.1,
             "{city}: the index expected {index_share:.2} of the prompt cached, the pod had {pod_share:.2}"
         );
+    }
+    drop(sim);
+}
+
+/// The `response.completed` event of a streamed Responses answer.
+fn completed_response(body: &str) -> serde_json::Value {
+    body.split("\n\n")
+        .find_map(|event| {
+            let mut lines = event.lines();
+            (lines.next()? == "event: response.completed")
+                .then(|| serde_json::from_str(lines.next()?.strip_prefix("data: ")?).ok())?
+        })
+        .unwrap_or_else(|| panic!("no response.completed event in {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_api_conversation_keeps_its_prefix_on_the_pod_that_holds_it() {
+    let (sim, envoy) = stack(3, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/responses");
+    let instructions = system_prompt("responses-", 400);
+    let mut input = vec![json!({"role": "user", "content": [
+        {"type": "input_text", "text": "what should I wear tomorrow?"}]})];
+    let first = post(
+        &client,
+        &url,
+        &json!({"model": MODEL, "instructions": instructions, "input": input, "max_output_tokens": 2}),
+        &[],
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.json()["object"], "response");
+    let holder = first.pod.clone().expect("pod");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The next turns extend the conversation with a tool call and its answer: kvroute sends them
+    // to the pod holding the conversation, which reports the shared part cached, streamed or not.
+    input.push(
+        json!({"type": "function_call", "call_id": "c1", "name": "weather",
+        "arguments": "{\"city\":\"Paris\"}"}),
+    );
+    input.push(json!({"type": "function_call_output", "call_id": "c1", "output": "rain"}));
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "instructions": instructions, "input": input,
+            "max_output_tokens": 2, "stream": stream});
+        let r = post(&client, &url, &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.pod.as_deref(), Some(holder.as_str()), "stream {stream}");
+        assert_eq!(r.debug_field("reason").as_deref(), Some("prefix"));
+        let response = if stream {
+            completed_response(&r.body)["response"].clone()
+        } else {
+            r.json()
+        };
+        let usage = &response["usage"];
+        let (cached, prompt) = (
+            usage["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+            usage["input_tokens"].as_u64().unwrap(),
+        );
+        println!("stream {stream}: {cached}/{prompt} input tokens cached on {holder}");
+        assert!(cached * 2 > prompt, "stream {stream}: {cached}/{prompt}");
+        input.push(json!({"role": "assistant", "content": "noted"}));
+        input.push(json!({"role": "user", "content": "and the day after?"}));
     }
     drop(sim);
 }

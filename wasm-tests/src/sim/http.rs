@@ -51,6 +51,7 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
@@ -106,6 +107,10 @@ async fn chat_completions(
     body: Bytes,
 ) -> Response {
     inference(pod, Endpoint::Chat, headers, body).await
+}
+
+async fn responses(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    inference(pod, Endpoint::Responses, headers, body).await
 }
 
 async fn inference(pod: Arc<Pod>, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
@@ -199,6 +204,7 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
+        Endpoint::Responses => "resp",
     };
     let meta = Meta {
         endpoint,
@@ -210,6 +216,9 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         report_kv,
         n: req.n,
     };
+    if endpoint == Endpoint::Responses {
+        return responses_answer(pod, meta, sequences, req.stream, adapter).await;
+    }
     if req.stream {
         stream_response(pod.clone(), meta, sequences, adapter)
     } else {
@@ -236,6 +245,7 @@ async fn plan_disaggregation(
         let path = match req.endpoint {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
         };
         let result = match target {
             Ok(target) => pod.sidecar_prefill(&target, path, req).await,
@@ -353,7 +363,7 @@ async fn full_response(
                 "stop_reason": null,
                 "prompt_logprobs": null,
             }),
-            Endpoint::Chat => json!({
+            Endpoint::Chat | Endpoint::Responses => json!({
                 "index": index,
                 "message": {
                     "role": "assistant",
@@ -371,7 +381,7 @@ async fn full_response(
     let outcomes: Vec<&Outcome> = finished.iter().map(|(_, o)| o).collect();
     let object = match meta.endpoint {
         Endpoint::Completions => "text_completion",
-        Endpoint::Chat => "chat.completion",
+        Endpoint::Chat | Endpoint::Responses => "chat.completion",
     };
     let kv = match outcomes.first() {
         Some(first) => kv_handle(pod, &meta, first),
@@ -390,6 +400,94 @@ async fn full_response(
     Json(body).into_response()
 }
 
+/// A `/v1/responses` answer (one choice): the `response` object, or its event stream.
+async fn responses_answer(
+    pod: &Arc<Pod>,
+    meta: Meta,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+    stream: bool,
+    adapter: Option<super::pod::AdapterInFlight>,
+) -> Response {
+    use super::responses::{event, message, response, usage};
+    let Some(rx) = sequences.into_iter().next() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "no sequence",
+        );
+    };
+    let (id, created, model) = (meta.id, meta.created, meta.model);
+    if !stream {
+        let Some((text, o)) = collect(rx).await else {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "The engine stopped before the request finished",
+            );
+        };
+        let u = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+        return Json(response(&id, created, &model, Some(&text), u)).into_response();
+    }
+    let pod = pod.clone();
+    let events = async_stream::stream! {
+        // The adapter counts as running until the stream ends (or the client goes).
+        let _adapter = adapter;
+        let mut rx = rx;
+        let mut seq = 0;
+        let mut next = || { seq += 1; seq - 1 };
+        let started = response(&id, created, &model, None, Value::Null);
+        yield Ok::<Bytes, std::io::Error>(event("response.created", next(), json!({"response": started})));
+        yield Ok(event("response.in_progress", next(), json!({"response": started})));
+        let item_id = format!("msg_{id}");
+        yield Ok(event("response.output_item.added", next(),
+            json!({"output_index": 0, "item": message(&id, None)})));
+        yield Ok(event("response.content_part.added", next(), json!({"item_id": item_id,
+            "output_index": 0, "content_index": 0,
+            "part": {"type": "output_text", "text": "", "annotations": []}})));
+        let mut text = String::new();
+        let mut outcome = None;
+        while let Some(e) = rx.recv().await {
+            match e {
+                SeqEvent::Token { index } => {
+                    let delta = token_text(index);
+                    text.push_str(&delta);
+                    yield Ok(event("response.output_text.delta", next(), json!({"item_id": item_id,
+                        "output_index": 0, "content_index": 0, "delta": delta, "logprobs": []})));
+                }
+                SeqEvent::Finished(o) => { outcome = Some(o); break; }
+            }
+        }
+        let Some(o) = outcome else {
+            pod.count_failure();
+            yield Ok(event("error", next(), json!({"code": "500",
+                "message": "The engine stopped before the request finished", "param": null})));
+            return;
+        };
+        yield Ok(event("response.output_text.done", next(), json!({"item_id": item_id,
+            "output_index": 0, "content_index": 0, "text": text, "logprobs": []})));
+        yield Ok(event("response.content_part.done", next(), json!({"item_id": item_id,
+            "output_index": 0, "content_index": 0,
+            "part": {"type": "output_text", "text": text, "annotations": []}})));
+        yield Ok(event("response.output_item.done", next(),
+            json!({"output_index": 0, "item": message(&id, Some(&text))})));
+        let u = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+        yield Ok(event("response.completed", next(),
+            json!({"response": response(&id, created, &model, Some(&text), u)})));
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "could not build the stream",
+            )
+        })
+}
+
 fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
@@ -402,7 +500,7 @@ fn stream_response(
 ) -> Response {
     let chunk_object = match meta.endpoint {
         Endpoint::Completions => "text_completion",
-        Endpoint::Chat => "chat.completion.chunk",
+        Endpoint::Chat | Endpoint::Responses => "chat.completion.chunk",
     };
     let chunk = move |choices: Value| {
         json!({
@@ -437,7 +535,7 @@ fn stream_response(
                             "index": choice, "text": text, "logprobs": null,
                             "finish_reason": finish, "stop_reason": null,
                         }),
-                        Endpoint::Chat => {
+                        Endpoint::Chat | Endpoint::Responses => {
                             if index == 0 {
                                 // vLLM opens each choice's stream with the role, then the content.
                                 yield Ok::<Bytes, std::io::Error>(sse(&chunk(json!([{

@@ -21,6 +21,7 @@ mod pod;
 mod probe;
 pub mod profile;
 mod request;
+mod responses;
 mod tokens;
 
 use std::net::SocketAddr;

@@ -10,6 +10,8 @@
 //!   data; other parts as their JSON); `name`, `tool_call_id`, `tool_calls` (function name and
 //!   arguments), `tools`, `chat_template`, `chat_template_kwargs` and `documents` reach the prompt;
 //!   `add_generation_prompt` (default true) ends it with the assistant's turn.
+//! * `/v1/responses`: `instructions` and `input` as the chat messages vLLM makes of them
+//!   (`super::responses`), `max_output_tokens`; one choice, usage always in the final event.
 
 use serde_json::{Map, Value};
 
@@ -19,6 +21,7 @@ use super::tokens::{render_chat, tokenize, ChatMessage};
 pub enum Endpoint {
     Completions,
     Chat,
+    Responses,
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +99,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
     let batch = match endpoint {
         Endpoint::Completions => completion_prompts(&obj)?,
         Endpoint::Chat => vec![tokenize(&chat_text(&obj)?)],
+        Endpoint::Responses => vec![tokenize(&chat_text(&super::responses::to_chat(&obj)?)?)],
     };
     if batch.iter().any(Vec::is_empty) {
         return bad("The prompt cannot be empty");
@@ -111,6 +115,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
             optional_count(&obj, "max_completion_tokens")?.or(optional_count(&obj, "max_tokens")?)
         }
         Endpoint::Completions => optional_count(&obj, "max_tokens")?,
+        Endpoint::Responses => optional_count(&obj, "max_output_tokens")?,
     }
     .unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 {
