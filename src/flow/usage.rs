@@ -23,9 +23,10 @@ fn number_after(bytes: &[u8], key: &[u8]) -> Option<u64> {
     let rest = skip_spaces(rest);
     let rest = skip_spaces(rest.strip_prefix(b":")?);
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || digits > 19 {
+    if digits == 0 {
         return None;
     }
+    // `parse` refuses what overflows; a count of digits would refuse leading zeros too.
     std::str::from_utf8(rest.get(..digits)?).ok()?.parse().ok()
 }
 
@@ -65,5 +66,10 @@ mod tests {
             None
         );
         assert_eq!(cache_report(b"\xff\xfe\"cached_tokens\":"), None);
+        // Found by fuzzing: a number with leading zeros is still the number, even past 19 digits.
+        assert_eq!(
+            cache_report(br#"{"prompt_tokens":000000000000000000012,"cached_tokens":7}"#),
+            Some((7, 12))
+        );
     }
 }
