@@ -56,7 +56,7 @@ pub struct PodWork {
 
 impl PodWork {
     fn is_empty(&self) -> bool {
-        self.inflight == 0 && self.prefill_tokens == 0 && self.prefill_requests == 0
+        *self == PodWork::default()
     }
 
     fn add(&mut self, other: &PodWork) {
@@ -148,8 +148,8 @@ mod tests {
                         inflight: *n,
                         prefill_tokens: u64::from(*n) * 100,
                         prefill_requests: *n,
-                        head_since_ms: 50 + u64::from(*n),
-                        head_tokens: 100,
+                        head_since_ms: if *n > 0 { 50 + u64::from(*n) } else { 0 },
+                        head_tokens: if *n > 0 { 100 } else { 0 },
                     },
                 )
             })
