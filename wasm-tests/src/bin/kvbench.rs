@@ -685,7 +685,19 @@ fn split_args(s: &str) -> Vec<String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match real_main(Cli::parse()).await {
+    let cli = Cli::parse();
+    // SIGTERM or Ctrl-C ends a command by dropping it, so every pod, Envoy and peer router it
+    // started is killed by PID on the way out rather than left running; `up` shuts down cleanly
+    // on its own (and exits 0).
+    let result = if matches!(cli.command, Command::Up(_)) {
+        real_main(cli).await
+    } else {
+        tokio::select! {
+            r = real_main(cli) => r,
+            signal = interrupted() => Err(anyhow::anyhow!("stopped by {signal}")),
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvbench: {e:#}");
@@ -764,6 +776,21 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Resolves on the first SIGTERM or SIGINT, naming it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }
 
 async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
