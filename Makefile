@@ -107,7 +107,7 @@ lint: tools
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
-integration: build nextest sysdeps
+integration: build nextest sysdeps peers
 	$(CARGO) build --release -p wasm-tests --bins --tests
 	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
 
