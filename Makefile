@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead oci push manifests soak clean \
+.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead bench-peers peers oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -107,7 +107,7 @@ lint: tools
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
-integration: build nextest sysdeps
+integration: build nextest sysdeps peers
 	$(CARGO) build --release -p wasm-tests --bins --tests
 	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
 
@@ -155,6 +155,33 @@ up: build build-tools
 SEEDS ?= 3
 bench: build build-tools
 	target/release/kvbench compare --workload all --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out
+
+# The routers users would pick instead (PyPI wheels of Rust binaries, pinned with their
+# dependencies in tools/peers/<name>.txt), each in its own venv .tools/peers/<name>/ (sglang-router
+# and smg both install a `smg` command). Best effort: a router that cannot be installed is reported
+# and the peer smoke test skips; `make bench-peers` then fails when it reaches that router.
+PEERS       := sglang-router smg vllm-router
+PEERS_DIR   := $(TOOLS)/peers
+PEERS_STAMP := $(PEERS_DIR)/peers-$(shell cat tools/peers/*.txt | cksum | cut -d' ' -f1).stamp
+peers: $(PEERS_STAMP)
+$(PEERS_STAMP): $(wildcard tools/peers/*.txt)
+	@mkdir -p $(PEERS_DIR)
+	@failed=""; for p in $(PEERS); do \
+	  test -x $(PEERS_DIR)/$$p/bin/python || python3 -m venv $(PEERS_DIR)/$$p; \
+	  echo "installing $$p from PyPI (tools/peers/$$p.txt, ~30 MB) into .tools/peers/$$p…"; \
+	  $(PEERS_DIR)/$$p/bin/pip install --quiet --disable-pip-version-check -r tools/peers/$$p.txt || failed="$$failed $$p"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "WARNING: could not install$$failed: those peers' runs fail and the peer smoke test skips" >&2; \
+	else rm -f $(PEERS_DIR)/peers-*.stamp && touch $@; fi
+
+# Every workload of `make bench` over SEEDS seeds through kvroute (in Envoy) and through each peer
+# router with its cache-aware policy and its round-robin, Envoy's round-robin as the common
+# control, on the same fresh simulated pods and seeds: medians, spreads and one overview table.
+PEER_POLICIES ?= kvroute,round-robin,sglang-router,sglang-router-rr,smg,smg-rr,vllm-router,vllm-router-rr
+PEER_WORKLOADS ?= all
+bench-peers: build build-tools peers
+	target/release/kvbench compare --workload $(PEER_WORKLOADS) --seeds $(SEEDS) --policies $(PEER_POLICIES) \
+	  --time-scale $(TIME_SCALE) --out bench-out/peers
 
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools

@@ -106,7 +106,8 @@ pub fn sibling_bin(name: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-fn scratch_dir(tag: &str) -> Result<PathBuf> {
+/// A fresh directory under the system's temporary directory for one process's files.
+pub fn scratch_dir(tag: &str) -> Result<PathBuf> {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     // PIDs come round again (pid_max is often 32,768), and a directory left by an earlier test
@@ -131,16 +132,21 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Takes charge of a started child: it is killed by PID when the `Proc` drops.
+    pub fn new(child: Child, name: &str) -> Proc {
+        Proc {
+            child,
+            name: name.to_owned(),
+        }
+    }
+
     /// Starts `command`; the process is killed (by PID) when the `Proc` is dropped, a failing
     /// test's included.
     pub fn spawn(name: &str, command: &mut Command) -> Result<Proc> {
         let child = command
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        Ok(Proc {
-            child,
-            name: name.to_string(),
-        })
+        Ok(Proc::new(child, name))
     }
 
     pub fn pid(&self) -> u32 {

@@ -18,6 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::peers::{PeerPolicy, PeerStack};
 use super::routing::{ClientRouter, OracleObjective};
 use super::workload::WorkloadGen;
 use super::{
@@ -43,6 +44,9 @@ pub enum Policy {
     /// The same, minimising each request's TTFT plus the wait it adds to the requests queued on the
     /// pod ([`OracleObjective::TotalWait`]); not in the verdicts.
     OracleTotal,
+    /// Another router in place of Envoy (see [`peers`](super::peers)): sglang-router, smg or
+    /// vllm-router with its cache-aware or its round-robin policy.
+    Peer(PeerPolicy),
 }
 
 impl Policy {
@@ -55,7 +59,7 @@ impl Policy {
     ];
 
     /// The row label: `kvroute`, `round-robin`, `least-request`, `perfect-knowledge`,
-    /// `perfect-knowledge-total`.
+    /// `perfect-knowledge-total`, or a peer's ([`PeerPolicy::label`]).
     pub fn label(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
@@ -63,25 +67,32 @@ impl Policy {
             Policy::LeastRequest => "least-request",
             Policy::Oracle => "perfect-knowledge",
             Policy::OracleTotal => "perfect-knowledge-total",
+            Policy::Peer(p) => p.label(),
         }
     }
 
     pub fn from_name(name: &str) -> Result<Self> {
         Policy::ALL
             .into_iter()
+            .chain(PeerPolicy::ALL.map(Policy::Peer))
             .find(|p| p.label() == name)
             .ok_or_else(|| {
-                anyhow!(
-                    "unknown policy {name:?} (kvroute, round-robin, least-request, perfect-knowledge, perfect-knowledge-total)"
-                )
+                let known: Vec<&str> = Policy::ALL
+                    .into_iter()
+                    .chain(PeerPolicy::ALL.map(Policy::Peer))
+                    .map(Policy::label)
+                    .collect();
+                anyhow!("unknown policy {name:?} ({})", known.join(", "))
             })
     }
 
-    pub fn lb(self) -> Lb {
+    /// How Envoy's cluster picks a host; `None` for a peer, which runs without Envoy.
+    pub fn lb(self) -> Option<Lb> {
         match self {
-            Policy::Kvroute | Policy::Oracle | Policy::OracleTotal => Lb::OverrideHost,
-            Policy::RoundRobin => Lb::RoundRobin,
-            Policy::LeastRequest => Lb::LeastRequest,
+            Policy::Kvroute | Policy::Oracle | Policy::OracleTotal => Some(Lb::OverrideHost),
+            Policy::RoundRobin => Some(Lb::RoundRobin),
+            Policy::LeastRequest => Some(Lb::LeastRequest),
+            Policy::Peer(_) => None,
         }
     }
 }
@@ -180,25 +191,12 @@ pub struct Stack {
 impl Stack {
     /// Starts `opts.pods` fresh simulated pods and Envoy with `policy` in front of them.
     pub async fn start_simulated(policy: Policy, opts: &StackOptions) -> Result<Stack> {
-        let groups = if opts.groups.is_empty() {
-            vec![PodGroup::new(opts.pods, &[])]
-        } else {
-            opts.groups.clone()
-        };
-        anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "need at least one pod");
         // Fail on a missing Envoy or plugin before starting anything.
         check_envoy_installed()?;
         if policy == Policy::Kvroute {
             harness::wasm_path()?;
         }
-        let scale = opts.time_scale.to_string();
-        let mut sims = Vec::with_capacity(groups.len());
-        for g in &groups {
-            let mut args: Vec<&str> = vec!["--time-scale", &scale];
-            args.extend(opts.sim_args.iter().map(String::as_str));
-            args.extend(g.sim_args.iter().map(String::as_str));
-            sims.push(Sim::start(g.pods, &args).context("starting the simulated pods (kvsim)")?);
-        }
+        let sims = start_sims(opts)?;
         let pods: Vec<String> = sims.iter().flat_map(|s| s.pods.clone()).collect();
         let mut sims = sims.into_iter();
         let first = sims.next();
@@ -215,13 +213,19 @@ impl Stack {
         sim: Option<Sim>,
         opts: &StackOptions,
     ) -> Result<Stack> {
+        let lb = policy.lb().ok_or_else(|| {
+            anyhow!(
+                "{} is a router of its own, not an Envoy policy: start it with PeerStack",
+                policy.label()
+            )
+        })?;
         check_envoy_installed()?;
         let plugin =
             (policy == Policy::Kvroute).then(|| plugin_config(&pods, opts.plugin_extra.clone()));
         if plugin.is_some() {
             harness::wasm_path()?;
         }
-        let mut eo = EnvoyOptions::new(&pods, policy.lb(), plugin);
+        let mut eo = EnvoyOptions::new(&pods, lb, plugin);
         eo.concurrency = opts.workers;
         eo.listen_port = opts.listen_port;
         eo.admin_port = opts.admin_port;
@@ -254,6 +258,60 @@ impl Stack {
 
     pub fn admin_url(&self) -> String {
         format!("http://{}", self.envoy.admin)
+    }
+}
+
+/// Starts the simulated pods of `opts`: one `kvsim` process per group (or one of `opts.pods`).
+pub fn start_sims(opts: &StackOptions) -> Result<Vec<Sim>> {
+    let groups = if opts.groups.is_empty() {
+        vec![PodGroup::new(opts.pods, &[])]
+    } else {
+        opts.groups.clone()
+    };
+    anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "need at least one pod");
+    let scale = opts.time_scale.to_string();
+    let mut sims = Vec::with_capacity(groups.len());
+    for g in &groups {
+        let mut args: Vec<&str> = vec!["--time-scale", &scale];
+        args.extend(opts.sim_args.iter().map(String::as_str));
+        args.extend(g.sim_args.iter().map(String::as_str));
+        sims.push(Sim::start(g.pods, &args).context("starting the simulated pods (kvsim)")?);
+    }
+    Ok(sims)
+}
+
+/// What a comparison sends its workload to: Envoy with a policy, or a peer router.
+enum Front {
+    Envoy(Stack),
+    Peer(PeerStack),
+}
+
+impl Front {
+    async fn start(policy: Policy, opts: &StackOptions) -> Result<Front> {
+        Ok(match policy {
+            Policy::Peer(peer) => {
+                // Fail on a router that is not installed before starting the pods.
+                peer.router.check_installed()?;
+                let sims = start_sims(opts)?;
+                let pods = sims.iter().flat_map(|s| s.pods.clone()).collect();
+                Front::Peer(PeerStack::start(peer, pods, sims).await?)
+            }
+            _ => Front::Envoy(Stack::start_simulated(policy, opts).await?),
+        })
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Front::Envoy(s) => s.url(),
+            Front::Peer(s) => s.url(),
+        }
+    }
+
+    fn pods(&self) -> &[String] {
+        match self {
+            Front::Envoy(s) => &s.pods,
+            Front::Peer(s) => &s.pods,
+        }
     }
 }
 
@@ -439,12 +497,19 @@ pub async fn compare(
             spec.seed,
             policy.label()
         );
-        eprintln!(
-            "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
-            opts.workers
-        );
-        let stack = Stack::start_simulated(policy, opts).await?;
-        prewarm_pods(&stack.pods, spec.api, &prewarm).await?;
+        match policy {
+            Policy::Peer(p) => eprintln!(
+                "{tag}: starting {n_pods} pods and {} (--policy {})…",
+                p.router.name(),
+                p.policy_flag()
+            ),
+            _ => eprintln!(
+                "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
+                opts.workers
+            ),
+        }
+        let stack = Front::start(policy, opts).await?;
+        prewarm_pods(stack.pods(), spec.api, &prewarm).await?;
         eprintln!(
             "{tag}: ready in {:.1} s; sending for {} s simulated ({:.1} s wall) and draining…",
             t0.elapsed().as_secs_f64(),
@@ -457,12 +522,17 @@ pub async fn compare(
             _ => None,
         };
         let drive = driver::DriveOptions {
-            router: objective
-                .map(|o| Arc::new(ClientRouter::oracle(stack.pods.clone(), opts.time_scale, o))),
+            router: objective.map(|o| {
+                Arc::new(ClientRouter::oracle(
+                    stack.pods().to_vec(),
+                    opts.time_scale,
+                    o,
+                ))
+            }),
         };
         let report = run_after_warmup_with(
             &stack.url(),
-            &stack.pods,
+            stack.pods(),
             spec,
             opts.time_scale,
             warmup_s,

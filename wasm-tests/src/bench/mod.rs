@@ -25,6 +25,7 @@ pub mod demo;
 pub mod driver;
 pub mod metrics;
 pub mod overhead;
+pub mod peers;
 pub mod report;
 pub mod routing;
 pub mod soak;

@@ -66,6 +66,8 @@ pub struct PolicySummary {
     /// Successful requests measured.
     pub ok: Spread,
     pub success_rate: Spread,
+    /// Output tokens per simulated second.
+    pub output_tokens_per_s: Spread,
     /// Per run, the median |predicted − observed| / observed TTFT (kvroute's `predicted_ttft_ms`).
     pub prediction_error: Spread,
 }
@@ -99,6 +101,7 @@ pub fn summarize(runs: &[Vec<(String, RunReport)>]) -> Vec<PolicySummary> {
                 cache_hit_ratio: of(&|r| r.cache_hit_ratio),
                 ok: of(&|r| Some(r.ok as f64)),
                 success_rate: of(&|r| r.success_rate),
+                output_tokens_per_s: of(&|r| Some(r.output_tokens_per_s)),
                 prediction_error: of(&|r| r.prediction.median_abs_rel_error),
                 label,
             }
@@ -266,7 +269,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
         seeds.join(", ")
     );
     let head = [
-        "policy", "TTFT p50", "TTFT p90", "TTFT p99", "hit%", "ok", "pred err",
+        "policy", "TTFT p50", "TTFT p90", "TTFT p99", "hit%", "tok/s", "success%", "ok", "pred err",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
     for s in summaries {
@@ -276,6 +279,8 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
             s.ttft_p90_ms.render(0, 1.0),
             s.ttft_p99_ms.render(0, 1.0),
             s.cache_hit_ratio.render(1, 100.0),
+            s.output_tokens_per_s.render(0, 1.0),
+            s.success_rate.render(1, 100.0),
             s.ok.render(0, 1.0),
             if s.prediction_error.n == 0 {
                 if s.label == Policy::Kvroute.label() || s.label.starts_with(Policy::Oracle.label())
@@ -289,33 +294,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
             },
         ]);
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|c| {
-            rows.iter()
-                .map(|r| r.get(c).map_or(0, |x| x.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for (i, row) in rows.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (s, &w))| {
-                if c == 0 {
-                    format!("{s:<w$}")
-                } else {
-                    format!("{s:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
-    }
+    write_table(&mut out, &rows, 1);
     for c in &verdict.checks {
         let _ = writeln!(
             out,
@@ -332,6 +311,97 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
         );
     }
     let _ = writeln!(out, "{}", verdict_line(verdict));
+    out
+}
+
+/// Writes `rows` (the first is the header, underlined) as aligned columns: the first `left`
+/// columns left-aligned, the others right-aligned.
+fn write_table(out: &mut String, rows: &[Vec<String>], left: usize) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |x| x.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for (i, row) in rows.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (s, &w))| {
+                if c < left {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if i == 0 {
+            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+            let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+    }
+}
+
+/// One table over every workload of a run: per workload and policy the medians and spreads of
+/// TTFT p50/p90/p99, output throughput, success rate and cluster cache-hit ratio, and the policy's
+/// median p90 over kvroute's (`× kvroute p90`: above 1, kvroute's p90 is lower).
+pub fn render_overview(workloads: &[(String, Vec<PolicySummary>)]) -> String {
+    let seeds = workloads
+        .first()
+        .and_then(|(_, s)| s.first())
+        .map_or(0, |s| s.seeds.len());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "== overview: median [min–max] over {seeds} seeds (TTFT in simulated ms, tok/s = output tokens per simulated second, hit% = cluster prefix-cache hits from pod counters) =="
+    );
+    let head = [
+        "workload",
+        "router",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "tok/s",
+        "success%",
+        "hit%",
+        "p90 / kvroute's",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
+    for (workload, summaries) in workloads {
+        let kv = summaries
+            .iter()
+            .find(|s| s.label == Policy::Kvroute.label())
+            .and_then(|s| s.ttft_p90_ms.median);
+        for (i, s) in summaries.iter().enumerate() {
+            let versus = match (s.ttft_p90_ms.median, kv) {
+                (Some(p), Some(k)) if k > 0.0 && s.label != Policy::Kvroute.label() => {
+                    format!("{:.2}", p / k)
+                }
+                _ => "-".to_owned(),
+            };
+            rows.push(vec![
+                if i == 0 {
+                    workload.clone()
+                } else {
+                    String::new()
+                },
+                s.label.clone(),
+                s.ttft_p50_ms.render(0, 1.0),
+                s.ttft_p90_ms.render(0, 1.0),
+                s.ttft_p99_ms.render(0, 1.0),
+                s.output_tokens_per_s.render(0, 1.0),
+                s.success_rate.render(1, 100.0),
+                s.cache_hit_ratio.render(1, 100.0),
+                versus,
+            ]);
+        }
+    }
+    write_table(&mut out, &rows, 2);
     out
 }
 
@@ -445,6 +515,39 @@ mod tests {
         assert_eq!(v.met, None);
         assert!(verdict_line(&v).contains("incomplete"));
         assert!(render_summary("shared-agent", &sp, &v).contains("not measured"));
+    }
+
+    #[test]
+    fn the_overview_lists_every_workload_and_policy_against_kvroute() {
+        let runs: Vec<Vec<(String, RunReport)>> = (1..=3)
+            .map(|seed| {
+                vec![
+                    ("kvroute".to_owned(), report(seed, &[1.0; 10])),
+                    ("sglang-router".to_owned(), report(seed, &[2.0; 10])),
+                ]
+            })
+            .collect();
+        let s = summarize(&runs);
+        assert_eq!(s[0].output_tokens_per_s.n, 3);
+        let text = render_overview(&[
+            ("multi-tenant".to_owned(), s.clone()),
+            ("long-unique".to_owned(), s),
+        ]);
+        assert!(text.contains("over 3 seeds"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3 + 4,
+            "title, header, rule, 2 × 2 rows: {text}"
+        );
+        assert!(lines[3].starts_with("multi-tenant  kvroute"), "{text}");
+        assert!(lines[4].trim_start().starts_with("sglang-router"), "{text}");
+        assert!(
+            lines[4].trim_end().ends_with("2.00"),
+            "twice kvroute's p90: {text}"
+        );
+        assert!(lines[3].trim_end().ends_with('-'), "{text}");
+        assert!(lines[5].starts_with("long-unique"), "{text}");
     }
 
     #[test]

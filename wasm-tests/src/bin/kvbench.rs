@@ -18,6 +18,7 @@ use wasm_tests::bench::compare::{self, Policy, StackOptions};
 use wasm_tests::bench::compare_pd::{self, PdMode, PdStackOptions, Scenario};
 use wasm_tests::bench::demo::{self, DemoOptions, UpOptions};
 use wasm_tests::bench::overhead::{self, OverheadOptions, PromptKind};
+use wasm_tests::bench::peers::{PeerPolicy, PeerRouter};
 use wasm_tests::bench::summary;
 use wasm_tests::bench::{
     render_json, render_table, run, AgentParams, Api, InterferenceParams, Load, MultiTenantParams,
@@ -367,6 +368,22 @@ enum PolicyArg {
     PerfectKnowledge,
     /// The same, minimising the request's first token plus the wait it adds to those queued there
     PerfectKnowledgeTotal,
+    /// SGLang's router (PyPI sglang-router, `make peers`) with --policy cache_aware, no Envoy
+    SglangRouter,
+    /// SGLang's router with --policy round_robin
+    SglangRouterRr,
+    /// The Shepherd Model Gateway (PyPI smg) with --policy cache_aware
+    Smg,
+    /// The Shepherd Model Gateway with --policy round_robin
+    SmgRr,
+    /// vLLM's router (PyPI vllm-router) with --policy cache_aware
+    VllmRouter,
+    /// vLLM's router with --policy round_robin
+    VllmRouterRr,
+}
+
+fn peer(router: PeerRouter, cache_aware: bool) -> Policy {
+    Policy::Peer(PeerPolicy::new(router, cache_aware))
 }
 
 impl From<PolicyArg> for Policy {
@@ -377,6 +394,12 @@ impl From<PolicyArg> for Policy {
             PolicyArg::LeastRequest => Policy::LeastRequest,
             PolicyArg::PerfectKnowledge => Policy::Oracle,
             PolicyArg::PerfectKnowledgeTotal => Policy::OracleTotal,
+            PolicyArg::SglangRouter => peer(PeerRouter::SglangRouter, true),
+            PolicyArg::SglangRouterRr => peer(PeerRouter::SglangRouter, false),
+            PolicyArg::Smg => peer(PeerRouter::Smg, true),
+            PolicyArg::SmgRr => peer(PeerRouter::Smg, false),
+            PolicyArg::VllmRouter => peer(PeerRouter::VllmRouter, true),
+            PolicyArg::VllmRouterRr => peer(PeerRouter::VllmRouter, false),
         }
     }
 }
@@ -405,8 +428,14 @@ struct CompareArgs {
     /// The simulator's time scale (0.05 = 20× faster than real); figures are reported in simulated time
     #[arg(long, default_value_t = 0.05)]
     time_scale: f64,
-    #[arg(long, value_enum, default_value = "multi-tenant")]
-    workload: CompareWorkload,
+    /// Workloads to run, in this order (comma-separated; `all` = every one but interference)
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "multi-tenant"
+    )]
+    workload: Vec<CompareWorkload>,
     /// Simulated seconds at the start of the run that are sent but not measured (the pods start
     /// with empty caches); 0 = measure everything [default: the workload's, 30 or 60]
     #[arg(long)]
@@ -656,7 +685,19 @@ fn split_args(s: &str) -> Vec<String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match real_main(Cli::parse()).await {
+    let cli = Cli::parse();
+    // SIGTERM or Ctrl-C ends a command by dropping it, so every pod, Envoy and peer router it
+    // started is killed by PID on the way out rather than left running; `up` shuts down cleanly
+    // on its own (and exits 0).
+    let result = if matches!(cli.command, Command::Up(_)) {
+        real_main(cli).await
+    } else {
+        tokio::select! {
+            r = real_main(cli) => r,
+            signal = interrupted() => Err(anyhow::anyhow!("stopped by {signal}")),
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvbench: {e:#}");
@@ -737,6 +778,21 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Resolves on the first SIGTERM or SIGINT, naming it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}
+
 async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.time_scale.is_finite() && args.time_scale > 0.0,
@@ -745,7 +801,13 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.seeds >= 1, "--seeds must be at least 1");
     // Validate every spec before starting anything.
     let mut cases = Vec::new();
-    for w in args.workload.workloads() {
+    let mut workloads: Vec<WorkloadArg> = Vec::new();
+    for w in args.workload.iter().flat_map(|w| w.workloads()) {
+        if !workloads.contains(&w) {
+            workloads.push(w);
+        }
+    }
+    for w in workloads {
         let spec = args.spec.spec(w, SpecDefaults::compare(w)?)?;
         let defaults = compare::bench_defaults(w.name())?;
         let warmup = args.warmup.unwrap_or(defaults.warmup_s);
@@ -767,6 +829,7 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.spec.seed + i).collect();
     let t0 = std::time::Instant::now();
     let mut verdicts = Vec::new();
+    let mut overview = Vec::new();
     for (w, spec, warmup, groups) in &cases {
         let opts = StackOptions {
             groups: groups.clone(),
@@ -825,12 +888,24 @@ async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
         }
         verdicts.push(verdict);
+        overview.push((w.name().to_owned(), summaries));
     }
     if verdicts.len() > 1 {
         println!();
         println!("== verdicts ({} seeds each) ==", seeds.len());
         for v in &verdicts {
             println!("{}", summary::verdict_line(v));
+        }
+    }
+    // Every workload and policy in one table (what `make bench-peers` reports).
+    if overview.len() > 1 || policies.iter().any(|p| matches!(p, Policy::Peer(_))) {
+        let text = summary::render_overview(&overview);
+        println!();
+        print!("{text}");
+        if let Some(dir) = &args.out {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("overview.txt"), &text)?;
+            eprintln!("wrote {}/overview.txt", dir.display());
         }
     }
     eprintln!("compare: {:.0} s wall in all", t0.elapsed().as_secs_f64());

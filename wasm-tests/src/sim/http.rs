@@ -1,6 +1,7 @@
 //! The pod's HTTP surface, shaped like vLLM's OpenAI server wherever a router or client can see it:
 //! response and chunk shapes, `usage.prompt_tokens_details.cached_tokens`, error bodies
 //! (`{"object":"error","message":..,"type":..,"param":null,"code":..}`), `/v1/models`, `/health`,
+//! `/version` and `/tokenize` (vLLM only, as read by routers at start-up and per request),
 //! `/metrics`, plus the `/sim/` control endpoints tests use.
 //!
 //! Streaming sends the first content chunk when the engine finishes the prefill (that is the time to
@@ -22,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::config::Role;
+use super::config::{EngineKind, Role};
 use super::engine::{Outcome, PullSource, SeqEvent, SeqSpec};
 use super::metrics;
 use super::pod::{prefiller_target, pull_source, Faults, Pod};
@@ -54,6 +55,8 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/tokenize", post(tokenize_prompt))
         .route("/metrics", get(metrics_text))
         .route("/sim/stats", get(sim_stats))
         .route("/sim/fault", post(sim_fault))
@@ -633,6 +636,49 @@ async fn models(State(pod): State<Arc<Pod>>) -> Json<Value> {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+/// The vLLM release whose wire format kvsim follows (`vllm:kv_cache_usage_perc`, V1 metrics).
+pub const VLLM_VERSION: &str = "0.11.0";
+
+/// `/tokenize` answers token ids below this.
+const VOCAB_IDS: u64 = 1 << 31;
+
+/// vLLM's `GET /version`; routers (Shepherd Model Gateway) read it while registering a worker.
+/// SGLang has no such route.
+async fn version(State(pod): State<Arc<Pod>>) -> Response {
+    if pod.cfg.engine != EngineKind::Vllm {
+        return not_found().await;
+    }
+    Json(json!({ "version": VLLM_VERSION })).into_response()
+}
+
+/// vLLM's `POST /tokenize`: a `prompt` or chat `messages`, tokenised as a completion or chat request
+/// would be (vllm-router's cache-aware policy asks for it per chat request). SGLang has no such route.
+async fn tokenize_prompt(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    if pod.cfg.engine != EngineKind::Vllm {
+        return not_found().await;
+    }
+    let is_chat = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .is_some_and(|v| v.get("messages").is_some());
+    let endpoint = if is_chat {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    match parse(endpoint, &body) {
+        Ok(req) => Json(json!({
+            "count": req.tokens.len(),
+            "max_model_len": pod.cfg.max_model_len,
+            // A real tokenizer's ids are vocabulary indices (routers read them as u32): the
+            // simulator's 64-bit word hashes folded into 31 bits, equal words still equal.
+            "tokens": req.tokens.iter().map(|t| t % VOCAB_IDS).collect::<Vec<u64>>(),
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(BadRequest(msg)) => error(StatusCode::BAD_REQUEST, "BadRequestError", &msg),
+    }
 }
 
 const GARBAGE_METRICS: &str = "# TYPE vllm:num_requests_waiting gauge\n\
