@@ -1,0 +1,258 @@
+//! `kvbench compare`: the same seeded workloads through fresh pods and Envoy (or a peer router) per
+//! policy, with the summary over seeds.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args, ValueEnum};
+use wasm_tests::bench::compare::{self, Policy, StackOptions};
+use wasm_tests::bench::peers::{PeerPolicy, PeerRouter};
+use wasm_tests::bench::summary;
+
+use crate::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CompareWorkload {
+    MultiTenant,
+    MultiTurn,
+    Agent,
+    SharedAgent,
+    LongUnique,
+    MultiTenantStall,
+    UnequalPool,
+    /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
+    Interference,
+    /// Every workload above but interference, in turn
+    All,
+}
+
+impl CompareWorkload {
+    pub(crate) fn workloads(self) -> Vec<WorkloadArg> {
+        match self {
+            CompareWorkload::MultiTenant => vec![WorkloadArg::MultiTenant],
+            CompareWorkload::MultiTurn => vec![WorkloadArg::MultiTurn],
+            CompareWorkload::Agent => vec![WorkloadArg::Agent],
+            CompareWorkload::SharedAgent => vec![WorkloadArg::SharedAgent],
+            CompareWorkload::LongUnique => vec![WorkloadArg::LongUnique],
+            CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
+            CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
+            CompareWorkload::Interference => vec![WorkloadArg::Interference],
+            CompareWorkload::All => vec![
+                WorkloadArg::MultiTenant,
+                WorkloadArg::MultiTurn,
+                WorkloadArg::Agent,
+                WorkloadArg::SharedAgent,
+                WorkloadArg::LongUnique,
+                WorkloadArg::MultiTenantStall,
+                WorkloadArg::UnequalPool,
+            ],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum PolicyArg {
+    Kvroute,
+    RoundRobin,
+    LeastRequest,
+    /// The client probes every simulated pod and sends each request to the earliest first token
+    PerfectKnowledge,
+    /// The same, minimising the request's first token plus the wait it adds to those queued there
+    PerfectKnowledgeTotal,
+    /// SGLang's router (PyPI sglang-router, `make peers`) with --policy cache_aware, no Envoy
+    SglangRouter,
+    /// SGLang's router with --policy round_robin
+    SglangRouterRr,
+    /// The Shepherd Model Gateway (PyPI smg) with --policy cache_aware
+    Smg,
+    /// The Shepherd Model Gateway with --policy round_robin
+    SmgRr,
+    /// vLLM's router (PyPI vllm-router) with --policy cache_aware
+    VllmRouter,
+    /// vLLM's router with --policy round_robin
+    VllmRouterRr,
+}
+
+pub(crate) fn peer(router: PeerRouter, cache_aware: bool) -> Policy {
+    Policy::Peer(PeerPolicy::new(router, cache_aware))
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(p: PolicyArg) -> Self {
+        match p {
+            PolicyArg::Kvroute => Policy::Kvroute,
+            PolicyArg::RoundRobin => Policy::RoundRobin,
+            PolicyArg::LeastRequest => Policy::LeastRequest,
+            PolicyArg::PerfectKnowledge => Policy::Oracle,
+            PolicyArg::PerfectKnowledgeTotal => Policy::OracleTotal,
+            PolicyArg::SglangRouter => peer(PeerRouter::SglangRouter, true),
+            PolicyArg::SglangRouterRr => peer(PeerRouter::SglangRouter, false),
+            PolicyArg::Smg => peer(PeerRouter::Smg, true),
+            PolicyArg::SmgRr => peer(PeerRouter::Smg, false),
+            PolicyArg::VllmRouter => peer(PeerRouter::VllmRouter, true),
+            PolicyArg::VllmRouterRr => peer(PeerRouter::VllmRouter, false),
+        }
+    }
+}
+
+/// Durations and rates are in simulated seconds (wall = simulated × time scale). Without `--rate` or
+/// `--concurrency`, each workload runs at its default load on its default pods (see
+/// `compare::bench_defaults`): multi-tenant 4/s, multi-turn 5/s, agent 1/s, shared-agent 24 clients
+/// on 3 pods, long-unique 2.6/s, multi-tenant-stall 4/s, unequal-pool 2/s on 3 + 1 half-speed pods.
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("load").args(["rate", "concurrency"])))]
+pub(crate) struct CompareArgs {
+    /// Policies to compare, in this order
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kvroute", "round-robin", "least-request", "perfect-knowledge"])]
+    pub(crate) policies: Vec<PolicyArg>,
+    /// Simulated pods (fresh ones for every policy) [default: the workload's; with several kvsim
+    /// processes, this sets the first one's]
+    #[arg(long)]
+    pub(crate) pods: Option<usize>,
+    /// Seeds to run every workload with: --seed, --seed + 1, …; with more than one, a summary of
+    /// medians and spreads and a verdict per workload follow
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seeds: u64,
+    /// Extra kvsim arguments, space-separated, e.g. "--num-gpu-blocks 2048"
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub(crate) sim_args: String,
+    /// The simulator's time scale (0.05 = 20× faster than real); figures are reported in simulated time
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) time_scale: f64,
+    /// Workloads to run, in this order (comma-separated; `all` = every one but interference)
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "multi-tenant"
+    )]
+    pub(crate) workload: Vec<CompareWorkload>,
+    /// Simulated seconds at the start of the run that are sent but not measured (the pods start
+    /// with empty caches); 0 = measure everything [default: the workload's, 30 or 60]
+    #[arg(long)]
+    pub(crate) warmup: Option<f64>,
+    /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
+    /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) spec: SpecArgs,
+}
+
+pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.time_scale.is_finite() && args.time_scale > 0.0,
+        "time scale must be > 0"
+    );
+    anyhow::ensure!(args.seeds >= 1, "--seeds must be at least 1");
+    // Validate every spec before starting anything.
+    let mut cases = Vec::new();
+    let mut workloads: Vec<WorkloadArg> = Vec::new();
+    for w in args.workload.iter().flat_map(|w| w.workloads()) {
+        if !workloads.contains(&w) {
+            workloads.push(w);
+        }
+    }
+    for w in workloads {
+        let spec = args.spec.spec(w, SpecDefaults::compare(w)?)?;
+        let defaults = compare::bench_defaults(w.name())?;
+        let warmup = args.warmup.unwrap_or(defaults.warmup_s);
+        anyhow::ensure!(
+            warmup.is_finite() && warmup >= 0.0 && warmup < spec.duration_s,
+            "{}: the warm-up ({warmup} s) must be >= 0 and shorter than the duration ({} s)",
+            w.name(),
+            spec.duration_s
+        );
+        let mut groups = defaults.groups;
+        if let (Some(n), Some(first)) = (args.pods, groups.first_mut()) {
+            first.pods = n;
+        }
+        anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "--pods must be >= 1");
+        cases.push((w, spec, warmup, groups));
+    }
+    let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
+    anyhow::ensure!(!policies.is_empty(), "no policies given");
+    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.spec.seed + i).collect();
+    let t0 = std::time::Instant::now();
+    let mut verdicts = Vec::new();
+    let mut overview = Vec::new();
+    for (w, spec, warmup, groups) in &cases {
+        let opts = StackOptions {
+            groups: groups.clone(),
+            sim_args: split_args(&args.sim_args),
+            time_scale: args.time_scale,
+            ..StackOptions::default()
+        };
+        let pool = compare::describe_groups(groups);
+        let mut runs = Vec::new();
+        for &seed in &seeds {
+            let mut spec = spec.clone();
+            spec.seed = seed;
+            let rows = compare::compare(&policies, &spec, &opts, *warmup).await?;
+            println!();
+            if args.sim_args.trim().is_empty() {
+                println!("pool: {pool}");
+            } else {
+                println!("pool: {pool}; every pod also: {}", args.sim_args.trim());
+            }
+            print!("{}", compare::render_text(&rows, *warmup));
+            if let Some(dir) = &args.out {
+                let stem = if seeds.len() == 1 {
+                    w.name().to_owned()
+                } else {
+                    format!("{}-seed{seed}", w.name())
+                };
+                compare::write_outputs(dir, &stem, &rows, *warmup)?;
+                eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
+            }
+            runs.push(rows);
+        }
+        let summaries = summary::summarize(&runs);
+        let verdict = summary::verdict(w.name(), &runs, &summaries);
+        let text = format!(
+            "pool: {pool}\n{}",
+            summary::render_summary(w.name(), &summaries, &verdict)
+        );
+        println!();
+        print!("{text}");
+        if let Some(dir) = &args.out {
+            std::fs::create_dir_all(dir)?;
+            let stem = format!("{}-summary", w.name());
+            let doc = serde_json::json!({
+                "workload": w.name(),
+                "pool": groups,
+                "seeds": seeds,
+                "warmup_s": warmup,
+                "policies": summaries,
+                "verdict": verdict,
+            });
+            std::fs::write(
+                dir.join(format!("{stem}.json")),
+                serde_json::to_string_pretty(&doc)? + "\n",
+            )?;
+            std::fs::write(dir.join(format!("{stem}.txt")), &text)?;
+            eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
+        }
+        verdicts.push(verdict);
+        overview.push((w.name().to_owned(), summaries));
+    }
+    if verdicts.len() > 1 {
+        println!();
+        println!("== verdicts ({} seeds each) ==", seeds.len());
+        for v in &verdicts {
+            println!("{}", summary::verdict_line(v));
+        }
+    }
+    // Every workload and policy in one table (what `make bench-peers` reports).
+    if overview.len() > 1 || policies.iter().any(|p| matches!(p, Policy::Peer(_))) {
+        let text = summary::render_overview(&overview);
+        println!();
+        print!("{text}");
+        if let Some(dir) = &args.out {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("overview.txt"), &text)?;
+            eprintln!("wrote {}/overview.txt", dir.display());
+        }
+    }
+    eprintln!("compare: {:.0} s wall in all", t0.elapsed().as_secs_f64());
+    Ok(())
+}
