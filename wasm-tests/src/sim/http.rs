@@ -477,6 +477,14 @@ async fn responses_answer(
         yield Ok(event("response.completed", next(),
             json!({"response": response(&id, created, &model, Some(&text), u)})));
     };
+    event_stream(events)
+}
+
+/// A 200 whose body is `events` as server-sent events.
+fn event_stream<S>(events: S) -> Response
+where
+    S: futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
@@ -587,18 +595,7 @@ fn stream_response(
         }
         yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
     };
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                "could not build the stream",
-            )
-        })
+    event_stream(events)
 }
 
 /// vLLM's model list: one card per served name, all with the model's path as `root`, then one per
