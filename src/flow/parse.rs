@@ -33,6 +33,32 @@
 //! body is still checked, and a body that would have been routed is refused
 //! ([`ParseError::OverBudget`]).
 
+/// The arms of a visitor whose value says whether it found what it renders: an object is checked
+/// and skipped, a number, boolean or null is not it (`false`). Serde's defaults would refuse them
+/// as invalid types instead.
+macro_rules! false_otherwise {
+    () => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+            skip_map(map, self.depth).map(|_| false)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+    };
+}
+
 mod chat;
 pub(crate) mod json;
 #[cfg(any(test, feature = "testing"))]

@@ -57,27 +57,10 @@ impl<'de> Visitor<'de> for Messages<'_> {
         }
         Ok(any)
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        skip_map(map, self.depth).map(|_| false)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
     fn visit_str<E>(self, _: &str) -> Result<bool, E> {
         Ok(false)
     }
-    fn visit_unit<E>(self) -> Result<bool, E> {
-        Ok(false)
-    }
+    false_otherwise!();
 }
 
 /// What the Responses API's input items need to know of a rendered message (vLLM merges an item
@@ -296,24 +279,7 @@ impl<'de> Visitor<'de> for Role<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
         skip_seq(seq, self.depth).map(|_| false)
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        skip_map(map, self.depth).map(|_| false)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_unit<E>(self) -> Result<bool, E> {
-        Ok(false)
-    }
+    false_otherwise!();
 }
 
 /// Message content: a string as its text, parts joined by newlines, null as nothing, anything else
