@@ -218,12 +218,20 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
     let mut ok = 0;
+    // The decode pod that holds tenant 0's prompt is the one made to fail: its next requests are
+    // drawn to it by their prefix, so failures against it are certain, not a matter of which pod
+    // a short prompt happened to land on.
+    let mut failing: Option<String> = None;
     for round in 0..8 {
         if round == 3 {
-            sim_fault(&decode.pods[0], json!({"fail_ratio": 1.0})).await;
+            let pod = failing.clone().expect("tenant 0 was answered by a decode pod");
+            sim_fault(&pod, json!({"fail_ratio": 1.0})).await;
         }
         if round == 5 {
-            sim_fault(&decode.pods[0], json!({})).await;
+            let failures = envoy
+                .stat("wasmcustom.kvroute.health.request_failures_total").await;
+            assert!(failures > 0, "no request met the failing pod {failing:?}");
+            sim_fault(failing.as_deref().unwrap(), json!({})).await;
         }
         if (3..5).contains(&round) {
             // Distinct short prompts: some land on the failing pod (and are retried elsewhere).
@@ -248,6 +256,9 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
             )
             .await;
             ok += u32::from(r.status == 200);
+            if tenant == 0 && round < 3 {
+                failing = r.pod.clone().filter(|p| decode.pods.contains(p));
+            }
         }
         let r = post(
             &client,
