@@ -78,7 +78,8 @@ pub struct RouteRequest<'a> {
     pub prompt_tokens: u64,
     /// Tokens per index block.
     pub tokens_per_block: u32,
-    /// Key for rendezvous tie-breaking: the first block hash, or the chain seed for short prompts.
+    /// Key for rendezvous tie-breaking where no block tells candidates apart (see
+    /// [`picker::tie_key`]): the first block hash, or the chain seed for short prompts.
     pub affinity_key: u64,
     /// The typical uncached tokens of a request (this VM's running mean): the size given to
     /// requests a pod reports waiting that this gateway did not send (other replicas' traffic).

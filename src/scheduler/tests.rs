@@ -91,6 +91,26 @@ fn a_new_prefix_goes_where_rendezvous_says_and_spreads() {
 }
 
 #[test]
+fn behind_a_prefix_every_pod_holds_ties_spread_by_what_follows_it() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    for p in &mut pods {
+        p.matched_blocks = 50; // the shared tools prefix
+    }
+    let mut counts = [0usize; 4];
+    for call in 0..400u64 {
+        let mut hashes: Vec<u64> = (1..=50).collect();
+        hashes.extend((0..50).map(|i| (call * 100 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        let d = decide(&cfg, &pods, &request(&hashes));
+        let i = ADDRS.iter().position(|a| *a == primary(&d)).unwrap();
+        counts[i] += 1;
+    }
+    for c in counts {
+        assert!((60..=140).contains(&c), "spread over the pool: {counts:?}");
+    }
+}
+
+#[test]
 fn the_holder_keeps_a_prefix_until_recomputing_it_elsewhere_is_faster() {
     let cfg = Config::default();
     let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens

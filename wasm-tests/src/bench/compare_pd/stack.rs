@@ -137,7 +137,13 @@ impl PdStack {
                         {"name": "decode", "role": "decode", "endpoints": d.pods}
                     ]),
                 );
-                extra.insert("pd".to_owned(), json!({"mode": mode.as_str()}));
+                // The plugin's per-token objective is wall-clock: the default 100 ms, in the
+                // simulator's time.
+                extra.insert(
+                    "pd".to_owned(),
+                    json!({"mode": mode.as_str(),
+                           "stream_itl_objective_ms": 100.0 * opts.time_scale}),
+                );
                 let (pool, pre) = (d.pods.clone(), p.pods.clone());
                 (vec![p, d], pool, pre, extra)
             }
