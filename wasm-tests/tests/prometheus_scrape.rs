@@ -224,12 +224,15 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     let mut failing: Option<String> = None;
     for round in 0..8 {
         if round == 3 {
-            let pod = failing.clone().expect("tenant 0 was answered by a decode pod");
+            let pod = failing
+                .clone()
+                .expect("tenant 0 was answered by a decode pod");
             sim_fault(&pod, json!({"fail_ratio": 1.0})).await;
         }
         if round == 5 {
             let failures = envoy
-                .stat("wasmcustom.kvroute.health.request_failures_total").await;
+                .stat("wasmcustom.kvroute.health.request_failures_total")
+                .await;
             assert!(failures > 0, "no request met the failing pod {failing:?}");
             sim_fault(failing.as_deref().unwrap(), json!({})).await;
         }
