@@ -5,15 +5,8 @@
 //! (see `crate::router::Router::plan`):
 //!
 //! * **local** — the decode pod prefills the tokens it does not hold: its predicted TTFT, plus the
-//!   harm to its streams. Every sequence decoding there waits out the prefill once: one token gap
-//!   of the prefill's length plus the usual inter-token latency. A stream is harmed only by how far
-//!   that gap passes `stream_itl_objective_ms` (default 100 ms, DistServe's per-token objective for
-//!   chat), so the harm is the streams (at least one: on an idle decode pod the next request it
-//!   takes waits behind the prefill) times that excess. Counting every stream's whole stall instead
-//!   (the previous rule) priced a 150-token prefill beside 32 streams at 32 × its length: medium
-//!   prompts were sent to the prefill pool even when it was seconds behind, and queued the long
-//!   prompts behind them (`make bench-pd` interference: 251–322 of 602 requests split, where
-//!   round-robin P/D splitting every prompt over 512 tokens split 111 and had the lower p90 TTFT).
+//!   harm to its streams: every sequence decoding there stalls for the prefill's length (on an idle
+//!   decode pod, the next request it takes waits behind it: at least one).
 //! * **split** — the best prefill pod's predicted TTFT (its queue and compute for the tokens *it*
 //!   does not hold). Its cost model is learned from the split requests' own first bytes, so the KV
 //!   transfer and the decode pod's first step are in it; the decode pod's streams are not stalled
@@ -59,9 +52,6 @@ pub struct PdConfig {
     /// prefill pods' cost models only; their fits learn the real figure from split requests' first
     /// bytes, transfer included.
     pub split_overhead_ms: f64,
-    /// The inter-token latency the decode pods' streams should keep (ms): a local prefill harms a
-    /// stream only by how far its stall pushes one token gap past this.
-    pub stream_itl_objective_ms: f64,
 }
 
 impl Default for PdConfig {
@@ -70,8 +60,6 @@ impl Default for PdConfig {
             mode: PdMode::Sidecar,
             prefill_timeout_ms: 60_000,
             split_overhead_ms: 20.0,
-            // DistServe (OSDI '24), Table 1: the chatbot workload's TPOT objective is 0.1 s.
-            stream_itl_objective_ms: 100.0,
         }
     }
 }
@@ -84,12 +72,7 @@ impl PdConfig {
                 "must be positive",
             ));
         }
-        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)?;
-        crate::config::at_least(
-            "pd.stream_itl_objective_ms",
-            self.stream_itl_objective_ms,
-            0.0,
-        )
+        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)
     }
 }
 
@@ -107,18 +90,10 @@ pub fn mean_load(pods: &[(Role, f64)], role: Role) -> f64 {
     }
 }
 
-/// The cost of prefilling on the decode pod, in milliseconds: its predicted TTFT plus, for each
-/// stream decoding there (at least one: the next request it takes waits too), how far the stall
-/// (the prefill, then the step's usual `itl_ms`) passes the streams' `itl_objective_ms`.
-pub fn local_cost_ms(
-    ttft_ms: f64,
-    prefill_ms: f64,
-    decoding: f64,
-    itl_ms: f64,
-    itl_objective_ms: f64,
-) -> f64 {
-    let excess = (prefill_ms.max(0.0) + itl_ms.max(0.0) - itl_objective_ms).max(0.0);
-    ttft_ms + decoding.max(1.0) * excess
+/// The cost of prefilling on the decode pod: its predicted TTFT plus the stall it imposes on the
+/// streams decoding there (at least one: the next request it takes waits too), in milliseconds.
+pub fn local_cost_ms(ttft_ms: f64, prefill_ms: f64, decoding: f64) -> f64 {
+    ttft_ms + decoding.max(1.0) * prefill_ms.max(0.0)
 }
 
 /// What `plan` decided about prefill/decode disaggregation.
@@ -156,13 +131,7 @@ pub fn plan_split(
     let local = &decode.prediction;
     let cost = router.cost_of(config, &decode.addr);
     let prefill_ms = cost.us_per_token * local.uncached_tokens / 1e3;
-    let local_cost = local_cost_ms(
-        local.ttft_ms,
-        prefill_ms,
-        local.decoding,
-        router.itl_of(&decode.addr).unwrap_or(0.0),
-        config.pd.stream_itl_objective_ms,
-    );
+    let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
     // The decode pod already admitted the request: the prefill step is never shed, and a
     // session pins its decode pod, not its prefill pod.
     let prefill_hints = Hints {
@@ -210,13 +179,9 @@ mod tests {
     }
 
     #[test]
-    fn local_cost_counts_each_stalled_stream_past_the_objective_and_at_least_one() {
-        // 80 ms of prefill after a 30 ms step: 10 ms past a 100 ms objective, per stream.
-        assert_eq!(local_cost_ms(100.0, 80.0, 0.0, 30.0, 100.0), 110.0);
-        assert_eq!(local_cost_ms(100.0, 80.0, 10.0, 30.0, 100.0), 200.0);
-        // Within the objective, the stall harms nobody.
-        assert_eq!(local_cost_ms(100.0, 60.0, 10.0, 30.0, 100.0), 100.0);
-        assert_eq!(local_cost_ms(100.0, 80.0, 10.0, 0.0, 0.0), 900.0);
+    fn local_cost_counts_every_stalled_stream_and_at_least_one() {
+        assert_eq!(local_cost_ms(100.0, 80.0, 0.0), 180.0);
+        assert_eq!(local_cost_ms(100.0, 80.0, 10.0), 900.0);
         let pods = [
             (Role::Prefill, 4.0),
             (Role::Prefill, 2.0),

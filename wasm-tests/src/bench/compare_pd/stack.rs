@@ -137,13 +137,7 @@ impl PdStack {
                         {"name": "decode", "role": "decode", "endpoints": d.pods}
                     ]),
                 );
-                // The plugin's per-token objective is wall-clock: the default 100 ms, in the
-                // simulator's time.
-                extra.insert(
-                    "pd".to_owned(),
-                    json!({"mode": mode.as_str(),
-                           "stream_itl_objective_ms": 100.0 * opts.time_scale}),
-                );
+                extra.insert("pd".to_owned(), json!({"mode": mode.as_str()}));
                 let (pool, pre) = (d.pods.clone(), p.pods.clone());
                 (vec![p, d], pool, pre, extra)
             }
