@@ -12,8 +12,7 @@
 //!   that is its first block, as above; where every pod holds a shared prefix (an agent's tools, a
 //!   common system prompt), it is where the request becomes its own. Keyed on the first block
 //!   instead, every request behind a prefix all pods hold won every tie on the same pod, which ran
-//!   up to a tie band more work than the others (`shared-agent`: 106/96/106 requests, p90 1.02×
-//!   round-robin's).
+//!   up to a tie band more work than the others.
 //! * **Overload guard.** A pod whose load (requests) exceeds the least-loaded candidate's by more
 //!   than `overload_guard.abs_gap` and by more than `rel_gap` times is ranked after every pod that
 //!   is not. The prediction sees the prefill work queued on a pod, but not an engine's cap on

@@ -237,7 +237,7 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
             sim_fault(failing.as_deref().unwrap(), json!({})).await;
         }
         if (3..5).contains(&round) {
-            // Distinct short prompts: some land on the failing pod (and are retried elsewhere).
+            // Distinct short prompts: any that land on the failing pod are retried elsewhere.
             for i in 0..6 {
                 let r = post(
                     &client,
