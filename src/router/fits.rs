@@ -11,6 +11,14 @@ use hashbrown::HashMap;
 /// Weight of the newest stream in a pod's running mean of inter-token latency.
 const ITL_ALPHA: f64 = 0.1;
 
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Aggregated => 0,
+        Role::Prefill => 1,
+        Role::Decode => 2,
+    }
+}
+
 impl Router {
     /// The cost model `addr` is predicted with: every VM's fit, weighted by samples. A pod nobody
     /// has timed yet predicts like the timed pods of its role on average (pods of one pool are
@@ -65,8 +73,27 @@ impl Router {
         prior
     }
 
+    /// The median calibration of `role`'s predictions.
+    pub(super) fn ttft_scale_of(&self, role: Role) -> cost::MedianScale {
+        self.ttft_scale
+            .get(role_index(role))
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// Learns from a first byte: the request's features at routing time and how long it took.
     pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
+        if let Some(role) = self
+            .load
+            .pods
+            .iter()
+            .find(|p| p.addr == first.addr)
+            .map(|p| p.role)
+        {
+            if let Some(scale) = self.ttft_scale.get_mut(role_index(role)) {
+                scale.observe(first.predicted_ms, observed_ms);
+            }
+        }
         let mut learning = config.prediction.learning();
         learning.prior = self.prior_of(config, &first.addr);
         self.fits

@@ -51,6 +51,8 @@ pub struct Router {
     typical_tokens: Option<f64>,
     /// Running mean of each pod's inter-token latency, from the streams this VM timed.
     itl_ms: HashMap<String, f64>,
+    /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
+    ttft_scale: [crate::scheduler::cost::MedianScale; 3],
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -207,6 +209,7 @@ impl Router {
                     queued_tokens: work.prefill_tokens as f64 - head_progress(&work, &cost, now_ms),
                     queued_requests: f64::from(work.prefill_requests),
                     cost,
+                    ttft_scale: self.ttft_scale_of(p.role).factor(),
                     itl_ms: self.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self

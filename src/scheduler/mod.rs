@@ -51,6 +51,9 @@ pub struct PodView<'a> {
     pub queued_requests: f64,
     /// The pod's learned first-token cost.
     pub cost: Coefficients,
+    /// Its prediction is multiplied by this: its role's calibration to the median
+    /// (`cost::MedianScale`).
+    pub ttft_scale: f64,
     /// Recently observed inter-token latency of its streams (ms), if any were timed.
     pub itl_ms: Option<f64>,
     /// Models the pod reports; empty means unknown (no model filtering).

@@ -15,6 +15,8 @@
 //!   ([`head_progress`], at most all of it) is not ahead any more. Counting a nearly finished
 //!   prefill as wholly ahead over-predicted busy pods by about 14% (median, `make bench`) and
 //!   ranked a pod whose head was about to finish behind one whose head had just begun.
+//! * **scale** — the whole is multiplied by the pod's role's calibration to the median
+//!   (`cost::MedianScale`): the fit predicts the mean, and first-token times are skewed.
 //! * **decoding** — sequences decoding on the pod (polled, or the gateway's own count of requests
 //!   past their first byte if larger): an engine that runs prefill and decode in one step pays for
 //!   the decode batch in every step, the first token's included.
@@ -56,7 +58,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
     Prediction {
-        ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding),
+        ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding) * pod.ttft_scale,
         uncached_tokens: uncached,
         tokens_ahead,
         decoding,

@@ -14,6 +14,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         queued_tokens: 0.0,
         queued_requests: 0.0,
         cost: crate::scheduler::cost::Coefficients::default(),
+        ttft_scale: 1.0,
         itl_ms: None,
         models: &[],
         matched_blocks: 0,

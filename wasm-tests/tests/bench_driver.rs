@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use wasm_tests::bench::driver::SseBuffer;
+use wasm_tests::bench::driver::{drive_with, DriveOptions, SseBuffer};
 use wasm_tests::bench::metrics::{
     cluster_hit_ratio, counter_delta, parse_prometheus, MetricsSnapshot, PodDelta,
 };
@@ -824,6 +824,26 @@ async fn driver_measures_latency_failures_and_hit_ratio() {
     assert_eq!(json[0]["label"], json!("fake"));
     assert_eq!(json[0]["ok"], json!(4));
     assert_eq!(json[0]["spec"]["workload"]["kind"], json!("multi-tenant"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_spread_over_the_gateway_replicas() {
+    let (a, fake_a) = start(Fake::new(1, 1)).await;
+    let (b, fake_b) = start(Fake::new(1, 1)).await;
+    let mut s = spec(small_tenants(), Load::Closed { concurrency: 2 }, 1);
+    s.max_requests = Some(10);
+    let opts = DriveOptions {
+        other_gateways: vec![format!("http://{b}/")],
+        ..DriveOptions::default()
+    };
+    let out = drive_with(&format!("http://{a}"), &s, 0.5, &opts)
+        .await
+        .expect("drive");
+    assert_eq!(out.records.len(), 10);
+    assert!(out.records.iter().all(|r| r.ok), "{:?}", out.records);
+    // Request N to gateway N mod 2: half each, a session's turns on both.
+    assert_eq!(fake_a.served.load(Ordering::SeqCst), 5);
+    assert_eq!(fake_b.served.load(Ordering::SeqCst), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

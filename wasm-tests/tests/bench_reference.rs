@@ -135,6 +135,7 @@ async fn the_round_robin_pd_baseline_prefills_then_decodes_with_the_kv_handle() 
     ));
     let drive = DriveOptions {
         router: Some(router.clone()),
+        ..DriveOptions::default()
     };
     let r = run_after_warmup_with(&envoy.url(""), &hosts, &tiny_spec(6), SCALE, 0.0, &drive)
         .await
@@ -163,6 +164,7 @@ async fn the_round_robin_pd_baseline_prefills_then_decodes_with_the_kv_handle() 
     ));
     let drive = DriveOptions {
         router: Some(router.clone()),
+        ..DriveOptions::default()
     };
     let r = run_after_warmup_with(&envoy.url(""), &hosts, &tiny_spec(4), SCALE, 0.0, &drive)
         .await

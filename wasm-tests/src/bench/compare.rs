@@ -147,6 +147,10 @@ pub struct StackOptions {
     pub plugin_extra: Value,
     /// Envoy worker threads.
     pub workers: usize,
+    /// Gateways in front of the same pods: each its own Envoy with the policy (with kvroute, its
+    /// own leader, index and boards; nothing shared but the pods). The driver spreads requests
+    /// over them (see [`driver::DriveOptions::other_gateways`]).
+    pub replicas: usize,
     /// Inference listener port (0 = OS-chosen).
     pub listen_port: u16,
     /// Admin port (0 = OS-chosen).
@@ -166,6 +170,7 @@ impl Default for StackOptions {
             time_scale: 1.0,
             plugin_extra: bench_plugin_extra(),
             workers: 2,
+            replicas: 1,
             listen_port: 0,
             admin_port: 0,
             ready_timeout: Duration::from_secs(30),
@@ -178,6 +183,8 @@ impl Default for StackOptions {
 /// Dropping it kills Envoy, then the simulator.
 pub struct Stack {
     pub envoy: Envoy,
+    /// Further gateway replicas (`StackOptions::replicas`), listening on ports of their own.
+    pub replicas: Vec<Envoy>,
     pub sim: Option<Sim>,
     /// Further simulator processes of the same pool (`StackOptions::groups`).
     pub extra_sims: Vec<Sim>,
@@ -232,8 +239,17 @@ impl Stack {
         let envoy = Envoy::start(&eo)
             .await
             .with_context(|| format!("starting Envoy with {}", policy.label()))?;
+        let mut replicas = Vec::new();
+        for i in 1..opts.replicas.max(1) {
+            eo.listen_port = 0;
+            eo.admin_port = 0;
+            replicas.push(Envoy::start(&eo).await.with_context(|| {
+                format!("starting gateway replica {} with {}", i + 1, policy.label())
+            })?);
+        }
         let mut stack = Stack {
             envoy,
+            replicas,
             sim,
             extra_sims: Vec::new(),
             pods,
@@ -246,14 +262,23 @@ impl Stack {
         Ok(stack)
     }
 
-    /// Waits until kvroute reports every pod healthy; returns the last count seen.
+    /// Waits until kvroute reports every pod healthy in every replica; returns the first's count.
     async fn wait_healthy(&self, opts: &StackOptions) -> Result<u64> {
-        wait_kvroute_healthy(&self.envoy, self.pods.len() as u64, opts).await
+        let want = self.pods.len() as u64;
+        for replica in &self.replicas {
+            wait_kvroute_healthy(replica, want, opts).await?;
+        }
+        wait_kvroute_healthy(&self.envoy, want, opts).await
     }
 
     /// Base URL of the inference listener.
     pub fn url(&self) -> String {
         self.envoy.url("")
+    }
+
+    /// Base URLs of the other gateway replicas.
+    pub fn other_urls(&self) -> Vec<String> {
+        self.replicas.iter().map(|e| e.url("")).collect()
     }
 
     pub fn admin_url(&self) -> String {
@@ -290,6 +315,11 @@ impl Front {
     async fn start(policy: Policy, opts: &StackOptions) -> Result<Front> {
         Ok(match policy {
             Policy::Peer(peer) => {
+                anyhow::ensure!(
+                    opts.replicas <= 1,
+                    "{}: gateway replicas are Envoy stacks only",
+                    policy.label()
+                );
                 // Fail on a router that is not installed before starting the pods.
                 peer.router.check_installed()?;
                 let sims = start_sims(opts)?;
@@ -311,6 +341,13 @@ impl Front {
         match self {
             Front::Envoy(s) => &s.pods,
             Front::Peer(s) => &s.pods,
+        }
+    }
+
+    fn other_urls(&self) -> Vec<String> {
+        match self {
+            Front::Envoy(s) => s.other_urls(),
+            Front::Peer(_) => Vec::new(),
         }
     }
 }
@@ -394,7 +431,7 @@ pub async fn run_after_warmup_with(
         warmup_s.is_finite() && warmup_s >= 0.0,
         "warm-up must be >= 0"
     );
-    if warmup_s == 0.0 && drive.router.is_none() {
+    if warmup_s == 0.0 && drive.router.is_none() && drive.other_gateways.is_empty() {
         return run(target, pods, spec, time_scale).await;
     }
     anyhow::ensure!(
@@ -503,6 +540,10 @@ pub async fn compare(
                 p.router.name(),
                 p.policy_flag()
             ),
+            _ if opts.replicas > 1 => eprintln!(
+                "{tag}: starting {n_pods} pods and {} Envoys ({} workers each)…",
+                opts.replicas, opts.workers
+            ),
             _ => eprintln!(
                 "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
                 opts.workers
@@ -529,6 +570,7 @@ pub async fn compare(
                     o,
                 ))
             }),
+            other_gateways: stack.other_urls(),
         };
         let report = run_after_warmup_with(
             &stack.url(),
@@ -560,7 +602,11 @@ pub async fn compare(
             report.ok,
             t0.elapsed().as_secs_f64()
         );
-        rows.push((policy.label().to_owned(), report));
+        let label = match opts.replicas {
+            0 | 1 => policy.label().to_owned(),
+            n => format!("{} ×{n}", policy.label()),
+        };
+        rows.push((label, report));
     }
     Ok(rows)
 }

@@ -42,10 +42,15 @@ pub fn predicted_ttft_ms(debug: &str) -> Option<f64> {
         .filter(|v| v.is_finite() && *v >= 0.0)
 }
 
-/// How the driver sends beyond the spec: a client-side router (the reference policies).
+/// How the driver sends beyond the spec: a client-side router (the reference policies), and other
+/// gateway replicas in front of the same pods.
 #[derive(Clone, Debug, Default)]
 pub struct DriveOptions {
     pub router: Option<Arc<ClientRouter>>,
+    /// Base URLs of further gateways beside the target: request N goes to gateway N mod the number
+    /// of gateways, as clients behind a layer-4 balancer would spread (a session's turns land on
+    /// different replicas).
+    pub other_gateways: Vec<String>,
 }
 
 /// Longest wall-clock wait the driver will schedule (30 days).
@@ -306,7 +311,8 @@ struct Shared {
     client: reqwest::Client,
     /// The target's base URL.
     target: String,
-    url: String,
+    /// The inference URL of every gateway (the target's first).
+    urls: Vec<String>,
     router: Option<Arc<ClientRouter>>,
     api: Api,
     session_header: Option<HeaderName>,
@@ -335,6 +341,14 @@ struct Admitted {
 }
 
 impl Shared {
+    /// The gateway request `index` goes to.
+    fn url_for(&self, index: u64) -> &str {
+        let n = self.urls.len().max(1) as u64;
+        self.urls
+            .get((index % n) as usize)
+            .map_or("", String::as_str)
+    }
+
     fn next_slot(&self) -> Option<Slot> {
         lock(&self.gen).next_slot()
     }
@@ -414,7 +428,7 @@ impl Shared {
                     .and_then(|name| HeaderValue::from_str(&slot.session).ok().map(|v| (name, v)));
                 let fut = execute(
                     &self.client,
-                    &self.url,
+                    self.url_for(slot.index),
                     header,
                     extra_headers,
                     hold,
@@ -549,7 +563,10 @@ pub async fn drive_with(
     let shared = Arc::new(Shared {
         client,
         target: target.trim_end_matches('/').to_owned(),
-        url: format!("{}{}", target.trim_end_matches('/'), spec.api.path()),
+        urls: std::iter::once(target)
+            .chain(opts.other_gateways.iter().map(String::as_str))
+            .map(|t| format!("{}{}", t.trim_end_matches('/'), spec.api.path()))
+            .collect(),
         router: opts.router.clone(),
         api: spec.api,
         session_header,

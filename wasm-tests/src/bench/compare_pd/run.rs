@@ -132,6 +132,7 @@ pub async fn run_scenario(scenario: &Scenario, opts: &PdStackOptions) -> Result<
                 }
                 _ => None,
             },
+            other_gateways: Vec::new(),
         };
         let mut report = run_after_warmup_with(
             &stack.url(),

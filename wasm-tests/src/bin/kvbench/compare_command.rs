@@ -130,6 +130,12 @@ pub(crate) struct CompareArgs {
     /// with empty caches); 0 = measure everything [default: the workload's, 30 or 60]
     #[arg(long)]
     pub(crate) warmup: Option<f64>,
+    /// Gateways in front of the same pods, each an Envoy with the policy and nothing shared but the
+    /// pods; request N goes to gateway N mod this (Envoy policies only). Several counts
+    /// (`1,2`) run every policy once per count, on the same seeds; rows with more than one gateway
+    /// are labelled `<policy> ×N`
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub(crate) replicas: Vec<usize>,
     /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
     /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}
     #[arg(long, value_name = "DIR")]
@@ -144,6 +150,10 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
         "time scale must be > 0"
     );
     anyhow::ensure!(args.seeds >= 1, "--seeds must be at least 1");
+    anyhow::ensure!(
+        !args.replicas.is_empty() && args.replicas.iter().all(|&n| n >= 1),
+        "--replicas must be at least 1"
+    );
     // Validate every spec before starting anything.
     let mut cases = Vec::new();
     let mut workloads: Vec<WorkloadArg> = Vec::new();
@@ -187,7 +197,14 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
         for &seed in &seeds {
             let mut spec = spec.clone();
             spec.seed = seed;
-            let rows = compare::compare(&policies, &spec, &opts, *warmup).await?;
+            let mut rows = Vec::new();
+            for &replicas in &args.replicas {
+                let opts = StackOptions {
+                    replicas,
+                    ..opts.clone()
+                };
+                rows.extend(compare::compare(&policies, &spec, &opts, *warmup).await?);
+            }
             println!();
             if args.sim_args.trim().is_empty() {
                 println!("pool: {pool}");
