@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-overhead bench-peers peers oci push manifests soak clean \
+.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -182,6 +182,12 @@ PEER_WORKLOADS ?= all
 bench-peers: build build-tools peers
 	target/release/kvbench compare --workload $(PEER_WORKLOADS) --seeds $(SEEDS) --policies $(PEER_POLICIES) \
 	  --time-scale $(TIME_SCALE) --out bench-out/peers
+
+# Several gateways in front of the same pods, sharing nothing but the pods, against one gateway
+# with the same total load: cache-hit ratio and TTFT on the prefix-heavy workloads.
+bench-replicas: build build-tools
+	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 1,2 \
+	  --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out/replicas
 
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools
