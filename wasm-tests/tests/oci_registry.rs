@@ -13,7 +13,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use wasm_tests::harness::{free_port, lite_wasm_path, repo_root, wasm_path};
+use wasm_tests::harness::{free_port, lite_wasm_path, on_path, repo_root, wasm_path};
 
 /// What Istio's image fetcher (go-containerregistry's remote.Image) asks a registry for.
 const ISTIO_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
@@ -21,14 +21,6 @@ const ISTIO_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
     application/vnd.oci.image.index.v1+json, \
     application/vnd.docker.distribution.manifest.list.v2+json";
 const WASM_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
-}
 
 /// The registry process, killed by PID when dropped (also when the test fails).
 struct Registry {
@@ -194,7 +186,7 @@ async fn fetch_like_istio(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_push_to_a_real_registry_and_fetch_back_as_istio_does() {
-    let (Some(registry_bin), Some(_)) = (which("docker-registry"), which("skopeo")) else {
+    let (Some(registry_bin), Some(_)) = (on_path("docker-registry"), on_path("skopeo")) else {
         eprintln!(
             "SKIP make_push_to_a_real_registry_and_fetch_back_as_istio_does: docker-registry or \
              skopeo is not installed (Debian packages docker-registry, skopeo: `make sysdeps`)"

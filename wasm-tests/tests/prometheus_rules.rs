@@ -11,14 +11,10 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use wasm_tests::harness::repo_root;
+use wasm_tests::harness::{on_path, repo_root};
 
 fn promtool() -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join("promtool"))
-        .find(|p| p.is_file())
+    on_path("promtool")
 }
 
 fn promtool_ok(bin: &Path, args: &[&str], dir: &Path) -> (bool, String) {

@@ -16,16 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use wasm_tests::harness::{
-    free_port, plugin_config, repo_root, wait_for, Envoy, EnvoyOptions, Lb, Proc, Sim,
+    free_port, on_path, plugin_config, repo_root, wait_for, Envoy, EnvoyOptions, Lb, Proc, Sim,
 };
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-}
 
 fn yaml(text: &str) -> Value {
     Value::deserialize(serde_yaml_ng::Deserializer::from_str(text)).unwrap()
