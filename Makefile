@@ -101,6 +101,7 @@ lint: tools
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings
+	$(CARGO) clippy -p kvroute --all-targets --features testing -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release --no-default-features -- -D warnings
 	$(CARGO) clippy -p wasm-tests --all-targets -- -D warnings

@@ -86,6 +86,7 @@ pub struct Config {
     pub rendezvous_load_slack: f64,
     pub default_pod_capacity_blocks: u32,
     pub max_pod_capacity_blocks: u32,
+    pub max_index_blocks: u32,
     pub max_endpoints_in_header: usize,
     pub on_no_endpoint: NoEndpointPolicy,
     pub debug_header: bool,
@@ -102,8 +103,11 @@ pub struct Config {
     pub health: crate::health::HealthConfig,
 }
 
-/// The pod-count ceiling of one kvroute instance: the prefix index keeps a 64-bit pod mask per block.
-pub const MAX_PODS: usize = 64;
+/// The pod-count ceiling of one kvroute instance (all pools together). The prefix index keeps one
+/// 64-bit mask per block and group of 64 pods that hold it, so this bounds the groups a lookup
+/// walks; the leader polls every pod each interval, and `examples/scale_cost.rs` measures what
+/// 8, 64 and 512 pods cost per tick and per request.
+pub const MAX_PODS: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -209,6 +213,9 @@ impl Config {
                 "must be at least default_pod_capacity_blocks",
             ));
         }
+        if w.max_index_blocks == 0 {
+            return Err(err("max_index_blocks", "must be positive"));
+        }
         if w.max_endpoints_in_header == 0 || w.max_endpoints_in_header > 8 {
             return Err(err("max_endpoints_in_header", "must be in 1..=8"));
         }
@@ -233,6 +240,7 @@ impl Config {
             rendezvous_load_slack: w.rendezvous_load_slack,
             default_pod_capacity_blocks: w.default_pod_capacity_blocks,
             max_pod_capacity_blocks: w.max_pod_capacity_blocks,
+            max_index_blocks: w.max_index_blocks,
             max_endpoints_in_header: w.max_endpoints_in_header,
             on_no_endpoint: w.on_no_endpoint,
             debug_header: w.debug_header,

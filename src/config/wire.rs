@@ -121,6 +121,9 @@ pub struct WireConfig {
     pub default_pod_capacity_blocks: u32,
     /// Upper bound on per-pod index capacity, whatever the pod reports: bounds memory and shared data.
     pub max_pod_capacity_blocks: u32,
+    /// Upper bound on the whole index, in blocks (every pod's capacity together): each VM keeps a
+    /// copy, so this bounds a VM's memory in a large pool (each pod then tracks its share).
+    pub max_index_blocks: u32,
     /// How many hosts `x-gateway-destination-endpoint` carries (primary + fallbacks).
     pub max_endpoints_in_header: usize,
     pub on_no_endpoint: NoEndpointPolicy,
@@ -166,6 +169,9 @@ impl Default for WireConfig {
             rendezvous_load_slack: 2.0,
             default_pod_capacity_blocks: 16384,
             max_pod_capacity_blocks: 65536,
+            // 64 pods at the default 16,384 blocks: what the index could hold before pools of more
+            // than 64 pods were allowed (~133 bytes a block, about 140 MB per VM at most).
+            max_index_blocks: 1 << 20,
             max_endpoints_in_header: 3,
             on_no_endpoint: NoEndpointPolicy::Reject,
             debug_header: false,

@@ -1,7 +1,12 @@
 //! The prefix index: which pods are believed to hold which blocks in their KV cache.
 //!
-//! One map from block hash to a 64-bit mask of pod slots answers "how many leading blocks of this
-//! prompt does each pod hold" in one pass over the prompt's blocks, whatever the pool size. Each pod
+//! One map from (block hash, group of 64 pod slots) to a 64-bit mask of the group's slots answers
+//! "how many leading blocks of this prompt does each pod hold" in one pass over the prompt's blocks
+//! per group, and a group none of whose pods holds the first block costs one lookup. Up to 64 pods
+//! that is one pass whatever the pool size; with 512 pods, eight passes of which all but the
+//! holders' groups stop at once. A block held by pods of one group is one entry, so memory follows
+//! what is held, not the pool size (a mask as wide as the pool would cost 64 bytes per block at
+//! 512 pods, held or not). Each pod
 //! also keeps an LRU of its blocks with a capacity that mirrors its real KV cache (`num_gpu_blocks ×
 //! block_size` tokens, converted to our block size), so what the index believes falls out roughly
 //! when the engine would evict it. The LRU is a queue of (hash, stamp) with lazy deletion: a touch
@@ -12,7 +17,16 @@ use hashbrown::HashMap;
 use std::collections::VecDeque;
 
 pub type PodMask = u64;
-pub const MAX_SLOTS: usize = 64;
+/// Slots per mask.
+const GROUP: usize = 64;
+pub const MAX_SLOTS: usize = crate::config::MAX_PODS;
+
+/// A block as held by one group of slots.
+type HolderKey = (u64, u16);
+
+fn group_of(slot: usize) -> (u16, PodMask) {
+    ((slot / GROUP) as u16, 1 << (slot % GROUP))
+}
 
 #[derive(Debug, Default, Clone)]
 struct PodLru {
@@ -53,7 +67,7 @@ impl PodLru {
 
 #[derive(Debug, Default, Clone)]
 pub struct PrefixIndex {
-    holders: HashMap<u64, PodMask>,
+    holders: HashMap<HolderKey, PodMask>,
     pods: Vec<PodLru>,
     clock: u64,
 }
@@ -84,25 +98,25 @@ impl PrefixIndex {
         let Some(pod) = self.pods.get_mut(slot) else {
             return;
         };
-        let bit: PodMask = 1 << slot;
+        let (group, bit) = group_of(slot);
         let mut evicted = Vec::new();
         // Touch later blocks first so that the leading blocks (shared by most requests) are the most
         // recent and are the last to go, as in an engine's LRU that frees a sequence's tail first.
         for &h in hashes.iter().rev() {
             self.clock += 1;
             pod.touch(h, self.clock, &mut evicted);
-            *self.holders.entry(h).or_insert(0) |= bit;
+            *self.holders.entry((h, group)).or_insert(0) |= bit;
         }
         self.unmark(slot, &evicted);
     }
 
     fn unmark(&mut self, slot: usize, evicted: &[u64]) {
-        let bit: PodMask = 1 << slot;
-        for h in evicted {
-            if let Some(mask) = self.holders.get_mut(h) {
+        let (group, bit) = group_of(slot);
+        for &h in evicted {
+            if let Some(mask) = self.holders.get_mut(&(h, group)) {
                 *mask &= !bit;
                 if *mask == 0 {
-                    self.holders.remove(h);
+                    self.holders.remove(&(h, group));
                 }
             }
         }
@@ -146,27 +160,31 @@ impl PrefixIndex {
         self.unmark(slot, &hashes);
     }
 
-    /// Leading blocks of `hashes` held by each slot: `result[slot]`.
+    /// Leading blocks of `hashes` held by each of the first `slots` slots that exist: `result[slot]`.
     pub fn match_lengths(&self, hashes: &[u64], slots: usize) -> Vec<usize> {
-        let mut lengths = vec![0usize; slots.min(MAX_SLOTS)];
-        let mut alive: PodMask = if slots >= MAX_SLOTS {
-            PodMask::MAX
-        } else {
-            (1 << slots) - 1
-        };
-        for (i, h) in hashes.iter().enumerate() {
-            if alive == 0 {
-                break;
-            }
-            let mask = self.holders.get(h).copied().unwrap_or(0);
-            alive &= mask;
-            let mut bits = alive;
-            while bits != 0 {
-                let slot = bits.trailing_zeros() as usize;
-                if let Some(l) = lengths.get_mut(slot) {
-                    *l = i + 1;
+        let slots = slots.min(MAX_SLOTS).min(self.pods.len());
+        let mut lengths = vec![0usize; slots];
+        for first in (0..slots).step_by(GROUP) {
+            let group = (first / GROUP) as u16;
+            let width = (slots - first).min(GROUP);
+            let mut alive: PodMask = if width == GROUP {
+                PodMask::MAX
+            } else {
+                (1 << width) - 1
+            };
+            for (i, h) in hashes.iter().enumerate() {
+                alive &= self.holders.get(&(*h, group)).copied().unwrap_or(0);
+                if alive == 0 {
+                    break;
                 }
-                bits &= bits - 1;
+                let mut bits = alive;
+                while bits != 0 {
+                    let slot = first + bits.trailing_zeros() as usize;
+                    if let Some(l) = lengths.get_mut(slot) {
+                        *l = i + 1;
+                    }
+                    bits &= bits - 1;
+                }
             }
         }
         lengths
@@ -298,6 +316,34 @@ mod tests {
         idx.set_capacity(MAX_SLOTS + 3, 10);
         assert_eq!(idx.entries(), 0);
         assert_eq!(idx.slot_blocks_oldest_first(9), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn pods_beyond_the_first_sixty_four_are_matched_in_their_own_groups() {
+        let mut idx = index(512, 100);
+        idx.observe(3, &[1, 2, 3]);
+        idx.observe(64 + 3, &[1, 2]); // same bit, next group
+        idx.observe(511, &[1, 2, 3, 4]);
+        idx.observe(200, &[9]);
+        let lengths = idx.match_lengths(&[1, 2, 3, 4], MAX_SLOTS);
+        assert_eq!(lengths.len(), 512);
+        assert_eq!((lengths[3], lengths[67], lengths[511]), (3, 2, 4));
+        assert_eq!(lengths.iter().filter(|&&l| l > 0).count(), 3);
+        assert_eq!(
+            idx.entries(),
+            3 + 2 + 4 + 1,
+            "one entry per block and group"
+        );
+        idx.forget(67, &[1, 2]);
+        idx.clear_slot(511);
+        let lengths = idx.match_lengths(&[1, 2, 3, 4], 512);
+        assert_eq!((lengths[3], lengths[67], lengths[511]), (3, 0, 0));
+        assert_eq!(idx.entries(), 3 + 1);
+        assert_eq!(
+            idx.match_lengths(&[9], 100).len(),
+            100,
+            "only the slots asked for"
+        );
     }
 
     #[test]

@@ -19,31 +19,63 @@ fn role_index(role: Role) -> usize {
     }
 }
 
+/// The models of the timed pods of each role, merged (see [`Router::cost_of`]).
+pub struct PoolCosts {
+    timed: [Option<Coefficients>; 3],
+}
+
 impl Router {
     /// The cost model `addr` is predicted with: every VM's fit, weighted by samples. A pod nobody
     /// has timed yet predicts like the timed pods of its role on average (pods of one pool are
     /// usually alike, and a prior far from them would make an untimed pod look much faster or
     /// slower than it is until its first requests); with no timed pod at all, the configured prior
-    /// (plus the split overhead for a prefill pod).
+    /// (plus the split overhead for a prefill pod). One pod's: for every pod of a decision, take
+    /// [`Self::pool_costs`] once and [`Self::cost_in`] per pod (linear in the pool, where this is
+    /// linear per pod).
     pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
-        let (own, samples) = self.own_cost(addr);
-        if samples > 0.0 {
-            return own;
-        }
         let role = self
             .load
             .pods
             .iter()
             .find(|p| p.addr == addr)
-            .map(|p| p.role);
-        let peers = self
-            .load
-            .pods
-            .iter()
-            .filter(|p| Some(p.role) == role && p.addr != addr)
-            .map(|p| self.own_cost(&p.addr))
-            .filter(|(_, n)| *n > 0.0);
-        cost::merge(self.prior_of(config, addr), peers)
+            .map_or(Role::Aggregated, |p| p.role);
+        self.cost_in(config, addr, role, &self.pool_costs())
+    }
+
+    /// [`Self::cost_of`] with the pool's averages already taken.
+    pub fn cost_in(
+        &self,
+        config: &Config,
+        addr: &str,
+        role: Role,
+        pool: &PoolCosts,
+    ) -> Coefficients {
+        let (own, samples) = self.own_cost(addr);
+        if samples > 0.0 {
+            return own;
+        }
+        pool.timed
+            .get(role_index(role))
+            .copied()
+            .flatten()
+            .unwrap_or_else(|| self.prior_for(config, role))
+    }
+
+    /// Per role, the sample-weighted mean of the timed pods' models (`None`: nobody timed).
+    pub fn pool_costs(&self) -> PoolCosts {
+        let mut by_role: [Vec<(Coefficients, f64)>; 3] = Default::default();
+        for p in &self.load.pods {
+            let (cost, samples) = self.own_cost(&p.addr);
+            if samples > 0.0 {
+                if let Some(v) = by_role.get_mut(role_index(p.role)) {
+                    v.push((cost, samples));
+                }
+            }
+        }
+        PoolCosts {
+            timed: by_role
+                .map(|fits| (!fits.is_empty()).then(|| cost::merge(Coefficients::default(), fits))),
+        }
     }
 
     /// `addr`'s own model from every VM's samples, and how many samples that is.
@@ -61,13 +93,24 @@ impl Router {
     }
 
     pub(super) fn prior_of(&self, config: &Config, addr: &str) -> Coefficients {
-        let mut prior = config.prediction.prior;
-        if self
+        let prefill = self
             .load
             .pods
             .iter()
-            .any(|p| p.addr == addr && p.role == Role::Prefill)
-        {
+            .any(|p| p.addr == addr && p.role == Role::Prefill);
+        self.prior_for(
+            config,
+            if prefill {
+                Role::Prefill
+            } else {
+                Role::Aggregated
+            },
+        )
+    }
+
+    fn prior_for(&self, config: &Config, role: Role) -> Coefficients {
+        let mut prior = config.prediction.prior;
+        if role == Role::Prefill {
             prior.overhead_ms += config.pd.split_overhead_ms;
         }
         prior

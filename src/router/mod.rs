@@ -16,6 +16,7 @@ mod index;
 mod work;
 
 pub use crate::pd::{PdOutcome, PdPlan};
+pub use fits::PoolCosts;
 pub use index::{Blocks, CacheExpectation, CacheVerdict, Tokenizer, MAX_BLOCKS_PER_REQUEST};
 
 use crate::config::{Config, Role};
@@ -114,10 +115,11 @@ impl Router {
     /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
     /// capacities follow what the pods report.
     pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
+        let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
         let removed: Vec<String> = self
             .slot_of
             .keys()
-            .filter(|addr| !table.pods.iter().any(|p| &p.addr == *addr))
+            .filter(|addr| !listed.contains(addr.as_str()))
             .cloned()
             .collect();
         for addr in removed {
@@ -125,28 +127,44 @@ impl Router {
                 self.index.clear_slot(slot);
             }
         }
-        self.fits
-            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
-        self.itl_ms
-            .retain(|addr, _| table.pods.iter().any(|p| &p.addr == addr));
+        self.fits.retain(|addr, _| listed.contains(addr.as_str()));
+        self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
+        drop(listed);
+        // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods
+        // joining at once cost 130,000 comparisons each).
+        let mut used = vec![false; MAX_SLOTS];
+        for &s in self.slot_of.values() {
+            if let Some(u) = used.get_mut(s) {
+                *u = true;
+            }
+        }
+        let mut next_free = 0;
+        let index_share = (config.max_index_blocks as usize / table.pods.len().max(1)).max(1);
         for pod in &table.pods {
             let slot = match self.slot_of.get(&pod.addr) {
                 Some(&s) => s,
                 None => {
-                    let Some(free) =
-                        (0..MAX_SLOTS).find(|s| !self.slot_of.values().any(|v| v == s))
-                    else {
+                    while used.get(next_free).copied().unwrap_or(false) {
+                        next_free += 1;
+                    }
+                    if next_free >= MAX_SLOTS {
                         continue;
-                    };
+                    }
+                    let free = next_free;
+                    if let Some(u) = used.get_mut(free) {
+                        *u = true;
+                    }
                     self.slot_of.insert(pod.addr.clone(), free);
                     free
                 }
             };
-            let capacity = pod.capacity_blocks(
-                config.block.tokens_per_block,
-                config.default_pod_capacity_blocks,
-                config.max_pod_capacity_blocks,
-            );
+            let capacity = pod
+                .capacity_blocks(
+                    config.block.tokens_per_block,
+                    config.default_pod_capacity_blocks,
+                    config.max_pod_capacity_blocks,
+                )
+                .min(index_share);
             self.index.set_capacity(slot, capacity);
         }
         self.load = table;
@@ -186,11 +204,12 @@ impl Router {
             .collect();
         let observer_suspect = of_role.iter().any(|(_, h)| *h == Health::Stale)
             && !of_role.iter().any(|(_, h)| *h == Health::Fresh);
+        let pool_costs = self.pool_costs();
         let pods: Vec<PodView> = of_role
             .into_iter()
             .map(|(p, health)| {
                 let work = self.work(&p.addr);
-                let cost = self.cost_of(config, &p.addr);
+                let cost = self.cost_in(config, &p.addr, p.role, &pool_costs);
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
                 let polled = if health == Health::Stale && !observer_suspect {

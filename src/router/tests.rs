@@ -472,3 +472,45 @@ fn tiktoken_mode_uses_the_tokenizer() {
     let c = Router::blocks(&cfg, &v, None);
     assert_eq!(c.hashes.len(), v.prompt.len() / 64);
 }
+
+#[test]
+fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
+    let cfg = Config {
+        max_index_blocks: 512 * 512,
+        ..Config::default()
+    };
+    let addrs: Vec<String> = (0..512)
+        .map(|i| format!("10.1.{}.{}:8000", i / 250, i % 250))
+        .collect();
+    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&refs, 100));
+    let mut slots: Vec<usize> = refs.iter().map(|a| r.slot_of(a).unwrap()).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 512, "every pod has its own slot");
+    // Each pod reports 1,024 blocks; the budget caps each to its share, 512.
+    let share = cfg.max_index_blocks as usize / 512;
+    let pod = refs[300];
+    let hashes: Vec<u64> = (1..=(share as u64 + 500)).collect();
+    r.observe(&Observation {
+        addr: pod.into(),
+        hashes: hashes.clone(),
+    });
+    assert_eq!(r.index().blocks_held(r.slot_of(pod).unwrap()), share);
+    // A prompt held by pod 300 (beyond the first 64) goes there.
+    let held = Router::blocks(&cfg, &chat(&"shared system prompt ".repeat(300), "q"), None);
+    r.observe(&Observation {
+        addr: pod.into(),
+        hashes: held.hashes.clone(),
+    });
+    let d = r.route(&cfg, "m", &[Role::Aggregated], &held, Hints::default(), 100);
+    assert_eq!(primary(&d), pod);
+    // Half the pods leave and come back: slots are reused, none is shared.
+    r.apply_load_table(&cfg, table(&refs[..256], 200));
+    r.apply_load_table(&cfg, table(&refs, 300));
+    let mut again: Vec<usize> = refs.iter().map(|a| r.slot_of(a).unwrap()).collect();
+    again.sort_unstable();
+    again.dedup();
+    assert_eq!(again.len(), 512);
+}

@@ -397,8 +397,10 @@ impl Vm {
                 );
             }
         }
+        let polling: hashbrown::HashSet<String> =
+            st.polls.values().map(|(a, _)| a.clone()).collect();
         for addr in st.book.poll_due(&self.config, now) {
-            if st.polls.values().any(|(a, _)| *a == addr) {
+            if polling.contains(&addr) {
                 // The previous poll of this pod has not answered yet: polls never pile up on a
                 // slow pod; it is polled again once that one answers or times out.
                 continue;
@@ -420,8 +422,9 @@ impl Vm {
                 }
             }
         }
+        let listing: hashbrown::HashSet<String> = st.model_polls.values().cloned().collect();
         for addr in st.book.models_due(&self.config, now) {
-            if st.model_polls.values().any(|a| *a == addr) {
+            if listing.contains(&addr) {
                 continue;
             }
             if let Some(token) = dispatch(
@@ -476,8 +479,11 @@ impl Vm {
             host.gauge_in(Gauge::PoolRequestsWaiting, &labels, waiting.round() as u64);
         }
         host.gauge(Gauge::IndexEntries, self.router.index_entries() as u64);
+        let pool_costs = self.router.pool_costs();
         for pod in &table.pods {
-            let cost = self.router.cost_of(&self.config, &pod.addr);
+            let cost = self
+                .router
+                .cost_in(&self.config, &pod.addr, pod.role, &pool_costs);
             let labels = [
                 (metrics::POOL, pod.pool.as_str()),
                 (metrics::ROLE, metrics::role_label(pod.role)),
