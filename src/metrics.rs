@@ -178,6 +178,14 @@ pub enum Histogram {
     TtftPredictionErrorPct,
     /// Time kvroute spent deciding one request in the filter (parse, hash, predict, pick), µs.
     DecisionUs,
+    /// With `phase_timing`: the time each filter callback spent from entry to return, host calls
+    /// included (µs). What Envoy's Wasm machinery costs outside the callbacks is the request's added
+    /// latency minus their sum.
+    PhaseRequestHeadersUs,
+    PhaseRequestBodyUs,
+    PhaseResponseHeadersUs,
+    PhaseResponseBodyUs,
+    PhaseLogUs,
 }
 
 impl Counter {
@@ -304,11 +312,16 @@ impl Gauge {
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 4] = [
+    pub const ALL: [Histogram; 9] = [
         Histogram::TtftMs,
         Histogram::TtftPredictedMs,
         Histogram::TtftPredictionErrorPct,
         Histogram::DecisionUs,
+        Histogram::PhaseRequestHeadersUs,
+        Histogram::PhaseRequestBodyUs,
+        Histogram::PhaseResponseHeadersUs,
+        Histogram::PhaseResponseBodyUs,
+        Histogram::PhaseLogUs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -317,13 +330,18 @@ impl Histogram {
             Histogram::TtftPredictedMs => "kvroute.ttft_predicted_milliseconds",
             Histogram::TtftPredictionErrorPct => "kvroute.ttft_prediction_error_percent",
             Histogram::DecisionUs => "kvroute.decision_microseconds",
+            Histogram::PhaseRequestHeadersUs => "kvroute.phase.request_headers_microseconds",
+            Histogram::PhaseRequestBodyUs => "kvroute.phase.request_body_microseconds",
+            Histogram::PhaseResponseHeadersUs => "kvroute.phase.response_headers_microseconds",
+            Histogram::PhaseResponseBodyUs => "kvroute.phase.response_body_microseconds",
+            Histogram::PhaseLogUs => "kvroute.phase.log_microseconds",
         }
     }
 
     pub fn labels(self) -> &'static [&'static str] {
         match self {
             Histogram::TtftMs | Histogram::TtftPredictedMs => POOL_ROLE_MODEL,
-            Histogram::TtftPredictionErrorPct | Histogram::DecisionUs => &[],
+            _ => &[],
         }
     }
 }

@@ -90,6 +90,7 @@ pub struct Config {
     pub max_endpoints_in_header: usize,
     pub on_no_endpoint: NoEndpointPolicy,
     pub debug_header: bool,
+    pub phase_timing: bool,
     pub max_body_bytes: usize,
     /// The parse budget: `max_parse_bytes`, or `max_body_bytes` when not set.
     pub max_parse_bytes: usize,
@@ -244,6 +245,7 @@ impl Config {
             max_endpoints_in_header: w.max_endpoints_in_header,
             on_no_endpoint: w.on_no_endpoint,
             debug_header: w.debug_header,
+            phase_timing: w.phase_timing,
             max_body_bytes: w.max_body_bytes,
             max_parse_bytes: w.max_parse_bytes.unwrap_or(w.max_body_bytes),
             trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,

@@ -129,6 +129,9 @@ pub struct WireConfig {
     pub on_no_endpoint: NoEndpointPolicy,
     /// Adds `x-kvroute-debug` to responses: chosen pod, matched prefix, scores.
     pub debug_header: bool,
+    /// Time every filter callback into the `kvroute_phase_*_microseconds` histograms (two clock
+    /// reads per callback): where the filter's cost goes inside Envoy.
+    pub phase_timing: bool,
     /// Inference bodies larger than this are refused with 413 (kvroute reads a body whole to route
     /// it and to remove what a client must not set).
     pub max_body_bytes: usize,
@@ -175,6 +178,7 @@ impl Default for WireConfig {
             max_endpoints_in_header: 3,
             on_no_endpoint: NoEndpointPolicy::Reject,
             debug_header: false,
+            phase_timing: false,
             max_body_bytes: 8 * 1024 * 1024,
             max_parse_bytes: None,
             trust_client_kv_transfer_params: false,

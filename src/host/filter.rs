@@ -126,6 +126,23 @@ impl Filter {
         written
     }
 
+    /// Runs `callback`, and with `phase_timing` on records its time, entry to return, in `phase`.
+    fn timed<T>(&mut self, phase: Histogram, callback: impl FnOnce(&mut Self) -> T) -> T {
+        let on = self
+            .node
+            .as_ref()
+            .and_then(|n| n.try_borrow().ok().map(|n| n.vm.config.phase_timing))
+            .unwrap_or(false);
+        if !on {
+            return callback(self);
+        }
+        let started_us = super::now_us();
+        let out = callback(self);
+        let spent_us = super::now_us().saturating_sub(started_us);
+        self.with_node(|_, node| node.host.histogram(phase, spent_us));
+        out
+    }
+
     /// Runs `step` with this VM's state and host port; `None` when the VM is busy (re-entrance)
     /// or has no configuration.
     fn with_node<T>(&mut self, step: impl FnOnce(&mut RequestFlow, &mut Node) -> T) -> Option<T> {
@@ -168,6 +185,50 @@ impl Context for Filter {
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.timed(Histogram::PhaseRequestHeadersUs, |f| {
+            f.request_headers(end_of_stream)
+        })
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.flow.waiting_for_body() {
+            return Action::Continue;
+        }
+        self.body_len = body_size;
+        if !end_of_stream {
+            return Action::Pause; // Envoy buffers until the whole body is here (or trailers come)
+        }
+        self.timed(Histogram::PhaseRequestBodyUs, Filter::route_body)
+    }
+
+    /// A body that ends in trailers (HTTP/2, gRPC-style clients) is complete here.
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if !self.flow.waiting_for_body() {
+            return Action::Continue;
+        }
+        self.timed(Histogram::PhaseRequestBodyUs, Filter::route_body)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.timed(Histogram::PhaseResponseHeadersUs, |f| {
+            f.response_headers(end_of_stream)
+        })
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.timed(Histogram::PhaseResponseBodyUs, |f| {
+            f.response_body(body_size, end_of_stream)
+        })
+    }
+
+    fn on_log(&mut self) {
+        self.timed(Histogram::PhaseLogUs, Filter::log);
+    }
+}
+
+/// The callbacks' bodies (timed by [`Filter::timed`]).
+impl Filter {
+    fn request_headers(&mut self, end_of_stream: bool) -> Action {
         let spoofed = OWNED_REQUEST_HEADERS
             .iter()
             .filter(|h| request_header(h).is_some())
@@ -189,26 +250,7 @@ impl HttpContext for Filter {
         }
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.flow.waiting_for_body() {
-            return Action::Continue;
-        }
-        self.body_len = body_size;
-        if !end_of_stream {
-            return Action::Pause; // Envoy buffers until the whole body is here (or trailers come)
-        }
-        self.route_body()
-    }
-
-    /// A body that ends in trailers (HTTP/2, gRPC-style clients) is complete here.
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if !self.flow.waiting_for_body() {
-            return Action::Continue;
-        }
-        self.route_body()
-    }
-
-    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+    fn response_headers(&mut self, end_of_stream: bool) -> Action {
         let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
             .ok()
             .flatten();
@@ -229,7 +271,7 @@ impl HttpContext for Filter {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    fn response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let bytes = (self.flow.wants_response_bytes() && body_size > 0)
             .then(|| {
                 hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
@@ -244,7 +286,7 @@ impl HttpContext for Filter {
         Action::Continue
     }
 
-    fn on_log(&mut self) {
+    fn log(&mut self) {
         let (upstream, details) = if self.flow.wants_end() {
             let upstream = if self.flow.knows_upstream() {
                 None

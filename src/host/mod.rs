@@ -32,16 +32,21 @@ impl ProxyHost {
     }
 }
 
+/// The host's clock in µs since the epoch (0 if it refuses).
+fn now_us() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 impl Host for ProxyHost {
     fn now_ms(&self) -> u64 {
         self.now_us() / 1000
     }
 
     fn now_us(&self) -> u64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_micros() as u64)
+        now_us()
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
