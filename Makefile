@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
+.PHONY: bench-phases all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -198,6 +198,10 @@ bench-pd: build build-tools
 # it, on pods that answer at once, requests interleaved; wall-clock figures (not TIME_SCALE).
 bench-overhead: build build-tools
 	target/release/kvbench overhead --out bench-out
+
+# Where the filter's time goes inside Envoy: each callback timed (`phase_timing`), 16 KB prompts.
+bench-phases: build build-tools
+	tools/phase_profile/run.sh
 
 # The plugin as OCI image layouts (Istio's "compat" Wasm image: one tar+gzip layer holding
 # plugin.wasm), built without Docker: dist/oci/kvroute and, for kvroute-lite.wasm, its own image

@@ -1,0 +1,31 @@
+#!/bin/bash
+# Where kvroute's cost goes inside Envoy (`make bench-phases`): one Envoy (2 workers) with two
+# listeners on the same pool of zero-latency kvsim pods, one through kvroute (with `phase_timing`
+# on), one without; N pairs of 16 KB chat requests (max_tokens 1, not streamed), alternating, one
+# at a time over one connection each. Prints the added p50 latency and each phase's histogram.
+# Every process is stopped by PID on exit. Ports are chosen free at start.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+out=$(mktemp -d)
+envoy_bin=$(find .tools/venv -name envoy -type f -perm -u+x | head -1)
+wasm=${KVROUTE_WASM:-target/wasm32-wasip1/release/kvroute.wasm}
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
+target/release/kvsim --pods 4 --time-scale 0.0001 > "$out/sim.json" 2> "$out/sim.err" &
+pids+=($!)
+for _ in $(seq 100); do grep -q pods "$out/sim.json" 2>/dev/null && break; sleep 0.1; done
+read -r kv_port plain_port admin_port < <(python3 -c '
+import socket
+s=[socket.socket() for _ in range(3)]
+[x.bind(("127.0.0.1",0)) for x in s]
+print(*[x.getsockname()[1] for x in s])')
+python3 "$here/envoy_config.py" "$out/sim.json" "$root/$wasm" "$kv_port" "$plain_port" "$admin_port" > "$out/envoy.yaml"
+"$envoy_bin" -c "$out/envoy.yaml" --concurrency 2 --log-level warn > "$out/envoy.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin_port/ready" && break; sleep 0.2; done
+sleep 1 # the first polls
+python3 "$here/load.py" "$kv_port" "$plain_port"
+curl -s "http://127.0.0.1:$admin_port/stats?filter=wasmcustom.kvroute.(phase|decision)&histogram_buckets=none" \
+  | python3 "$here/summary.py"
