@@ -525,12 +525,14 @@ impl RequestFlow {
             .map(|c| c.addr.as_str())
             .collect::<Vec<_>>()
             .join(",");
-        vm.observe(
+        vm.observe_routing(
             host,
             Observation {
                 addr: primary.addr.clone(),
                 hashes: blocks.hashes.clone(),
             },
+            primary.matched_blocks >= blocks.hashes.len(),
+            now,
         );
         self.provisional
             .add(&primary.addr, &blocks.hashes, primary.matched_blocks);

@@ -1004,3 +1004,57 @@ fn the_leader_publishes_each_pools_pods_and_waiting_requests() {
         Some(0)
     );
 }
+
+#[test]
+fn a_prompt_its_pod_holds_whole_is_observed_again_only_after_a_second() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let body = chat_body("m", &distinct("retouch").repeat(40));
+    let stamp = |c: &Cluster, pod: &str| {
+        let vm = &c.vms[0].0;
+        let slot = vm.router.slot_of(pod).unwrap();
+        let first = vm.router.index().slot_blocks_oldest_first(slot);
+        vm.router.index().stamp_of(slot, *first.last().unwrap())
+    };
+    let mut route = |c: &mut Cluster| {
+        let (mut flow, outcome) = send(c, 0, &[], &body);
+        let pod = primary_of(&outcome);
+        let (vm, host) = &mut c.vms[0];
+        flow.on_done(vm, host, None, None);
+        pod
+    };
+    let pod = route(&mut c);
+    c.advance_ms(10);
+    assert_eq!(
+        route(&mut c),
+        pod,
+        "held whole now: observed, and remembered"
+    );
+    let learned = stamp(&c, &pod);
+    assert!(learned.is_some());
+    c.advance_ms(500);
+    assert_eq!(route(&mut c), pod);
+    assert_eq!(
+        stamp(&c, &pod),
+        learned,
+        "held whole and seen 0.5 s ago: not touched again"
+    );
+    c.advance_ms(600);
+    assert_eq!(route(&mut c), pod);
+    assert!(
+        stamp(&c, &pod) > learned,
+        "1.1 s later its recency is refreshed"
+    );
+    // A longer prompt with the same start adds blocks: observed at once.
+    let longer = chat_body(
+        "m",
+        &(distinct("retouch").repeat(40) + &"more ".repeat(200)),
+    );
+    let (mut flow, outcome) = send(&mut c, 0, &[], &longer);
+    assert_eq!(primary_of(&outcome), pod);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_done(vm, host, None, None);
+    let slot = vm.router.slot_of(&pod).unwrap();
+    assert!(vm.router.index().blocks_held(slot) > 40);
+}

@@ -10,7 +10,7 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 out=$(mktemp -d)
 envoy_bin=$(find .tools/venv -name envoy -type f -perm -u+x | head -1)
-wasm=${KVROUTE_WASM:-target/wasm32-wasip1/release/kvroute.wasm}
+wasm=$(realpath "${KVROUTE_WASM:-target/wasm32-wasip1/release/kvroute.wasm}")
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
 target/release/kvsim --pods 4 --time-scale 0.0001 > "$out/sim.json" 2> "$out/sim.err" &
@@ -21,7 +21,7 @@ import socket
 s=[socket.socket() for _ in range(3)]
 [x.bind(("127.0.0.1",0)) for x in s]
 print(*[x.getsockname()[1] for x in s])')
-python3 "$here/envoy_config.py" "$out/sim.json" "$root/$wasm" "$kv_port" "$plain_port" "$admin_port" > "$out/envoy.yaml"
+python3 "$here/envoy_config.py" "$out/sim.json" "$wasm" "$kv_port" "$plain_port" "$admin_port" > "$out/envoy.yaml"
 "$envoy_bin" -c "$out/envoy.yaml" --concurrency 2 --log-level warn > "$out/envoy.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin_port/ready" && break; sleep 0.2; done
