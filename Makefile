@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: bench-phases all tools toolchain sysdeps lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
+.PHONY: bench-phases all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -59,16 +59,28 @@ toolchain:
 	  echo "note: building with $$(rustc --version), not Rust $(RUST_VERSION): the module (and its image digest) will differ from one built with $(RUST_VERSION)" >&2
 
 # Debian packages of the registry and Prometheus tests (docker-registry, skopeo, prometheus with
-# promtool). Best effort: where apt-get cannot install them, those tests skip and say why.
+# promtool) and the font of the benchmarks' PNG plots (fonts-dejavu-core). Best effort: where
+# apt-get cannot install them, those tests skip and say why.
 SYSDEPS := docker-registry skopeo promtool prometheus
+# The TTF kvbench draws its plots' text with (KVBENCH_PLOT_FONT names another).
+PLOT_FONT := /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
 sysdeps:
 	@missing=""; for c in $(SYSDEPS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	test -f $(PLOT_FONT) || missing="$$missing $(PLOT_FONT)"; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages for:$$missing (docker-registry skopeo prometheus)…"; \
+	  echo "installing Debian packages for:$$missing (docker-registry skopeo prometheus fonts-dejavu-core)…"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	      docker-registry skopeo prometheus >/dev/null; } || \
-	    echo "WARNING: could not install$$missing: the registry and Prometheus tests will skip"; \
+	      docker-registry skopeo prometheus fonts-dejavu-core >/dev/null; } || \
+	    echo "WARNING: could not install$$missing: the registry and Prometheus tests (or the plot tests) will skip"; \
 	fi
+
+# The plot font alone, for the benchmarks. Best effort: without it they write their tables and say
+# the plots were skipped.
+fonts:
+	@test -f $(PLOT_FONT) || { echo "installing Debian's fonts-dejavu-core (the benchmarks' plot font)…"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      fonts-dejavu-core >/dev/null; } || \
+	    echo "WARNING: could not install fonts-dejavu-core: the benchmarks will write no plots"; }
 
 nextest:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
@@ -154,7 +166,7 @@ up: build build-tools
 # unequal pool) over SEEDS seeds, kvroute against round-robin, least-request and the perfect-knowledge
 # bound: medians, spreads and one verdict line per workload (about 30 min of wall time with 3 seeds).
 SEEDS ?= 3
-bench: build build-tools
+bench: build build-tools fonts
 	target/release/kvbench compare --workload all --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out
 
 # The routers users would pick instead (PyPI wheels of Rust binaries, pinned with their
@@ -180,13 +192,13 @@ $(PEERS_STAMP): $(wildcard tools/peers/*.txt)
 # control, on the same fresh simulated pods and seeds: medians, spreads and one overview table.
 PEER_POLICIES ?= kvroute,round-robin,sglang-router,sglang-router-rr,smg,smg-rr,vllm-router,vllm-router-rr
 PEER_WORKLOADS ?= all
-bench-peers: build build-tools peers
+bench-peers: build build-tools fonts peers
 	target/release/kvbench compare --workload $(PEER_WORKLOADS) --seeds $(SEEDS) --policies $(PEER_POLICIES) \
 	  --time-scale $(TIME_SCALE) --out bench-out/peers
 
 # Several gateways in front of the same pods, sharing nothing but the pods, against one gateway
 # with the same total load: cache-hit ratio and TTFT on the prefix-heavy workloads.
-bench-replicas: build build-tools
+bench-replicas: build build-tools fonts
 	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 1,2 \
 	  --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out/replicas
 
@@ -238,7 +250,7 @@ clean:
 
 # Envoy + kvroute + simulated pods at a steady rate for SOAK_SECONDS with one pod at a time faulted
 # on a schedule (refuse, 500s, a hang, late metrics): requests, errors by cause, p99 drift and Envoy
-# RSS per window in bench-out/soak.csv and bench-out/soak.svg; fails if a request was lost.
+# RSS per window in bench-out/soak.csv and bench-out/soak.png; fails if a request was lost.
 SOAK_SECONDS ?= 600
-soak: build build-tools
+soak: build build-tools fonts
 	target/release/kvbench soak --seconds $(SOAK_SECONDS) --time-scale $(TIME_SCALE) --out bench-out

@@ -21,11 +21,13 @@
 
 pub mod compare;
 pub mod compare_pd;
+pub mod compare_plots;
 pub mod demo;
 pub mod driver;
 pub mod metrics;
 pub mod overhead;
 pub mod peers;
+pub mod plot;
 pub mod report;
 pub mod routing;
 pub mod soak;

@@ -123,6 +123,9 @@ pub struct RunReport {
     /// Prompt tokens of successful requests per second.
     pub prompt_tokens_per_s: f64,
     pub ttft_ms: Summary,
+    /// Every successful request's TTFT, sorted, rounded to 0.1 ms: the data of the TTFT CDF
+    /// (`kvbench compare`'s `<workload>-ttft-cdf.png`).
+    pub ttft_samples_ms: Vec<f64>,
     pub itl_ms: Summary,
     pub e2e_ms: Summary,
     /// Σ Δhits / Σ Δqueries over the pods' prefix-cache counters.
@@ -212,6 +215,7 @@ impl RunReport {
             output_tokens_per_s: per_s(output as f64),
             prompt_tokens_per_s: per_s(prompt as f64),
             ttft_ms: Summary::of(&ttft),
+            ttft_samples_ms: ttft_samples(&ttft),
             itl_ms: Summary::of(&itl),
             e2e_ms: Summary::of(&e2e),
             cache_hit_ratio: cluster_hit_ratio(&pods),
@@ -229,6 +233,16 @@ impl RunReport {
             },
         }
     }
+}
+
+fn ttft_samples(ttft_ms: &[f64]) -> Vec<f64> {
+    let mut v: Vec<f64> = ttft_ms
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|x| (x * 10.0).round() / 10.0)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 fn trim_float(v: f64) -> String {

@@ -4,9 +4,10 @@
 //! timeout is what saves a request sent to a hung pod) with recurring tenant prefixes. Since at
 //! most one pod of several is faulted, every failed request is one a healthy pod could have served:
 //! the run's verdict is that number, which must be 0. Per window it records requests, errors by
-//! cause, p50/p99 of the whole request and Envoy's RSS, writes `soak.csv` and `soak.svg` (p99 and
+//! cause, p50/p99 of the whole request and Envoy's RSS, writes `soak.csv` and `soak.png` (p99 and
 //! RSS over time) into the output directory.
 
+use super::plot::{Chart, Figure, LineChart, Plotter, Series};
 use crate::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb, Sim};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -292,10 +293,10 @@ pub async fn soak(opts: &SoakOptions) -> Result<SoakReport> {
         ));
     }
     std::fs::write(&report.csv, csv)?;
-    let plot = opts.out.join("soak.svg");
-    match draw(&report.windows, &plot) {
+    let plot = opts.out.join("soak.png");
+    match Plotter::from_env().and_then(|p| p.write_png(&plot, &figure(&report.windows))) {
         Ok(()) => report.plot = Some(plot),
-        Err(e) => eprintln!("soak: no plot ({e})"),
+        Err(e) => eprintln!("soak: plot skipped: {e:#}"),
     }
     drop(envoy);
     drop(sim);
@@ -303,46 +304,62 @@ pub async fn soak(opts: &SoakOptions) -> Result<SoakReport> {
 }
 
 /// p99 (ms) and Envoy RSS (MiB) per window, one panel each.
-fn draw(windows: &[Window], path: &std::path::Path) -> Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let panels = root.split_evenly((2, 1));
-    let end = windows.last().map_or(1, |w| w.start_s + 1) as f64;
-    let series: [(&str, Vec<(f64, f64)>); 2] = [
-        (
-            "p99 latency (ms) per window",
-            windows
-                .iter()
-                .map(|w| (w.start_s as f64, w.p99_ms))
-                .collect(),
-        ),
-        (
-            "Envoy RSS (MiB)",
-            windows
-                .iter()
-                .map(|w| (w.start_s as f64, w.envoy_rss_mib))
-                .collect(),
-        ),
-    ];
-    for (panel, (title, points)) in panels.iter().zip(series) {
-        let top = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(title, ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0.0..end, 0.0..top)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        chart
-            .draw_series(LineSeries::new(points, &BLUE))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+pub fn figure(windows: &[Window]) -> Figure {
+    let panel = |title: &str, y_desc: &str, value: fn(&Window) -> f64| {
+        Chart::Lines(LineChart {
+            title: title.to_owned(),
+            x_desc: "seconds".to_owned(),
+            y_desc: y_desc.to_owned(),
+            series: vec![Series {
+                name: title.to_owned(),
+                points: windows
+                    .iter()
+                    .map(|w| (w.start_s as f64, value(w)))
+                    .collect(),
+            }],
+            ..LineChart::default()
+        })
+    };
+    Figure {
+        size: (900, 600),
+        ..Figure::column(vec![
+            panel("p99 latency per window", "ms", |w| w.p99_ms),
+            panel("Envoy RSS", "MiB", |w| w.envoy_rss_mib),
+        ])
     }
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::plot::check::{plotter_or_skip, Picture, TempDir};
+    use crate::bench::plot::color;
+
+    #[test]
+    fn the_soak_picture_has_a_p99_and_an_rss_panel() {
+        let windows: Vec<Window> = (0..6)
+            .map(|i| Window {
+                start_s: i * 10,
+                p99_ms: if i == 3 { 829.0 } else { 20.0 + i as f64 },
+                envoy_rss_mib: 180.0 + i as f64 / 3.0,
+                ..Window::default()
+            })
+            .collect();
+        let fig = figure(&windows);
+        assert_eq!((fig.rows, fig.cols, fig.charts.len()), (2, 1, 2));
+        let Some(plotter) = plotter_or_skip("the_soak_picture_has_a_p99_and_an_rss_panel") else {
+            return;
+        };
+        let tmp = TempDir::new("soak");
+        let path = tmp.0.join("soak.png");
+        plotter.write_png(&path, &fig).expect("drawn");
+        let pic = Picture::read(&path);
+        assert_eq!((pic.width, pic.height), (900, 600));
+        // One series per panel, both in the first colour: both lines' pixels, top and bottom half.
+        let c = color(0);
+        let half = pic.pixels.len() / 2;
+        let count = |px: &[[u8; 3]]| px.iter().filter(|p| **p == [c.0, c.1, c.2]).count();
+        assert!(count(&pic.pixels[..half]) > 300, "p99 line");
+        assert!(count(&pic.pixels[half..]) > 300, "RSS line");
+    }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, ValueEnum};
 use wasm_tests::bench::compare::{self, Policy, StackOptions};
+use wasm_tests::bench::compare_plots::ComparePlots;
 use wasm_tests::bench::peers::{PeerPolicy, PeerRouter};
 use wasm_tests::bench::summary;
 
@@ -137,7 +138,9 @@ pub(crate) struct CompareArgs {
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) replicas: Vec<usize>,
     /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
-    /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}
+    /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}; and the
+    /// pictures: DIR/<workload>-ttft-cdf.png, DIR/hit-ratio.png and, with several --replicas,
+    /// DIR/<workload>-replicas.png
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
     #[command(flatten)]
@@ -185,6 +188,7 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let mut verdicts = Vec::new();
     let mut overview = Vec::new();
+    let plots = args.out.as_ref().map(|_| ComparePlots::new());
     for (w, spec, warmup, groups) in &cases {
         let opts = StackOptions {
             groups: groups.clone(),
@@ -248,6 +252,9 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             )?;
             std::fs::write(dir.join(format!("{stem}.txt")), &text)?;
             eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
+            if let Some(plots) = &plots {
+                plots.workload(dir, w.name(), &runs, &summaries);
+            }
         }
         verdicts.push(verdict);
         overview.push((w.name().to_owned(), summaries));
@@ -258,6 +265,9 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
         for v in &verdicts {
             println!("{}", summary::verdict_line(v));
         }
+    }
+    if let (Some(dir), Some(plots)) = (&args.out, &plots) {
+        plots.overview(dir, &overview);
     }
     // Every workload and policy in one table (what `make bench-peers` reports).
     if overview.len() > 1 || policies.iter().any(|p| matches!(p, Policy::Peer(_))) {

@@ -50,7 +50,7 @@ enum Command {
     /// Run Envoy with kvroute in the foreground (until Ctrl-C) in front of endpoints or simulated pods.
     Up(UpArgs),
     /// Envoy + kvroute + simulated pods at a steady rate with faults on a schedule: requests,
-    /// errors by cause, p99 drift and Envoy RSS over time (soak.csv, soak.svg); fails if any
+    /// errors by cause, p99 drift and Envoy RSS over time (soak.csv, soak.png); fails if any
     /// request was lost.
     Soak(SoakArgs),
 }
