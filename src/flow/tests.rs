@@ -1017,7 +1017,7 @@ fn a_prompt_its_pod_holds_whole_is_observed_again_only_after_a_second() {
         let first = vm.router.index().slot_blocks_oldest_first(slot);
         vm.router.index().stamp_of(slot, *first.last().unwrap())
     };
-    let mut route = |c: &mut Cluster| {
+    let route = |c: &mut Cluster| {
         let (mut flow, outcome) = send(c, 0, &[], &body);
         let pod = primary_of(&outcome);
         let (vm, host) = &mut c.vms[0];
