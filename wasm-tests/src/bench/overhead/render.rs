@@ -333,7 +333,7 @@ fn memory_table(out: &mut String, r: &OverheadReport) {
             mib_signed(Some(m.allocated_per_vm_at_rest)),
             mib_signed(Some(m.allocated_added_full)),
             mib_signed(Some(m.allocated_per_vm_full)),
-            m.index_entries
+            m.index_entries_peak
         );
     }
 }

@@ -69,8 +69,10 @@ pub struct MemoryRow {
     pub mode: BlockMode,
     /// kvroute VMs (`wasm.wasm_vm_count`) the figures are divided by.
     pub vms: u64,
-    /// Blocks in the prefix index at the end of the section.
-    pub index_entries: u64,
+    /// Most blocks the prefix index held at the end of any cell or of the section
+    /// (`index_entries` is one VM's gauge, the last to write it; LRU-bounded by the pods'
+    /// capacities, so the fresh cells leave it full).
+    pub index_entries_peak: u64,
     /// kvroute Envoy − plain Envoy, bytes: at rest (ready, before any request) and with the index
     /// as full as the section made it; whole process and per VM.
     pub rss_added_at_rest: Option<i64>,
@@ -163,7 +165,13 @@ impl SummaryTables {
             t.memory.push(MemoryRow {
                 mode: s.mode,
                 vms: m.kvroute_vms,
-                index_entries: m.index_entries,
+                index_entries_peak: s
+                    .cells
+                    .iter()
+                    .map(|c| c.index_entries)
+                    .chain([m.index_entries])
+                    .max()
+                    .unwrap_or(0),
                 rss_added_at_rest: m.diff_start.rss,
                 rss_added_full: m.diff_end.rss,
                 rss_per_vm_at_rest: m.diff_start.rss.map(|v| per_vm(v, m.kvroute_vms)),
