@@ -34,7 +34,7 @@ fn mib_signed(v: Option<i64>) -> String {
 }
 
 fn size_name(bytes: usize) -> String {
-    if bytes >= 1024 && bytes % 1024 == 0 {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{} KB", bytes / 1024)
     } else {
         format!("{bytes} B")
