@@ -206,8 +206,10 @@ bench-replicas: build build-tools fonts
 bench-pd: build build-tools
 	target/release/kvbench compare-pd --time-scale $(TIME_SCALE) --out bench-out
 
-# kvroute's own cost per request and its memory: Envoy with kvroute against the same Envoy without
-# it, on pods that answer at once, requests interleaved; wall-clock figures (not TIME_SCALE).
+# kvroute's own cost per request, throughput and memory per VM: Envoy with kvroute against the same
+# Envoy without it, on pods that answer at once, requests interleaved, in chars and tiktoken mode at
+# 256 B, 16 KB and 256 KB prompts, plus fixed-time throughput rounds (about 4 minutes); wall-clock
+# figures (not TIME_SCALE). Writes bench-out/overhead.{txt,json}.
 bench-overhead: build build-tools
 	target/release/kvbench overhead --out bench-out
 

@@ -1,6 +1,7 @@
-//! What `kvbench overhead` runs: the prompt kinds, the sizes of each phase, the pods' engine
-//! settings and kvroute's configuration, with the checks that reject a run that could not measure
-//! anything. Kept apart so that the options read as one list, with their defaults beside them.
+//! What `kvbench overhead` runs: the block schemes, prompt sizes and prompt kinds of the sweep, the
+//! sizes of each phase, the pods' engine settings and kvroute's configuration, with the checks that
+//! reject a run that could not measure anything. Kept apart so that the options read as one list,
+//! with their defaults beside them.
 
 use anyhow::{ensure, Result};
 use serde::Serialize;
@@ -31,6 +32,25 @@ impl PromptKind {
     }
 }
 
+/// kvroute's block scheme (`block.mode`): how it cuts a prompt into blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockMode {
+    /// Fixed-size runs of characters: no tokenizer.
+    Chars,
+    /// Real tokens (`cl100k_base`): needs the full `kvroute.wasm`.
+    Tiktoken,
+}
+
+impl BlockMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockMode::Chars => "chars",
+            BlockMode::Tiktoken => "tiktoken",
+        }
+    }
+}
+
 /// How `kvbench overhead` runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct OverheadOptions {
@@ -41,23 +61,38 @@ pub struct OverheadOptions {
     pub time_scale: f64,
     /// kvsim arguments (`--time-scale` is added).
     pub sim_args: Vec<String>,
-    /// Prompt kinds, measured in this order on the same two Envoys.
+    /// Block schemes; each gets its own pods and pair of Envoys, in this order.
+    pub modes: Vec<BlockMode>,
+    /// Bytes of prompt text per request (system prompt + question), measured in this order.
+    pub prompt_sizes: Vec<usize>,
+    /// Prompt kinds, measured in this order for every size.
     pub kinds: Vec<PromptKind>,
-    /// Measured pairs (one request to each Envoy) per prompt kind.
+    /// Most measured pairs (one request to each Envoy) per (mode, size, kind) cell.
     pub requests: usize,
-    /// Pairs sent before each kind's measured ones and left out of the figures.
+    /// Most pairs sent before each cell's measured ones and left out of the figures.
     pub warmup: usize,
-    /// Bytes of prompt text per request (system prompt + question).
-    pub prompt_bytes: usize,
+    /// Wall seconds after which a cell stops adding measured pairs (0 = no limit): a 256 KB prompt
+    /// in tiktoken mode takes far longer than a 256-byte one, and the run must stay bounded.
+    /// Warm-up stops after a quarter of it.
+    pub cell_s: f64,
     /// Bootstrap resamples for the interval of the difference of medians.
     pub bootstrap: usize,
     pub seed: u64,
-    /// Requests per arm of the closed-loop throughput phase (0 = no such phase).
-    pub throughput_requests: usize,
-    /// Requests in flight in the throughput phase.
+    /// Seconds each Envoy is loaded per throughput round (0 = no throughput phase).
+    pub throughput_s: f64,
+    /// Throughput rounds per prompt size; the Envoy that goes first alternates.
+    pub throughput_rounds: usize,
+    /// Block schemes whose sections include the throughput phase.
+    pub throughput_modes: Vec<BlockMode>,
+    /// Connections of the throughput phase, each sending its next request as soon as the last
+    /// is answered.
     pub concurrency: usize,
-    /// Fields merged into kvroute's configuration (default: none, i.e. kvroute's defaults).
+    /// Fields merged into kvroute's configuration (default: none, i.e. kvroute's defaults); the
+    /// fields of a `block` object are merged into the block scheme's.
     pub plugin_extra: Value,
+    /// Ablation: the Envoy without kvroute buffers every request body whole too (Envoy's own
+    /// `envoy.filters.http.buffer`), so the difference leaves out what buffering costs.
+    pub plain_buffer: bool,
     /// Keep every latency sample in the report (and the JSON).
     pub keep_samples: bool,
     /// Seconds without requests, after start-up, over which both Envoys' background CPU is measured
@@ -75,20 +110,29 @@ impl Default for OverheadOptions {
                 .split_whitespace()
                 .map(str::to_owned)
                 .collect(),
+            modes: vec![BlockMode::Chars, BlockMode::Tiktoken],
+            prompt_sizes: vec![256, 16_384, 262_144],
             kinds: vec![PromptKind::Repeat, PromptKind::Fresh],
-            requests: 3000,
-            warmup: 300,
-            prompt_bytes: 16_384,
+            requests: 2000,
+            warmup: 200,
+            cell_s: 12.0,
             bootstrap: 2000,
             seed: 1,
-            throughput_requests: 2000,
-            concurrency: 4,
+            throughput_s: 3.0,
+            throughput_rounds: 5,
+            throughput_modes: vec![BlockMode::Chars],
+            concurrency: 16,
             plugin_extra: json!({}),
+            plain_buffer: false,
             keep_samples: false,
             idle_s: 2.0,
         }
     }
 }
+
+/// The largest prompt a run may ask for: below kvroute's default `max_body_bytes` (8 MiB) with
+/// room for the JSON around it, and within what the simulated model accepts.
+pub const MAX_PROMPT_BYTES: usize = 1 << 20;
 
 impl OverheadOptions {
     pub fn validate(&self) -> Result<()> {
@@ -98,15 +142,28 @@ impl OverheadOptions {
             self.time_scale.is_finite() && self.time_scale > 0.0,
             "time scale must be > 0"
         );
+        ensure!(!self.modes.is_empty(), "no block modes given");
         ensure!(!self.kinds.is_empty(), "no prompt kinds given");
+        ensure!(!self.prompt_sizes.is_empty(), "no prompt sizes given");
         ensure!(self.requests >= 1, "need at least one measured request");
+        for &size in &self.prompt_sizes {
+            ensure!(
+                size > QUESTION_BYTES && size <= MAX_PROMPT_BYTES,
+                "prompt size {size}: must be more than {QUESTION_BYTES} bytes and at most \
+                 {MAX_PROMPT_BYTES}"
+            );
+        }
         ensure!(
-            self.prompt_bytes > QUESTION_BYTES,
-            "the prompt must be longer than {QUESTION_BYTES} bytes"
+            self.cell_s.is_finite() && self.cell_s >= 0.0,
+            "the cell time limit must be >= 0 s"
         );
         ensure!(
-            self.throughput_requests == 0 || self.concurrency >= 1,
-            "the throughput phase needs a concurrency of at least 1"
+            self.throughput_s.is_finite() && self.throughput_s >= 0.0,
+            "the throughput round length must be >= 0 s"
+        );
+        ensure!(
+            self.throughput_s == 0.0 || (self.concurrency >= 1 && self.throughput_rounds >= 1),
+            "the throughput phase needs a concurrency and a number of rounds of at least 1"
         );
         ensure!(
             self.idle_s.is_finite() && self.idle_s >= 0.0,
@@ -119,17 +176,79 @@ impl OverheadOptions {
         Ok(())
     }
 
-    /// kvroute's configuration: the pool, chars mode, and the extras.
-    pub fn plugin_config(&self, pods: &[String]) -> String {
+    /// Whether the section of `mode` has a throughput phase.
+    pub fn throughput_in(&self, mode: BlockMode) -> bool {
+        self.throughput_s > 0.0 && self.throughput_modes.contains(&mode)
+    }
+
+    /// kvroute's configuration: the pool, the block scheme, and the extras.
+    pub fn plugin_config(&self, pods: &[String], mode: BlockMode) -> String {
         let mut v = json!({
             "pools": [{"name": "default", "endpoints": pods}],
-            "block": {"mode": "chars"}
+            "block": {"mode": mode.name()}
         });
         if let (Some(base), Value::Object(extra)) = (v.as_object_mut(), &self.plugin_extra) {
             for (k, val) in extra {
-                base.insert(k.clone(), val.clone());
+                match (base.get_mut(k), val) {
+                    (Some(Value::Object(block)), Value::Object(fields)) if k == "block" => {
+                        for (f, x) in fields {
+                            block.insert(f.clone(), x.clone());
+                        }
+                    }
+                    _ => {
+                        base.insert(k.clone(), val.clone());
+                    }
+                }
             }
         }
         v.to_string()
+    }
+}
+
+/// Whether a kvroute configuration routes at all (an empty `pools` only guards headers: the
+/// ablation that measures the filter's presence without any routing work).
+pub(super) fn routes(plugin_config: &str) -> bool {
+    serde_json::from_str::<Value>(plugin_config)
+        .ok()
+        .and_then(|v| {
+            v.get("pools")
+                .and_then(Value::as_array)
+                .map(|p| !p.is_empty())
+        })
+        .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extras_merge_into_the_block_scheme_and_replace_other_fields() {
+        let opts = OverheadOptions {
+            plugin_extra: json!({"block": {"tokens_per_block": 32}, "max_body_bytes": 100}),
+            ..OverheadOptions::default()
+        };
+        let v: Value =
+            serde_json::from_str(&opts.plugin_config(&["1.2.3.4:5".into()], BlockMode::Tiktoken))
+                .expect("json");
+        assert_eq!(v["block"]["mode"], "tiktoken");
+        assert_eq!(v["block"]["tokens_per_block"], 32);
+        assert_eq!(v["max_body_bytes"], 100);
+        assert!(routes(&v.to_string()));
+        let no_pools = OverheadOptions {
+            plugin_extra: json!({"pools": []}),
+            ..OverheadOptions::default()
+        };
+        assert!(!routes(&no_pools.plugin_config(&[], BlockMode::Chars)));
+    }
+
+    #[test]
+    fn a_prompt_size_out_of_range_is_refused() {
+        let opts = OverheadOptions {
+            prompt_sizes: vec![256, 10],
+            ..OverheadOptions::default()
+        };
+        assert!(opts.validate().is_err());
+        assert!(OverheadOptions::default().validate().is_ok());
     }
 }

@@ -104,3 +104,24 @@ pub(super) fn cpu_per_request(
         .collect();
     (Some(threads.values().sum()), threads)
 }
+
+/// CPU time of a whole process so far (every thread), ns; `None` off Linux or once it is gone.
+pub(super) fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let threads = thread_cpu_ns(pid);
+    (!threads.is_empty()).then(|| threads.values().sum())
+}
+
+/// The whole machine's busy and total CPU time so far, in clock ticks (`/proc/stat`'s `cpu`
+/// line: busy = everything but idle and iowait), so a load can say how full the machine was.
+pub(super) fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total.saturating_sub(idle), total))
+}

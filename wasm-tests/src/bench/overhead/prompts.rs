@@ -1,7 +1,8 @@
 //! The request bodies: seeded chat completions of a fixed prompt size, either one system prompt
 //! shared by the whole run (`repeat`, so kvroute finds a prefix hit) or a new one each time
-//! (`fresh`, so its index grows). Request `n` of a kind is the same body in every run with the same
-//! seed, and both arms are sent the very same bytes.
+//! (`fresh`, so its index grows). Request `n` of a kind and size is the same body in every run with
+//! the same seed, and both arms are sent the very same bytes; prompts of different sizes share no
+//! prefix, so no size's prompts are prefix hits on another's.
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -40,7 +41,7 @@ fn text_of(vocab: &Vocab, rng: &mut StdRng, bytes: usize) -> String {
 impl Prompts {
     pub(super) fn new(seed: u64, prompt_bytes: usize) -> Self {
         let vocab = Vocab::new(seed);
-        let mut rng = Self::rng(seed, "shared", 0);
+        let mut rng = Self::rng(seed, "shared", prompt_bytes as u64);
         let shared_system = text_of(&vocab, &mut rng, prompt_bytes - QUESTION_BYTES);
         Self {
             vocab,
@@ -50,15 +51,23 @@ impl Prompts {
         }
     }
 
+    /// The generator of one prompt; `n` says which (request number, or the size for the shared one).
     fn rng(seed: u64, what: &str, n: u64) -> StdRng {
         let mut key = what.as_bytes().to_vec();
         key.extend_from_slice(&n.to_le_bytes());
         StdRng::seed_from_u64(xxhash_rust::xxh3::xxh3_64_with_seed(&key, seed))
     }
 
+    /// The prompt size asked for, bytes.
+    pub(super) fn size(&self) -> usize {
+        self.prompt_bytes
+    }
+
     /// The request body of request `n` of `kind` (`n` counts warm-up and measured requests alike).
     pub(super) fn body(&self, kind: PromptKind, n: u64) -> (Bytes, usize) {
-        let mut rng = Self::rng(self.seed, kind.name(), n);
+        // Keyed by the size too: the fresh prompts of one size must not start with those of another.
+        let what = format!("{}/{}", kind.name(), self.prompt_bytes);
+        let mut rng = Self::rng(self.seed, &what, n);
         let question = {
             let head = format!("Question {n}: ");
             let rest = QUESTION_BYTES.saturating_sub(head.len());
@@ -102,5 +111,12 @@ mod tests {
         assert_eq!(sys(&a), sys(&b));
         assert_ne!(sys(&c), sys(&d));
         assert_ne!(a, b);
+        // Another size starts differently, for both kinds.
+        let small = Prompts::new(1, 256);
+        for kind in [PromptKind::Repeat, PromptKind::Fresh] {
+            let (big, _) = p.body(kind, 0);
+            let (little, _) = small.body(kind, 0);
+            assert_ne!(sys(&big).get(..64), sys(&little).get(..64), "{kind:?}");
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! The report as text (`overhead.txt`, also printed): the setup, the latency table per prompt kind,
-//! kvroute's difference with its interval and CPU, throughput, idle CPU and memory; and the writing
-//! of both output files.
+//! The report as text (`overhead.txt`, also printed): the setup, the added latency per (block
+//! scheme, prompt size, prompt kind) with its interval, CPU and kvroute's own body-phase time, each
+//! arm's latency distribution, the throughput rounds, memory per VM, idle CPU, and the targets;
+//! and the writing of both output files.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,8 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::process::{MemoryDiff, MemoryFigures};
-use super::report::OverheadReport;
+use super::report::{OverheadReport, Spread};
 
 fn fmt_us(v: Option<f64>) -> String {
     v.filter(|x| x.is_finite())
@@ -21,18 +21,37 @@ fn fmt_signed_us(v: Option<f64>) -> String {
         .map_or_else(|| "-".to_owned(), |x| format!("{x:+.1}"))
 }
 
-fn mib(v: u64) -> String {
-    format!("{:.1}", v as f64 / 1_048_576.0)
+fn fmt_f(v: Option<f64>, digits: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
 }
 
-fn mib_signed(v: i64) -> String {
-    format!("{:+.1}", v as f64 / 1_048_576.0)
+fn mib_signed(v: Option<i64>) -> String {
+    v.map_or_else(
+        || "-".to_owned(),
+        |v| format!("{:+.1}", v as f64 / 1_048_576.0),
+    )
 }
 
-/// The text report: setup, the latency table per kind with the differences, throughput, memory.
-pub fn render_text(r: &OverheadReport) -> String {
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
+        format!("{} KB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn spread(s: &Spread, digits: usize) -> String {
+    format!(
+        "{} [{} … {}]",
+        fmt_f(s.median, digits),
+        fmt_f(s.min, digits),
+        fmt_f(s.max, digits)
+    )
+}
+
+fn setup(out: &mut String, r: &OverheadReport) {
     let o = &r.options;
-    let mut out = String::new();
     let _ = writeln!(
         out,
         "kvroute filter cost: Envoy{} with kvroute against the same Envoy without it, in one run.",
@@ -46,14 +65,18 @@ pub fn render_text(r: &OverheadReport) -> String {
         "Wall-clock microseconds (not simulated time), measured by the client on loopback; CPU = the \
          Envoy process's CPU time\nover the measured requests (all threads) per request."
     );
+    let modes: Vec<&str> = o.modes.iter().map(|m| m.name()).collect();
+    let sizes: Vec<String> = o.prompt_sizes.iter().map(|&s| size_name(s)).collect();
     let _ = writeln!(
         out,
-        "Setup: {} kvsim pod(s) answering at once ({}--time-scale {}),\n\
-         two Envoys with {} workers each and the same pool cluster (override_host, round-robin fallback),\n\
-         one with kvroute (chars mode, defaults otherwise{}); chat completions with ~{} bytes of prompt,\n\
-         max_tokens 1, non-streaming; per prompt kind {} warm-up + {} measured pairs, one request at a \
-         time,\nalternating Envoys (who goes first swaps every pair), the same body to both.",
-        r.pods.len(),
+        "Setup: per block scheme ({}) {} kvsim pod(s) answering at once ({}--time-scale {}) and\n\
+         two Envoys with {} workers each and the same pool cluster (override_host, round-robin \
+         fallback), one with kvroute\n(defaults otherwise{}), the other without{}; chat completions \
+         with {} of prompt, max_tokens 1,\nnon-streaming; per cell at most {} warm-up + {} measured \
+         pairs{}, one request at a time, alternating\nEnvoys (who goes first swaps every pair), the \
+         same body to both.",
+        modes.join(", "),
+        r.sections.first().map_or(o.pods, |s| s.pods.len()),
         o.sim_args
             .iter()
             .map(|a| format!("{a} "))
@@ -64,23 +87,115 @@ pub fn render_text(r: &OverheadReport) -> String {
             Value::Object(m) if !m.is_empty() => format!(", plus {}", o.plugin_extra),
             _ => String::new(),
         },
-        o.prompt_bytes,
+        if o.plain_buffer {
+            " but with Envoy's buffer filter (ablation: buffering cost left out)"
+        } else {
+            ""
+        },
+        sizes.join(", "),
         o.warmup,
-        o.requests
+        o.requests,
+        if o.cell_s > 0.0 {
+            format!(" or {} s of them", o.cell_s)
+        } else {
+            String::new()
+        }
     );
-    let _ = writeln!(out);
+}
+
+fn latency_table(out: &mut String, r: &OverheadReport) {
     let _ = writeln!(
         out,
-        "{:<7} {:<8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9}",
-        "prompt", "envoy", "reqs", "ok", "mean µs", "p50", "p90", "p99", "CPU µs/req"
+        "\nAdded latency, kvroute − plain (µs; p50 difference of paired requests with its bootstrap \
+         95% CI; CPU = Envoy CPU µs/request;\ndecision = kvroute's body phase as the filter times it \
+         inside the VM, p50; rest = added p50 − decision p50):"
     );
-    for k in &r.kinds {
-        for arm in [&k.kvroute, &k.plain] {
+    let _ = writeln!(
+        out,
+        "{:<8} {:>7} {:<6} {:>5} {:>8} {:>8} {:>9} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "mode",
+        "prompt",
+        "kind",
+        "pairs",
+        "plain",
+        "kvroute",
+        "added",
+        "95% CI",
+        "add mean",
+        "CPU pl",
+        "CPU kv",
+        "CPU add",
+        "decision",
+        "rest"
+    );
+    for row in &r.summary.latency {
+        let ci = row
+            .added_p50_ci95_us
+            .map_or_else(|| "-".to_owned(), |(lo, hi)| format!("{lo:+.1} … {hi:+.1}"));
+        let _ = writeln!(
+            out,
+            "{:<8} {:>7} {:<6} {:>5} {:>8} {:>8} {:>9} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+            row.mode.name(),
+            size_name(row.prompt_size),
+            row.kind.name(),
+            row.pairs,
+            fmt_us(row.plain_p50_us),
+            fmt_us(row.kvroute_p50_us),
+            fmt_signed_us(row.added_p50_us),
+            ci,
+            fmt_signed_us(row.added_mean_us),
+            fmt_us(row.plain_cpu_us_per_request),
+            fmt_us(row.kvroute_cpu_us_per_request),
+            fmt_signed_us(row.added_cpu_us_per_request),
+            fmt_us(row.decision_p50_us),
+            fmt_signed_us(row.added_outside_decision_p50_us),
+        );
+    }
+}
+
+fn arm_table(out: &mut String, r: &OverheadReport) {
+    let _ = writeln!(
+        out,
+        "\nEach arm (µs), with what kvroute counted over the cell (warm-up included) and its index \
+         at the cell's end:"
+    );
+    let _ = writeln!(
+        out,
+        "{:<8} {:>7} {:<6} {:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>8}   {:>6} {:>6} {:>7}",
+        "mode",
+        "prompt",
+        "kind",
+        "envoy",
+        "reqs",
+        "ok",
+        "mean",
+        "p50",
+        "p90",
+        "p99",
+        "routed",
+        "hits",
+        "index"
+    );
+    for c in r.sections.iter().flat_map(|s| &s.cells) {
+        let counter = |name: &str| c.kvroute_counters.get(name).copied().unwrap_or(0);
+        for arm in [&c.kvroute, &c.plain] {
             let l = &arm.latency_us;
+            let counted = if arm.label == super::KVROUTE {
+                format!(
+                    "   {:>6} {:>6} {:>7}",
+                    counter("kvroute.requests_routed_total"),
+                    counter("kvroute.requests_routed_total{reason=\"prefix_hit\"}"),
+                    c.index_entries
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "{:<7} {:<8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10}",
-                k.kind.name(),
+                "{:<8} {:>7} {:<6} {:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>8}{counted}",
+                c.mode.name(),
+                size_name(c.prompt_size),
+                c.kind.name(),
                 arm.label,
                 arm.requests,
                 arm.ok,
@@ -88,148 +203,184 @@ pub fn render_text(r: &OverheadReport) -> String {
                 fmt_us(l.p50),
                 fmt_us(l.p90),
                 fmt_us(l.p99),
-                fmt_us(arm.cpu_us_per_request)
             );
+            for e in &arm.errors {
+                let _ = writeln!(out, "    error: {e}");
+            }
         }
     }
-    let _ = writeln!(out);
-    for k in &r.kinds {
-        let ci = k
-            .diff_p50_ci95_us
-            .map(|(lo, hi)| format!(" (95% CI {lo:+.1} … {hi:+.1})"))
-            .unwrap_or_default();
-        let c = |name: &str| k.kvroute_counters.get(name).copied().unwrap_or(0);
+}
+
+fn throughput_table(out: &mut String, r: &OverheadReport) {
+    let Some(first) = r.sections.iter().flat_map(|s| &s.throughput).next() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nThroughput: {} connections to one Envoy at a time, each sending its next request when \
+         the last is answered,\n{} rounds of {} s per Envoy (after {} s of warm-up each), who goes \
+         first alternating; {} prompts. Medians over the rounds [min … max];\nratio = kvroute/plain \
+         within a round; req/CPU-s = requests per CPU-second of the loaded Envoy; cores = CPU \
+         seconds per second\nof the loaded Envoy (plain/kvroute), of this load generator, of kvsim \
+         and of the whole machine (all tenants), which has {} cores:",
+        first.concurrency,
+        first.rounds.len(),
+        first.round_s,
+        first.warmup_s,
+        first.kind.name(),
+        first.machine_cores
+    );
+    let _ = writeln!(
+        out,
+        "{:<8} {:>7} {:>8} {:>8} {:>21} {:>8} {:>8} {:>21} {:>11} {:>6} {:>6} {:>7}",
+        "mode",
+        "prompt",
+        "plain/s",
+        "kv/s",
+        "ratio",
+        "pl/CPU-s",
+        "kv/CPU-s",
+        "ratio per CPU",
+        "Envoy cores",
+        "client",
+        "kvsim",
+        "machine"
+    );
+    for t in &r.summary.throughput {
         let _ = writeln!(
             out,
-            "{}: kvroute − plain over {} pairs: p50 {} µs{ci}, mean {} µs; Envoy CPU {} µs/request",
-            k.kind.name(),
-            k.pairs,
-            fmt_signed_us(k.diff_p50_us),
-            fmt_signed_us(k.diff_mean_us),
-            fmt_signed_us(k.diff_cpu_us_per_request),
+            "{:<8} {:>7} {:>8} {:>8} {:>21} {:>8} {:>8} {:>21} {:>11} {:>6} {:>6} {:>7}",
+            t.mode.name(),
+            size_name(t.prompt_size),
+            fmt_f(t.plain_rps.median, 0),
+            fmt_f(t.kvroute_rps.median, 0),
+            spread(&t.ratio, 3),
+            fmt_f(t.plain_rps_per_envoy_cpu_s.median, 0),
+            fmt_f(t.kvroute_rps_per_envoy_cpu_s.median, 0),
+            spread(&t.ratio_per_envoy_cpu, 3),
+            format!(
+                "{}/{}",
+                fmt_f(t.plain_envoy_cores, 2),
+                fmt_f(t.kvroute_envoy_cores, 2)
+            ),
+            fmt_f(t.client_cores, 2),
+            fmt_f(t.sim_cores, 2),
+            fmt_f(t.machine_busy_cores, 2),
         );
-        if let (Some(idle), true) = (&r.idle_cpu, k.wall_s > 0.0 && k.kvroute.requests > 0) {
-            let per_s = k.kvroute.requests as f64 / k.wall_s;
-            let background = (idle.kvroute_ms_per_s - idle.plain_ms_per_s) * 1e3 / per_s;
+    }
+    for t in &r.summary.throughput {
+        if !t.client_below_envoy {
             let _ = writeln!(
                 out,
-                "  of that CPU, ≈ {background:.1} µs/request is background work that runs without \
-                 requests too (idle rate below, at {per_s:.0} requests/s per Envoy)"
+                "  {} {}: in some load the load generator used as much CPU as the Envoy it loaded \
+                 or more: requests/s may be the client's limit; req/CPU-s is not",
+                t.mode.name(),
+                size_name(t.prompt_size)
             );
         }
-        let mut threads: Vec<(&String, &f64)> =
-            k.kvroute.cpu_threads_us_per_request.iter().collect();
-        threads.sort_by(|a, b| b.1.total_cmp(a.1));
-        let busiest = threads
+    }
+    let _ = writeln!(
+        out,
+        "p50 under that load (µs), plain/kvroute: {}",
+        r.summary
+            .throughput
             .iter()
-            .take(3)
-            .map(|(name, v)| format!("{name} {v:.1}"))
+            .map(|t| format!(
+                "{} {} {}/{}",
+                t.mode.name(),
+                size_name(t.prompt_size),
+                fmt_us(t.plain_p50_us_under_load),
+                fmt_us(t.kvroute_p50_us_under_load)
+            ))
             .collect::<Vec<_>>()
-            .join(", ");
-        let _ = writeln!(
-            out,
-            "  kvroute routed {} (prefix hit {}, by load {}), index {} blocks at the end; \
-             kvroute Envoy's busiest threads, CPU µs/request: {}",
-            c("kvroute.requests_routed"),
-            c("kvroute.routed_prefix_hit"),
-            c("kvroute.routed_load"),
-            k.index_entries,
-            if busiest.is_empty() {
-                "-".to_owned()
-            } else {
-                busiest
-            }
-        );
-    }
-    if let Some(t) = &r.throughput {
-        let change = if t.plain_rps > 0.0 {
-            format!(" ({:+.1}%)", (t.kvroute_rps / t.plain_rps - 1.0) * 100.0)
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "\nThroughput, {} in flight, {} {} requests per arm (two halves, order swapped): kvroute \
-             {:.0} req/s ({} ok), plain {:.0} req/s ({} ok){change}; client, kvsim and both Envoys \
-             share the machine.",
-            t.concurrency,
-            t.requests_per_arm,
-            t.kind.name(),
-            t.kvroute_rps,
-            t.kvroute_ok,
-            t.plain_rps,
-            t.plain_ok
-        );
-    }
-    if let Some(idle) = &r.idle_cpu {
-        let _ = writeln!(
-            out,
-            "\nWithout requests ({:.1} s): kvroute Envoy {:.2} ms CPU/s, plain {:.2} ms CPU/s (kvroute polls \
-             {} pods every {} ms).",
-            idle.seconds,
-            idle.kvroute_ms_per_s,
-            idle.plain_ms_per_s,
-            r.pods.len(),
-            serde_json::from_str::<Value>(&r.plugin_config)
-                .ok()
-                .and_then(|v| v.get("poll_interval_ms").and_then(Value::as_u64))
-                .unwrap_or(200)
-        );
-    }
-    let m = &r.memory;
+            .join(", ")
+    );
+}
+
+fn memory_table(out: &mut String, r: &OverheadReport) {
     let _ = writeln!(
         out,
-        "\nMemory (MiB; /stats server.memory_* and the process RSS), {} workers, kvroute Envoy \
-         wasm.wasm_vm_count {} (plain {}):",
-        m.workers, m.kvroute_vms, m.plain_vms
+        "\nMemory, kvroute Envoy − plain Envoy (MiB; process RSS and /stats server.memory_allocated), \
+         at rest (ready, before any\nrequest) and at the section's end (index full after the fresh \
+         prompts); per VM = ÷ wasm.wasm_vm_count:"
     );
     let _ = writeln!(
         out,
-        "{:<14} {:>10} {:>10} {:>10} {:>8}",
-        "", "allocated", "heap", "physical", "RSS"
+        "{:<8} {:>3} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12}",
+        "mode",
+        "VMs",
+        "RSS rest",
+        "per VM",
+        "RSS full",
+        "per VM",
+        "alloc rest",
+        "per VM",
+        "alloc full",
+        "per VM",
+        "index blocks"
     );
-    let row = |name: &str, f: &MemoryFigures| {
-        format!(
-            "{:<14} {:>10} {:>10} {:>10} {:>8}\n",
-            name,
-            mib(f.allocated),
-            mib(f.heap_size),
-            mib(f.physical_size),
-            f.rss.map_or_else(|| "-".to_owned(), mib)
-        )
-    };
-    let diff_row = |name: &str, d: &MemoryDiff| {
-        format!(
-            "{:<14} {:>10} {:>10} {:>10} {:>8}\n",
-            name,
-            mib_signed(d.allocated),
-            mib_signed(d.heap_size),
-            mib_signed(d.physical_size),
-            d.rss.map_or_else(|| "-".to_owned(), mib_signed)
-        )
-    };
-    out.push_str(&row("kvroute start", &m.kvroute_start));
-    out.push_str(&row("plain start", &m.plain_start));
-    out.push_str(&diff_row("diff start", &m.diff_start));
-    out.push_str(&row("kvroute end", &m.kvroute_end));
-    out.push_str(&row("plain end", &m.plain_end));
-    out.push_str(&diff_row("diff end", &m.diff_end));
-    let vms = m.kvroute_vms.max(1);
-    let _ = writeln!(
-        out,
-        "kvroute's memory at the end: {} MiB allocated, {} MiB RSS over {} VMs (≈ {} / {} MiB per VM); \
-         prefix index {} blocks.",
-        mib_signed(m.diff_end.allocated),
-        m.diff_end
-            .rss
-            .map_or_else(|| "-".to_owned(), mib_signed),
-        m.kvroute_vms,
-        mib_signed(m.diff_end.allocated / vms as i64),
-        m.diff_end
-            .rss
-            .map_or_else(|| "-".to_owned(), |v| mib_signed(v / vms as i64)),
-        m.index_entries
-    );
+    for m in &r.summary.memory {
+        let _ = writeln!(
+            out,
+            "{:<8} {:>3} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12}",
+            m.mode.name(),
+            m.vms,
+            mib_signed(m.rss_added_at_rest),
+            mib_signed(m.rss_per_vm_at_rest),
+            mib_signed(m.rss_added_full),
+            mib_signed(m.rss_per_vm_full),
+            mib_signed(Some(m.allocated_added_at_rest)),
+            mib_signed(Some(m.allocated_per_vm_at_rest)),
+            mib_signed(Some(m.allocated_added_full)),
+            mib_signed(Some(m.allocated_per_vm_full)),
+            m.index_entries_peak
+        );
+    }
+}
+
+/// The text report.
+pub fn render_text(r: &OverheadReport) -> String {
+    let mut out = String::new();
+    setup(&mut out, r);
+    latency_table(&mut out, r);
+    arm_table(&mut out, r);
+    throughput_table(&mut out, r);
+    memory_table(&mut out, r);
+    for s in &r.sections {
+        if let Some(idle) = &s.idle_cpu {
+            let _ = writeln!(
+                out,
+                "Without requests ({:.1} s, {} section): kvroute Envoy {:.2} ms CPU/s, plain {:.2} ms \
+                 CPU/s (kvroute polls {} pods every {} ms).",
+                idle.seconds,
+                s.mode.name(),
+                idle.kvroute_ms_per_s,
+                idle.plain_ms_per_s,
+                s.pods.len(),
+                serde_json::from_str::<Value>(&s.plugin_config)
+                    .ok()
+                    .and_then(|v| v.get("poll_interval_ms").and_then(Value::as_u64))
+                    .unwrap_or(200)
+            );
+        }
+    }
+    if !r.summary.targets.is_empty() {
+        let _ = writeln!(out, "\nTargets:");
+        for t in &r.summary.targets {
+            let verdict = match t.met {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "not measured",
+            };
+            let _ = writeln!(
+                out,
+                "  {}: {} (limit {}): {verdict}",
+                t.what,
+                fmt_f(t.value, 3),
+                t.limit
+            );
+        }
+    }
     let _ = writeln!(out, "Run took {:.1} s wall.", r.wall_s);
     out
 }

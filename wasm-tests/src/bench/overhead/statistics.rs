@@ -23,6 +23,12 @@ fn median_in_place(v: &mut [f64]) -> Option<f64> {
     Some((lower + upper) / 2.0)
 }
 
+/// The median of the finite values, `None` for none.
+pub(super) fn median_of(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+    median_in_place(&mut v)
+}
+
 /// p50(a) − p50(b) over paired samples, and its bootstrap 95% interval (pairs resampled with
 /// replacement, `resamples` times, seeded).
 pub fn median_difference(

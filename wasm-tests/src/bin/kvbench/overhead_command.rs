@@ -4,16 +4,33 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use wasm_tests::bench::overhead::{self, OverheadOptions, PromptKind};
+use wasm_tests::bench::overhead::{self, BlockMode, OverheadOptions, PromptKind};
 
 use crate::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum PromptKindArg {
-    /// The same 16 KB system prompt with a short varying question: kvroute finds a prefix hit
+    /// The same system prompt with a short varying question: kvroute finds a prefix hit
     Repeat,
     /// A new prompt on every request: kvroute's prefix index grows to its bounds
     Fresh,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BlockModeArg {
+    /// Blocks of characters, no tokenizer (kvroute's default)
+    Chars,
+    /// Blocks of real tokens (cl100k_base; needs the full kvroute.wasm)
+    Tiktoken,
+}
+
+impl BlockModeArg {
+    fn mode(self) -> BlockMode {
+        match self {
+            BlockModeArg::Chars => BlockMode::Chars,
+            BlockModeArg::Tiktoken => BlockMode::Tiktoken,
+        }
+    }
 }
 
 /// Figures are wall-clock microseconds, not simulated time. Defaults are what `make bench-overhead`
@@ -26,18 +43,24 @@ pub(crate) struct OverheadArgs {
     /// Envoy workers, the same in both Envoys
     #[arg(long, default_value_t = OverheadOptions::default().workers)]
     pub(crate) workers: usize,
-    /// Measured request pairs (one to each Envoy) per prompt kind
-    #[arg(long, default_value_t = OverheadOptions::default().requests)]
-    pub(crate) requests: usize,
-    /// Pairs sent before each kind's measured ones, not measured
-    #[arg(long, default_value_t = OverheadOptions::default().warmup)]
-    pub(crate) warmup: usize,
-    /// Prompt kinds, measured in this order
+    /// Block schemes, each with its own pods and pair of Envoys, in this order
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["chars", "tiktoken"])]
+    pub(crate) modes: Vec<BlockModeArg>,
+    /// Bytes of prompt text per request (system prompt + question), a list measured in this order
+    #[arg(long, value_delimiter = ',', default_values = ["256", "16384", "262144"])]
+    pub(crate) prompt_bytes: Vec<usize>,
+    /// Prompt kinds, measured in this order for every size
     #[arg(long, value_enum, value_delimiter = ',', default_values = ["repeat", "fresh"])]
     pub(crate) kinds: Vec<PromptKindArg>,
-    /// Bytes of prompt text per request (system prompt + question)
-    #[arg(long, default_value_t = OverheadOptions::default().prompt_bytes)]
-    pub(crate) prompt_bytes: usize,
+    /// Most measured request pairs (one to each Envoy) per (mode, size, kind)
+    #[arg(long, default_value_t = OverheadOptions::default().requests)]
+    pub(crate) requests: usize,
+    /// Most pairs sent before each cell's measured ones, not measured
+    #[arg(long, default_value_t = OverheadOptions::default().warmup)]
+    pub(crate) warmup: usize,
+    /// Seconds after which a cell stops adding measured pairs (its warm-up after a quarter of it; 0 = no limit)
+    #[arg(long, default_value_t = OverheadOptions::default().cell_s)]
+    pub(crate) cell_seconds: f64,
     /// The simulator's time scale (the default pods have no latency at all anyway)
     #[arg(long, default_value_t = OverheadOptions::default().time_scale)]
     pub(crate) time_scale: f64,
@@ -49,15 +72,24 @@ pub(crate) struct OverheadArgs {
     pub(crate) bootstrap: usize,
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// Requests per Envoy in the closed-loop throughput phase (0 = skip it)
-    #[arg(long, default_value_t = OverheadOptions::default().throughput_requests)]
-    pub(crate) throughput_requests: usize,
-    /// Requests in flight in the throughput phase
+    /// Seconds each Envoy is loaded per throughput round (0 = no throughput phase)
+    #[arg(long, default_value_t = OverheadOptions::default().throughput_s)]
+    pub(crate) throughput_seconds: f64,
+    /// Throughput rounds per prompt size (who goes first alternates)
+    #[arg(long, default_value_t = OverheadOptions::default().throughput_rounds)]
+    pub(crate) throughput_rounds: usize,
+    /// Block schemes whose sections have the throughput phase
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["chars"])]
+    pub(crate) throughput_modes: Vec<BlockModeArg>,
+    /// Connections of the throughput phase, each with one request in flight
     #[arg(long, default_value_t = OverheadOptions::default().concurrency)]
     pub(crate) concurrency: usize,
     /// kvroute configuration fields (JSON object) merged into its defaults, e.g. '{"block": {"mode": "tiktoken"}}'
     #[arg(long, value_name = "JSON")]
     pub(crate) plugin_extra: Option<String>,
+    /// Ablation: the Envoy without kvroute runs Envoy's buffer filter, so it buffers every body whole too
+    #[arg(long)]
+    pub(crate) plain_buffer: bool,
     /// Include every latency sample in the JSON
     #[arg(long)]
     pub(crate) records: bool,
@@ -79,6 +111,8 @@ pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
         workers: args.workers,
         time_scale: args.time_scale,
         sim_args: split_args(&args.sim_args),
+        modes: args.modes.iter().map(|m| m.mode()).collect(),
+        prompt_sizes: args.prompt_bytes.clone(),
         kinds: args
             .kinds
             .iter()
@@ -89,12 +123,15 @@ pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
             .collect(),
         requests: args.requests,
         warmup: args.warmup,
-        prompt_bytes: args.prompt_bytes,
+        cell_s: args.cell_seconds,
         bootstrap: args.bootstrap,
         seed: args.seed,
-        throughput_requests: args.throughput_requests,
+        throughput_s: args.throughput_seconds,
+        throughput_rounds: args.throughput_rounds,
+        throughput_modes: args.throughput_modes.iter().map(|m| m.mode()).collect(),
         concurrency: args.concurrency,
         plugin_extra,
+        plain_buffer: args.plain_buffer,
         keep_samples: args.records,
         idle_s: args.idle,
     };
