@@ -33,6 +33,7 @@
 //! and the targets, and `render` its text and files. [`run`] below starts the pods and both
 //! Envoys of each section and calls the phases in order.
 
+mod chart;
 mod conn;
 mod decision;
 mod options;

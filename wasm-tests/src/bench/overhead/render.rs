@@ -385,7 +385,8 @@ pub fn render_text(r: &OverheadReport) -> String {
     out
 }
 
-/// Writes `DIR/overhead.json` (the report) and `DIR/overhead.txt` (the text of [`render_text`]).
+/// Writes `DIR/overhead.json` (the report), `DIR/overhead.txt` (the text of [`render_text`]) and
+/// `DIR/overhead.png` (`super::chart`).
 pub fn write_outputs(dir: &Path, r: &OverheadReport) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let json_path = dir.join("overhead.json");
@@ -394,5 +395,6 @@ pub fn write_outputs(dir: &Path, r: &OverheadReport) -> Result<()> {
     let txt_path = dir.join("overhead.txt");
     std::fs::write(&txt_path, render_text(r))
         .with_context(|| format!("writing {}", txt_path.display()))?;
+    super::chart::write(dir, &r.summary.latency);
     Ok(())
 }
