@@ -302,3 +302,64 @@ async fn the_lite_build_routes_in_chars_mode_and_refuses_tiktoken_by_name() {
         "{err}"
     );
 }
+
+/// `phase_timing` fills one histogram per filter callback; without it they stay empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phase_timing_records_every_callback() {
+    let sim = Sim::start(2, &["--time-scale", "0.01"]).unwrap();
+    for (phase, recorded) in phase_histograms(&sim.pods, true).await {
+        assert!(recorded, "phase_timing on: {phase} has no samples");
+    }
+    for (phase, recorded) in phase_histograms(&sim.pods, false).await {
+        assert!(!recorded, "phase_timing off: {phase} has samples");
+    }
+}
+
+/// Six requests through a fresh Envoy; per phase histogram, whether it has samples.
+async fn phase_histograms(pods: &[String], timed: bool) -> [(&'static str, bool); 5] {
+    let plugin = plugin_config(pods, json!({ "phase_timing": timed }));
+    let options = EnvoyOptions::new(pods, Lb::OverrideHost, Some(plugin));
+    let wasm = wasm_tests::harness::wasm_path().unwrap();
+    let mut config = wasm_tests::harness::envoy_config(&options, &wasm, 0);
+    // Histograms reach the admin page at a stats flush (5 s by default).
+    config["stats_flush_interval"] = json!("0.2s");
+    let envoy = Envoy::start_with_config(&config.to_string(), options.concurrency)
+        .await
+        .unwrap();
+    wait_healthy(&envoy, 2).await;
+    let url = envoy.url("/v1/chat/completions");
+    for i in 0..6 {
+        let body = chat(
+            &system_prompt(&format!("phases{i}-"), 300),
+            "hi",
+            3,
+            i % 2 == 0,
+        );
+        let r = post(&fresh_client(), &url, &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let page = reqwest::get(format!(
+        "http://{}/stats?filter=kvroute.phase&histogram_buckets=none",
+        envoy.admin
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    [
+        "request_headers",
+        "request_body",
+        "response_headers",
+        "response_body",
+        "log",
+    ]
+    .map(|phase| {
+        let name = format!("wasmcustom.kvroute.phase.{phase}_microseconds:");
+        let line = page.lines().find(|l| l.starts_with(&name));
+        // A histogram with samples prints its quantiles (this interval's, then cumulative), an
+        // empty one "No recorded values".
+        (phase, line.is_some_and(|l| l.contains("P50(")))
+    })
+}
