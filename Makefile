@@ -210,7 +210,7 @@ bench-pd: build build-tools
 # Envoy without it, on pods that answer at once, requests interleaved, in chars and tiktoken mode at
 # 256 B, 16 KB and 256 KB prompts, plus fixed-time throughput rounds (about 4 minutes); wall-clock
 # figures (not TIME_SCALE). Writes bench-out/overhead.{txt,json}.
-bench-overhead: build build-tools
+bench-overhead: build build-tools fonts
 	target/release/kvbench overhead --out bench-out
 
 # Where the filter's time goes inside Envoy: each callback timed (`phase_timing`), 16 KB prompts.
