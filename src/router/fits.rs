@@ -11,6 +11,15 @@ use hashbrown::HashMap;
 /// Weight of the newest stream in a pod's running mean of inter-token latency.
 const ITL_ALPHA: f64 = 0.1;
 
+/// The configured prior of a pod of `role` (a prefill pod's first token also pays the split).
+fn prior_for(config: &Config, role: Role) -> Coefficients {
+    let mut prior = config.prediction.prior;
+    if role == Role::Prefill {
+        prior.overhead_ms += config.pd.split_overhead_ms;
+    }
+    prior
+}
+
 fn role_index(role: Role) -> usize {
     match role {
         Role::Aggregated => 0,
@@ -58,7 +67,7 @@ impl Router {
             .get(role_index(role))
             .copied()
             .flatten()
-            .unwrap_or_else(|| self.prior_for(config, role))
+            .unwrap_or_else(|| prior_for(config, role))
     }
 
     /// Per role, the sample-weighted mean of the timed pods' models (`None`: nobody timed).
@@ -92,30 +101,6 @@ impl Router {
         (cost::merge(Coefficients::default(), fits), samples)
     }
 
-    pub(super) fn prior_of(&self, config: &Config, addr: &str) -> Coefficients {
-        let prefill = self
-            .load
-            .pods
-            .iter()
-            .any(|p| p.addr == addr && p.role == Role::Prefill);
-        self.prior_for(
-            config,
-            if prefill {
-                Role::Prefill
-            } else {
-                Role::Aggregated
-            },
-        )
-    }
-
-    fn prior_for(&self, config: &Config, role: Role) -> Coefficients {
-        let mut prior = config.prediction.prior;
-        if role == Role::Prefill {
-            prior.overhead_ms += config.pd.split_overhead_ms;
-        }
-        prior
-    }
-
     /// The median calibration of `role`'s predictions.
     pub(super) fn ttft_scale_of(&self, role: Role) -> cost::MedianScale {
         self.ttft_scale
@@ -126,19 +111,17 @@ impl Router {
 
     /// Learns from a first byte: the request's features at routing time and how long it took.
     pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
-        if let Some(role) = self
+        let role = self
             .load
             .pods
             .iter()
             .find(|p| p.addr == first.addr)
-            .map(|p| p.role)
-        {
-            if let Some(scale) = self.ttft_scale.get_mut(role_index(role)) {
-                scale.observe(first.predicted_ms, observed_ms);
-            }
+            .map(|p| p.role);
+        if let Some(scale) = role.and_then(|r| self.ttft_scale.get_mut(role_index(r))) {
+            scale.observe(first.predicted_ms, observed_ms);
         }
         let mut learning = config.prediction.learning();
-        learning.prior = self.prior_of(config, &first.addr);
+        learning.prior = prior_for(config, role.unwrap_or(Role::Aggregated));
         self.fits
             .entry_ref(first.addr.as_str())
             .or_insert_with(|| CostFit::new(&learning))

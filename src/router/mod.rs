@@ -115,21 +115,23 @@ impl Router {
     /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
     /// capacities follow what the pods report.
     pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
-        let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
-        let removed: Vec<String> = self
-            .slot_of
-            .keys()
-            .filter(|addr| !listed.contains(addr.as_str()))
-            .cloned()
-            .collect();
-        for addr in removed {
-            if let Some(slot) = self.slot_of.remove(&addr) {
-                self.index.clear_slot(slot);
+        {
+            let listed: hashbrown::HashSet<&str> =
+                table.pods.iter().map(|p| p.addr.as_str()).collect();
+            let removed: Vec<String> = self
+                .slot_of
+                .keys()
+                .filter(|addr| !listed.contains(addr.as_str()))
+                .cloned()
+                .collect();
+            for addr in removed {
+                if let Some(slot) = self.slot_of.remove(&addr) {
+                    self.index.clear_slot(slot);
+                }
             }
+            self.fits.retain(|addr, _| listed.contains(addr.as_str()));
+            self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
         }
-        self.fits.retain(|addr, _| listed.contains(addr.as_str()));
-        self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
-        drop(listed);
         // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods
         // joining at once cost 130,000 comparisons each).
         let mut used = vec![false; MAX_SLOTS];
