@@ -229,16 +229,26 @@ impl HttpContext for Filter {
 /// The callbacks' bodies (timed by [`Filter::timed`]).
 impl Filter {
     fn request_headers(&mut self, end_of_stream: bool) -> Action {
+        // All of them in one host call, then looked up here: kvroute reads up to a dozen names
+        // (its own four to strip, method, path, length, the hint headers), and one call per name
+        // cost about as much as the copy of a typical request's whole map.
+        let headers = hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
         let spoofed = OWNED_REQUEST_HEADERS
             .iter()
-            .filter(|h| request_header(h).is_some())
+            .filter(|h| header(h).is_some())
             .filter(|h| hostcalls::set_map_value(MapType::HttpRequestHeaders, h, None).is_ok())
             .count();
         let outcome = self.with_node(|flow, node| {
             if spoofed > 0 {
                 node.host.count(Counter::SpoofedHeadersRemoved, 1);
             }
-            flow.on_request_headers(&node.vm, &mut node.host, &request_header, end_of_stream)
+            flow.on_request_headers(&node.vm, &mut node.host, &header, end_of_stream)
         });
         match outcome {
             Some(HeadersOutcome::WaitForBody) => Action::Pause, // needs allow_on_headers_stop_iteration
