@@ -245,7 +245,10 @@ async fn a_pod_failing_half_its_requests_is_ejected_and_costs_clients_nothing() 
             break;
         }
     }
-    assert!(landed.is_some(), "no new prefix of 64 went to the healed pod");
+    assert!(
+        landed.is_some(),
+        "no new prefix of 64 went to the healed pod"
+    );
     assert!(sim_stats(&bad).await["requests_total"].as_u64().unwrap() > before);
     eprintln!("the healed pod took new prefix {landed:?}");
     drop(sim);
