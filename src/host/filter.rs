@@ -230,8 +230,8 @@ impl HttpContext for Filter {
 impl Filter {
     fn request_headers(&mut self, end_of_stream: bool) -> Action {
         // All of them in one host call, then looked up here: kvroute reads up to a dozen names
-        // (its own four to strip, method, path, length, the hint headers), and one call per name
-        // cost about as much as the copy of a typical request's whole map.
+        // (its own four to strip, method, path, length, the hint headers), and a host call per
+        // name made this phase ~5 µs slower at p50 (`make bench-phases`: 32 against 27 µs).
         let headers = hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default();
         let header = |name: &str| {
             headers
