@@ -234,7 +234,6 @@ async fn a_pod_failing_half_its_requests_is_ejected_and_costs_clients_nothing() 
     // none of 64 about once in 10^8.
     sim_fault(&bad, json!({})).await;
     gauge_reaches(&envoy, "pods_ejected", 0, Duration::from_secs(15)).await;
-    let client = fresh_client();
     let mut landed = None;
     for t in 0..64 {
         let system = system_prompt(&format!("healed{t}-"), 600);
