@@ -196,11 +196,17 @@ bench-peers: build build-tools fonts peers
 	target/release/kvbench compare --workload $(PEER_WORKLOADS) --seeds $(SEEDS) --policies $(PEER_POLICIES) \
 	  --time-scale $(TIME_SCALE) --out bench-out/peers
 
-# Several gateways in front of the same pods, sharing nothing but the pods, against one gateway
-# with the same total load: cache-hit ratio and TTFT on the prefix-heavy workloads.
+# Several gateways in front of the same pods, exchanging placements (`peers`), against one gateway
+# with the same total load, then two that share nothing but the pods: cache-hit ratio and TTFT on
+# the prefix-heavy workloads. Slower simulated clock than the other benchmarks: the replicas'
+# disagreement grows with how stale their view of each other is, and at 0.05 the bench's 100 ms
+# pod polls and replica asks would be 2 s of simulated time (10× the 200 ms default).
+REPLICAS_TIME_SCALE ?= 0.2
 bench-replicas: build build-tools fonts
 	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 1,2 \
-	  --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out/replicas
+	  --seeds $(SEEDS) --time-scale $(REPLICAS_TIME_SCALE) --out bench-out/replicas
+	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 2 \
+	  --no-replica-sync --seeds $(SEEDS) --time-scale $(REPLICAS_TIME_SCALE) --out bench-out/replicas-unshared
 
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools

@@ -137,6 +137,10 @@ pub enum Counter {
     /// (or Envoy for it) answered with a non-2xx status, or refused it and a retry took the
     /// request elsewhere.
     ObservationsWithdrawn,
+    /// Blocks learned from other gateway replicas' placements (`peers`).
+    PeerBlocksLearned,
+    /// Asks for a gateway replica's placements that failed (refused, timed out, unreadable).
+    PeerSyncFailures,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -189,7 +193,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 27] = [
+    pub const ALL: [Counter; 29] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -217,6 +221,8 @@ impl Counter {
         Counter::CacheReportedTokens,
         Counter::CacheEvictionsDetected,
         Counter::ObservationsWithdrawn,
+        Counter::PeerBlocksLearned,
+        Counter::PeerSyncFailures,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -249,6 +255,8 @@ impl Counter {
             Counter::CacheReportedTokens => "kvroute.cache.reported_tokens_total",
             Counter::CacheEvictionsDetected => "kvroute.cache.evictions_detected_total",
             Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn_total",
+            Counter::PeerBlocksLearned => "kvroute.replicas.blocks_learned_total",
+            Counter::PeerSyncFailures => "kvroute.replicas.sync_failures_total",
         }
     }
 

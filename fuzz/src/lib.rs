@@ -488,6 +488,7 @@ fn gen_page(g: &mut Gen) -> Page {
         seq: g.u64(),
         observations: (0..g.len(6)).map(|_| gen_observation(g)).collect(),
         evictions: (0..g.len(3)).map(|_| gen_observation(g)).collect(),
+        from_peer: g.u8() & 1 == 1,
     }
 }
 
@@ -502,6 +503,9 @@ fn index_held(router: &Router) -> usize {
 pub fn pages(data: &[u8]) {
     let (decoded, peak) = peak_during(|| Page::decode(data));
     assert_bounded("Page::decode", peak, data.len(), DECODE_FACTOR);
+    // The same bytes as another gateway replica's answer (`peers`): bounded, never a panic.
+    let (_, peak) = peak_during(|| kvroute::vm::peers::Answer::decode(data));
+    assert_bounded("peers::Answer::decode", peak, data.len(), DECODE_FACTOR);
     let config = aggregated_config();
     let table = harness_table();
     let built = gen_page(&mut Gen::new(data));

@@ -98,6 +98,7 @@ pub struct Config {
     pub leader_lease_ms: u64,
     pub singleton: bool,
     pub pd: crate::pd::PdConfig,
+    pub peers: crate::vm::peers::PeersConfig,
     pub session: crate::scheduler::session::Session,
     pub shedding: crate::scheduler::saturation::Shedding,
     pub slo: crate::scheduler::slo::SloHeaders,
@@ -176,6 +177,7 @@ impl Config {
             ));
         }
         w.pd.validate()?;
+        w.peers.validate(w.admin_cluster.as_deref())?;
         w.prediction.validate()?;
         w.health.validate()?;
         if w.poll_cluster.trim().is_empty() {
@@ -252,6 +254,7 @@ impl Config {
             leader_lease_ms: w.leader_lease_ms,
             singleton: w.singleton,
             pd: w.pd.clone(),
+            peers: w.peers.clone(),
             session: w.session.compile()?,
             shedding: w.shedding.compile()?,
             slo: w.slo.compile()?,

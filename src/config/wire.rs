@@ -148,6 +148,9 @@ pub struct WireConfig {
     pub singleton: bool,
     /// Prefill/decode disaggregation, used when a pool has the `decode` role.
     pub pd: crate::pd::PdConfig,
+    /// Other gateway replicas in front of the same pods, told where this one placed prefixes
+    /// (`crate::vm::peers`).
+    pub peers: crate::vm::peers::PeersConfig,
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
     pub slo: crate::scheduler::slo::SloConfig,
@@ -185,6 +188,7 @@ impl Default for WireConfig {
             leader_lease_ms: 1500,
             singleton: false,
             pd: crate::pd::PdConfig::default(),
+            peers: Default::default(),
             session: Default::default(),
             shedding: Default::default(),
             slo: Default::default(),

@@ -5,8 +5,9 @@
 //!
 //! 1. [`RequestFlow::on_request_headers`]: an inference `POST` with a body and readable hint headers
 //!    waits for its body; a bad hint header gets a 400; `GET /metrics` is refused (it would be a
-//!    random pod's page) and `GET /v1/models` answered from the load table ([`models`]); anything
-//!    else passes through.
+//!    random pod's page), `GET /v1/models` answered from the load table ([`models`]) and another
+//!    gateway replica's ask for placements from shared data (`crate::vm::peers`); anything else
+//!    passes through.
 //! 2. [`RequestFlow::on_request_body`]: parse once, catch up with the shared state, plan (the
 //!    scheduler, then P/D), and answer with one [`BodyOutcome`]: pass through, a local reply (an
 //!    OpenAI-style error with a stable code), or a route (destinations, the prefiller header, or the
@@ -317,6 +318,22 @@ impl RequestFlow {
         }
         let method = header(":method").unwrap_or_default();
         let path = header(":path").unwrap_or_default();
+        let peers = &vm.config.peers;
+        if method == "GET"
+            && peers.serves(&path)
+            && peers.admits(header(crate::vm::peers::TOKEN_HEADER).as_deref())
+        {
+            // Another gateway replica asking where this one placed prefixes. Without the token
+            // (when one is set) the path is nothing special: it passes through like any other.
+            return HeadersOutcome::Reply(Reply {
+                status: 200,
+                headers: vec![
+                    ("content-type", "application/octet-stream".to_string()),
+                    ("cache-control", "no-store".to_string()),
+                ],
+                body: crate::vm::peers::answer(host, &path),
+            });
+        }
         if path.split('?').next() == Some("/metrics") {
             // Passed through, a scrape of the gateway would get one pod's page, a different pod
             // each time: a Prometheus job would mix them into one series.

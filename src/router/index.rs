@@ -79,13 +79,19 @@ impl Router {
     }
 
     pub fn apply_page(&mut self, page: &Page) {
+        self.apply_changes(page);
+        self.applied_page = page.seq;
+    }
+
+    /// A page's observations, then its evictions, without moving this VM's place in the page
+    /// sequence (another gateway replica's page: its numbers are that replica's).
+    pub fn apply_changes(&mut self, page: &Page) {
         for o in &page.observations {
             self.observe(o);
         }
         for e in &page.evictions {
             self.forget(e);
         }
-        self.applied_page = page.seq;
     }
 
     /// A pod no longer holds these blocks.
@@ -123,6 +129,7 @@ impl Router {
             seq,
             observations,
             evictions: Vec::new(),
+            from_peer: false,
         }
     }
 

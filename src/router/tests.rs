@@ -431,6 +431,7 @@ fn an_observation_travels_from_one_vm_to_another() {
         seq: 1,
         observations: vec![observation],
         evictions: vec![],
+        from_peer: false,
     }
     .encode();
     w2.apply_page(&Page::decode(&page).unwrap());

@@ -12,8 +12,11 @@
 //!   tag 5  verdicts: n:u16 (addr:str served:u32 failed:u32 trailing:u32) × n
 //!          (how the requests this VM sent each pod ended since its last report, `crate::health`)
 //! page     = format:u8(=2) seq:u64 n:u32 (addr:str n:u32 hash:u64 × n) × n  [m:u32 (addr:str n:u32 hash:u64 × n) × m]
+//!            [origin:u8]
 //!            the optional tail is the page's evictions, applied after its observations (a module
-//!            without them reads the head and ignores the tail; a page without a tail has none)
+//!            without them reads the head and ignores the tail; a page without a tail has none);
+//!            origin 1 marks a page of what another gateway replica observed (`crate::vm::peers`:
+//!            never served to replicas again), absent or 0 one of this Envoy's own
 //! str      = len:u16 bytes
 //! ```
 
@@ -40,6 +43,8 @@ pub struct Page {
     pub observations: Vec<Observation>,
     /// Blocks pods were found not to hold any more (applied after the observations).
     pub evictions: Vec<Observation>,
+    /// Learned from another gateway replica, not observed by this Envoy's own workers.
+    pub from_peer: bool,
 }
 
 struct Reader<'a> {
@@ -179,11 +184,14 @@ impl Page {
         for o in &self.observations {
             put_observation(&mut out, o);
         }
-        if !self.evictions.is_empty() {
+        if !self.evictions.is_empty() || self.from_peer {
             out.extend_from_slice(&(self.evictions.len() as u32).to_le_bytes());
             for e in &self.evictions {
                 put_observation(&mut out, e);
             }
+        }
+        if self.from_peer {
+            out.push(1);
         }
         out
     }
@@ -212,10 +220,12 @@ impl Page {
                 .map(|_| r.observation())
                 .collect::<Option<Vec<_>>>()?
         };
+        let from_peer = r.bytes.first() == Some(&1);
         Some(Page {
             seq,
             observations,
             evictions,
+            from_peer,
         })
     }
 }
@@ -252,6 +262,7 @@ mod tests {
             seq: 12,
             observations: vec![obs("a:1", &[5]), obs("b:2", &[])],
             evictions: vec![],
+            from_peer: false,
         };
         assert_eq!(Page::decode(&p.encode()), Some(p.clone()));
         let e = Message::Eviction {
@@ -283,11 +294,21 @@ mod tests {
             ..p.clone()
         };
         let bytes = with_evictions.encode();
-        assert_eq!(Page::decode(&bytes), Some(with_evictions));
+        assert_eq!(Page::decode(&bytes), Some(with_evictions.clone()));
         // A page's head alone (what a module without evictions writes) still decodes.
         assert_eq!(Page::decode(&p.encode()).unwrap().evictions, vec![]);
         for cut in p.encode().len() + 1..bytes.len() {
             assert_eq!(Page::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        // A replica's page keeps its mark, with or without evictions; a page of this Envoy's own
+        // reads as its own.
+        for page in [&p, &with_evictions] {
+            let learned = Page {
+                from_peer: true,
+                ..page.clone()
+            };
+            assert_eq!(Page::decode(&learned.encode()), Some(learned));
+            assert!(!Page::decode(&page.encode()).unwrap().from_peer);
         }
     }
 

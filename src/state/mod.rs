@@ -14,6 +14,7 @@
 //! | `kvroute.idx.head`            | leader  | sequence number of the newest delta page              |
 //! | `kvroute.idx.page.<0..RING>`  | leader  | a delta page: observations "pod P holds blocks h…"    |
 //! | `kvroute.idx.snapshot`        | leader  | every pod's blocks, for VMs that fell behind the ring |
+//! | `kvroute.idx.epoch`           | leader  | this Envoy's page numbering, random: replicas tell a restart by it (`crate::vm::peers`) |
 
 pub mod fits;
 pub mod inflight;
@@ -30,6 +31,7 @@ pub const QUEUE_ID_KEY: &str = "kvroute.queue";
 pub const QUEUE_NAME: &str = "kvroute.observations";
 pub const PAGE_HEAD_KEY: &str = "kvroute.idx.head";
 pub const SNAPSHOT_KEY: &str = "kvroute.idx.snapshot";
+pub const EPOCH_KEY: &str = "kvroute.idx.epoch";
 /// Delta pages kept; a VM more than this many pages behind reloads the snapshot.
 pub const PAGE_RING: u64 = 64;
 /// The leader rewrites the snapshot at least every this many pages, so a VM that reloads it can

@@ -226,7 +226,7 @@ impl Churn {
         }
         let store = self.store.borrow();
         assert!(
-            store.data.len() <= 7 + PAGE_RING as usize,
+            store.data.len() <= 8 + PAGE_RING as usize,
             "the key space is fixed: {:?}",
             store.data.keys().collect::<Vec<_>>()
         );

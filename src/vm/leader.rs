@@ -101,10 +101,11 @@ impl Leader {
 
     /// Pools whose membership comes from the admin API, if a refresh is due.
     pub fn discovery_due(&mut self, config: &Config, now_ms: u64) -> bool {
-        let any = config
-            .pools
-            .iter()
-            .any(|p| matches!(p.members, Members::Cluster(_)));
+        let any = config.peers.cluster.is_some()
+            || config
+                .pools
+                .iter()
+                .any(|p| matches!(p.members, Members::Cluster(_)));
         if any && now_ms.saturating_sub(self.last_discovery_ms) >= config.discovery_interval_ms {
             self.last_discovery_ms = now_ms;
             return true;

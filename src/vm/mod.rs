@@ -13,6 +13,7 @@
 pub mod discovery;
 pub mod leader;
 pub mod models;
+pub mod peers;
 pub mod prom;
 
 use crate::config::Config;
@@ -26,8 +27,8 @@ use crate::state::lease::{self, Lease};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{
-    page_key, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING, QUEUE_ID_KEY,
-    QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
+    page_key, EPOCH_KEY, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING,
+    QUEUE_ID_KEY, QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use crate::vm::leader::{Leader, PollResult};
 use hashbrown::HashMap;
@@ -87,6 +88,8 @@ const MAX_RECENT_TOUCHES: usize = 1024;
 enum Change {
     Observed(Observation),
     Forgotten(Observation),
+    /// Another gateway replica's page (`peers`): published whole, as a page of its own.
+    FromPeer(Page),
 }
 
 struct LeaderState {
@@ -102,6 +105,10 @@ struct LeaderState {
     head: u64,
     snapshot_seq: u64,
     published_pods: Option<Vec<PodLoad>>,
+    /// This Envoy's page numbering (`EPOCH_KEY`).
+    epoch: u64,
+    /// Where this leader stands with each other gateway replica's pages.
+    pullers: peers::Pullers,
 }
 
 impl Vm {
@@ -364,6 +371,15 @@ impl Vm {
             .unwrap_or(0)
             .max(self.router.applied_page);
         self.router.applied_page = head;
+        let epoch = match get_u64(host, EPOCH_KEY) {
+            Some(epoch) => epoch,
+            None => {
+                // The first leader of this Envoy names its numbering; later ones continue it.
+                let epoch = self.id.max(1);
+                set_u64(host, EPOCH_KEY, epoch);
+                epoch
+            }
+        };
         self.leader = Some(LeaderState {
             book: Leader::new(&self.config),
             queue,
@@ -374,6 +390,8 @@ impl Vm {
             head,
             snapshot_seq: 0,
             published_pods: None,
+            epoch,
+            pullers: peers::Pullers::new(&self.config.peers),
         });
         host.count(Counter::LeaderChanges, 1);
         let kind = if self.config.singleton {
@@ -467,6 +485,7 @@ impl Vm {
                 }
             }
         }
+        self.ask_peers(host, &mut st, now);
         let listing: hashbrown::HashSet<String> = st.model_polls.values().cloned().collect();
         for addr in st.book.models_due(&self.config, now) {
             if listing.contains(&addr) {
@@ -492,6 +511,32 @@ impl Vm {
         }
         self.publish_gauges(host, &table, now);
         self.leader = Some(st);
+    }
+
+    /// Asks the other gateway replicas that are due for the pages they published since the last
+    /// answer (`peers`).
+    fn ask_peers(&self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
+        let peers = &self.config.peers;
+        for ask in st.pullers.due(peers, now, self.timeout()) {
+            let mut headers = vec![(crate::headers::DESTINATION, ask.addr.clone())];
+            if let Some(token) = &peers.token {
+                headers.push((peers::TOKEN_HEADER, token.clone()));
+            }
+            let call = HttpCall {
+                cluster: self.config.poll_cluster.clone(),
+                method: "GET",
+                path: ask.path,
+                authority: ask.addr.clone(),
+                headers,
+                body: None,
+                timeout_ms: self.timeout(),
+            };
+            let token = host.http_call(&call);
+            if token.is_none() {
+                host.count(Counter::PeerSyncFailures, 1);
+            }
+            st.pullers.sent(&ask.addr, token, now);
+        }
     }
 
     /// The leader's gauges, per configured pool (every pool has its series, empty or not), and
@@ -565,6 +610,17 @@ impl Vm {
         let mut page = Page::default();
         let mut bytes = 0;
         for change in std::mem::take(&mut st.pending) {
+            let change = match change {
+                Change::FromPeer(peer_page) => {
+                    if !page.observations.is_empty() || !page.evictions.is_empty() {
+                        Self::put_page(host, st, std::mem::take(&mut page));
+                        bytes = 0;
+                    }
+                    Self::put_page(host, st, peer_page);
+                    continue;
+                }
+                change => change,
+            };
             let observed = matches!(change, Change::Observed(_));
             let full = bytes >= MAX_PAGE_BYTES;
             if full || (observed && !page.evictions.is_empty()) {
@@ -580,6 +636,7 @@ impl Vm {
                     bytes += e.hashes.len() * 8 + e.addr.len() + 8;
                     page.evictions.push(e);
                 }
+                Change::FromPeer(_) => {}
             }
         }
         if !page.observations.is_empty() || !page.evictions.is_empty() {
@@ -705,10 +762,39 @@ impl Vm {
         let Some(st) = self.leader.as_mut() else {
             return;
         };
-        if st.admin_call == Some(token) {
+        if st.pullers.owns(token) {
+            match st.pullers.on_answer(token, status, body, st.epoch) {
+                peers::Pulled::Pages(pages) => {
+                    for mut page in pages {
+                        let blocks: usize = page.observations.iter().map(|o| o.hashes.len()).sum();
+                        host.count(Counter::PeerBlocksLearned, blocks as u64);
+                        self.router.apply_changes(&page);
+                        page.from_peer = true;
+                        st.pending.push(Change::FromPeer(page));
+                    }
+                }
+                peers::Pulled::Itself => {
+                    log::info!(
+                        "kvroute: a configured replica is this Envoy itself; not asking it again"
+                    )
+                }
+                peers::Pulled::Failed => {
+                    host.count(Counter::PeerSyncFailures, 1);
+                    log::debug!(
+                        "kvroute: a gateway replica's pages were unreadable (status {status})"
+                    );
+                }
+                peers::Pulled::Unknown => {}
+            }
+        } else if st.admin_call == Some(token) {
             st.admin_call = None;
             if status == 200 {
                 st.book.on_admin_clusters(&self.config, body);
+                if let Some(cluster) = &self.config.peers.cluster {
+                    if let Some(members) = discovery::cluster_members(body, cluster) {
+                        st.pullers.set_members(&members);
+                    }
+                }
             } else {
                 log::warn!("kvroute: admin /clusters answered {status}");
             }

@@ -57,7 +57,8 @@ impl Cluster {
         }
     }
 
-    /// Every VM ticks once at its own clock; the leader's polls are answered at once.
+    /// Every VM ticks once at its own clock; the leader's polls are answered at once (other calls
+    /// are left for the test).
     pub fn tick(&mut self) {
         for (vm, host) in &mut self.vms {
             let now = host.now_ms();
@@ -72,6 +73,8 @@ impl Cluster {
                         Some(body) => vm.on_call_response(host, token, 200, body, now),
                         None => vm.on_call_response(host, token, 404, b"{}", now),
                     }
+                } else {
+                    host.calls.push((token, call)); // for the test to answer
                 }
             }
         }
@@ -260,4 +263,88 @@ fn a_leader_that_lost_the_lease_mid_tick_writes_nothing() {
     assert!(!vm.is_leader(), "it stepped down");
     assert_eq!(get_u64(host, PAGE_HEAD_KEY), head, "no page published");
     assert_eq!(host.shared_get(LOAD_KEY), table, "no table published");
+}
+
+/// Two Envoys (two stores, two VMs each) configured as replicas of each other (`peers`), the
+/// same list on both, each its own address included. A replica's ask is answered from the store
+/// of the Envoy at its destination.
+#[test]
+fn replicas_learn_each_others_placements_without_echo() {
+    const GATEWAYS: [&str; 2] = ["10.9.0.1:80", "10.9.0.2:80"];
+    let cfg = config(&format!(
+        r#","peers":{{"endpoints":["{}","{}"],"interval_ms":100}}"#,
+        GATEWAYS[0], GATEWAYS[1]
+    ));
+    let mut envoys = [Cluster::new(&cfg, 2), Cluster::new(&cfg, 2)];
+    // Distinct VM ids (so distinct epochs) in the two Envoys.
+    for (i, (vm, _)) in envoys[1].vms.iter_mut().enumerate() {
+        vm.id = 0x2000 + i as u64;
+    }
+    let mut asks_of = [[0usize; 2]; 2];
+    let round = |envoys: &mut [Cluster; 2], asks_of: &mut [[usize; 2]; 2]| {
+        for e in 0..2 {
+            envoys[e].tick();
+            for v in 0..2 {
+                let calls = envoys[e].vms[v].1.take_calls();
+                for (token, call) in calls {
+                    let dest = call
+                        .headers
+                        .iter()
+                        .find(|(h, _)| *h == crate::headers::DESTINATION);
+                    let target = GATEWAYS
+                        .iter()
+                        .position(|g| Some(*g) == dest.map(|d| d.1.as_str()));
+                    let Some(target) = target else { continue };
+                    asks_of[e][target] += 1;
+                    let body = peers::answer(&envoys[target].vms[0].1, &call.path);
+                    let (vm, host) = &mut envoys[e].vms[v];
+                    let now = host.now_ms();
+                    vm.on_call_response(host, token, 200, &body, now);
+                }
+            }
+            envoys[e].advance_ms(100);
+        }
+    };
+    for _ in 0..5 {
+        round(&mut envoys, &mut asks_of);
+    }
+    // A worker of Envoy 0 routes a prompt to pod 0.
+    let hashes: Vec<u64> = (100..140).collect();
+    let (vm, host) = &mut envoys[0].vms[1];
+    vm.observe(
+        host,
+        Observation {
+            addr: PODS[0].to_string(),
+            hashes: hashes.clone(),
+        },
+    );
+    for _ in 0..4 {
+        round(&mut envoys, &mut asks_of);
+    }
+    for (v, (vm, host)) in envoys[1].vms.iter().enumerate() {
+        let slot = vm.router.slot_of(PODS[0]).unwrap();
+        assert_eq!(
+            vm.router.index().match_lengths(&hashes, 64)[slot],
+            hashes.len(),
+            "VM {v} of the other Envoy knows the placement"
+        );
+        assert_eq!(
+            host.counter(Counter::PeerBlocksLearned) > 0,
+            vm.is_leader(),
+            "only its leader asked"
+        );
+    }
+    // What Envoy 1 learned is not served back: its answer holds no pages at all.
+    let served =
+        peers::Answer::decode(&peers::answer(&envoys[1].vms[0].1, "/x?epoch=0&after=0")).unwrap();
+    assert!(served.pages.is_empty(), "{served:?}");
+    // Each Envoy asked itself once, recognised itself, and kept asking the other.
+    for (e, asks) in asks_of.iter().enumerate() {
+        assert_eq!(asks[e], 1, "Envoy {e} asked itself {} times", asks[e]);
+        assert!(
+            asks[1 - e] >= 8,
+            "Envoy {e} asked the other {} times",
+            asks[1 - e]
+        );
+    }
 }

@@ -439,6 +439,113 @@ async fn two_gateway_replicas_send_a_new_prefix_to_the_same_pod() {
     assert!(share >= 0.95, "replicas agreed on {agree} of {n}");
 }
 
+/// Replicas that exchange placements (`peers`): a prefix routed through one gateway is found by
+/// the other, which never saw it, on the pod the first chose, although that pod is now the
+/// busiest. The same list is configured on both, each its own listener included (recognised and
+/// skipped); the placements path answers only with the shared token, and is nothing special
+/// without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_replicas_exchanging_placements_find_each_others_prefixes() {
+    let sim = Sim::start(4, &["--time-scale", TIME_SCALE]).unwrap();
+    let ports = [
+        wasm_tests::harness::free_port().unwrap(),
+        wasm_tests::harness::free_port().unwrap(),
+    ];
+    let endpoints: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let config = plugin_config(
+        &sim.pods,
+        json!({"peers": {"endpoints": endpoints, "interval_ms": 50, "token": "s3cret"}}),
+    );
+    let mut gateways = Vec::new();
+    for port in ports {
+        let mut opts = EnvoyOptions::new(&sim.pods, Lb::OverrideHost, Some(config.clone()));
+        opts.listen_port = port;
+        gateways.push(Envoy::start(&opts).await.unwrap());
+    }
+    let (a, b) = (&gateways[0], &gateways[1]);
+    wait_healthy(a, 4).await;
+    wait_healthy(b, 4).await;
+    let client = fresh_client();
+
+    // The path without the token is not kvroute's: it goes to a pod like any request (404 there).
+    let path = "/kvroute/v1/placements?epoch=0&after=0";
+    let anonymous = client.get(a.url(path)).send().await.unwrap();
+    assert_ne!(anonymous.status(), 200);
+    let asked = client
+        .get(a.url(path))
+        .header("x-kvroute-peer-token", "s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(asked.status(), 200);
+    assert_eq!(asked.headers()["content-type"], "application/octet-stream");
+
+    let system = system_prompt("replica-placement-", 1500);
+    let first = post(
+        &client,
+        &a.url("/v1/chat/completions"),
+        &chat(&system, "first", 2, false),
+        &[],
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.pod.clone().unwrap();
+    // The holder becomes the busiest pod: a gateway that does not know it holds the prefix avoids
+    // it.
+    let _busy = occupy(&holder, 3);
+    wait_for(Duration::from_secs(10), "holder's load to show", || async {
+        sim_stats(&holder).await["running"].as_u64().unwrap_or(0) >= 3
+    })
+    .await
+    .unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "B to learn A's placement",
+        || async {
+            b.stat("wasmcustom.kvroute.replicas.blocks_learned_total")
+                .await
+                > 0
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the load polled by both
+    let second = post(
+        &client,
+        &b.url("/v1/chat/completions"),
+        &chat(&system, "second", 2, false),
+        &[],
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(
+        second.pod.as_deref(),
+        Some(holder.as_str()),
+        "{:?}",
+        second.debug
+    );
+    // `m/n`: B matched most of the prompt on the holder (the system prompt A routed there).
+    let field = second.debug_field("matched_blocks").unwrap();
+    let (m, n) = field.split_once('/').unwrap();
+    let (m, n): (u64, u64) = (m.parse().unwrap(), n.parse().unwrap());
+    assert!(
+        m * 10 >= n * 8,
+        "matched {m} of {n} blocks: {:?}",
+        second.debug
+    );
+    // Asks fail only while the other replica is starting (A's, before B listens): none since.
+    let failures = "wasmcustom.kvroute.replicas.sync_failures_total";
+    let before = (a.stat(failures).await, b.stat(failures).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((a.stat(failures).await, b.stat(failures).await), before);
+    for (name, g) in [("A", a), ("B", b)] {
+        assert!(
+            g.log().contains("is this Envoy itself"),
+            "{name} recognised itself"
+        );
+    }
+}
+
 /// An HTTP/2 request whose body ends in trailers (gRPC-style clients send them) is routed like
 /// any other: the filter decides when the trailers arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,6 +151,9 @@ pub struct StackOptions {
     /// own leader, index and boards; nothing shared but the pods). The driver spreads requests
     /// over them (see [`driver::DriveOptions::other_gateways`]).
     pub replicas: usize,
+    /// With kvroute and several replicas: each replica is told the others' listeners
+    /// (`peers.endpoints`, the same list in each, its own included) and they exchange placements.
+    pub replica_sync: bool,
     /// Inference listener port (0 = OS-chosen).
     pub listen_port: u16,
     /// Admin port (0 = OS-chosen).
@@ -171,6 +174,7 @@ impl Default for StackOptions {
             plugin_extra: bench_plugin_extra(),
             workers: 2,
             replicas: 1,
+            replica_sync: true,
             listen_port: 0,
             admin_port: 0,
             ready_timeout: Duration::from_secs(30),
@@ -227,21 +231,38 @@ impl Stack {
             )
         })?;
         check_envoy_installed()?;
-        let plugin =
-            (policy == Policy::Kvroute).then(|| plugin_config(&pods, opts.plugin_extra.clone()));
+        let gateways = opts.replicas.max(1);
+        // Replicas that exchange placements must know each other's listeners before they start.
+        let mut listen_ports = vec![opts.listen_port];
+        let mut extra = opts.plugin_extra.clone();
+        if policy == Policy::Kvroute && gateways > 1 && opts.replica_sync {
+            if listen_ports[0] == 0 {
+                listen_ports[0] = harness::free_port()?;
+            }
+            for _ in 1..gateways {
+                listen_ports.push(harness::free_port()?);
+            }
+            let endpoints: Vec<String> = listen_ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect();
+            // As often as the bench polls the pods (`bench_plugin_extra`).
+            extra["peers"] = json!({"endpoints": endpoints, "interval_ms": 100});
+        }
+        let plugin = (policy == Policy::Kvroute).then(|| plugin_config(&pods, extra));
         if plugin.is_some() {
             harness::wasm_path()?;
         }
         let mut eo = EnvoyOptions::new(&pods, lb, plugin);
         eo.concurrency = opts.workers;
-        eo.listen_port = opts.listen_port;
+        eo.listen_port = listen_ports[0];
         eo.admin_port = opts.admin_port;
         let envoy = Envoy::start(&eo)
             .await
             .with_context(|| format!("starting Envoy with {}", policy.label()))?;
         let mut replicas = Vec::new();
-        for i in 1..opts.replicas.max(1) {
-            eo.listen_port = 0;
+        for i in 1..gateways {
+            eo.listen_port = listen_ports.get(i).copied().unwrap_or(0);
             eo.admin_port = 0;
             replicas.push(Envoy::start(&eo).await.with_context(|| {
                 format!("starting gateway replica {} with {}", i + 1, policy.label())
@@ -604,6 +625,9 @@ pub async fn compare(
         );
         let label = match opts.replicas {
             0 | 1 => policy.label().to_owned(),
+            n if policy == Policy::Kvroute && !opts.replica_sync => {
+                format!("{}-unshared ×{n}", policy.label())
+            }
             n => format!("{} ×{n}", policy.label()),
         };
         rows.push((label, report));

@@ -137,6 +137,10 @@ pub(crate) struct CompareArgs {
     /// are labelled `<policy> ×N`
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) replicas: Vec<usize>,
+    /// With several kvroute replicas, do not let them exchange placements (`peers`): each knows
+    /// only what it routed itself
+    #[arg(long)]
+    pub(crate) no_replica_sync: bool,
     /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
     /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}; and the
     /// pictures: DIR/<workload>-ttft-cdf.png, DIR/hit-ratio.png and, with several --replicas,
@@ -194,6 +198,7 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             groups: groups.clone(),
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
+            replica_sync: !args.no_replica_sync,
             ..StackOptions::default()
         };
         let pool = compare::describe_groups(groups);
