@@ -75,6 +75,94 @@ pub fn series_name(name: &str, labels: &Labels<'_>) -> String {
     out
 }
 
+/// A defined series: its metric's name and its (label, value) pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SeriesKey {
+    name: &'static str,
+    labels: Vec<(&'static str, String)>,
+}
+
+/// A series as a caller names it, looked up without building its Envoy name or owning its values
+/// (in V8, building the name cost more than the host call that follows).
+struct SeriesQuery<'a> {
+    name: &'a str,
+    labels: &'a Labels<'a>,
+}
+
+fn hash_series<'a, H: std::hash::Hasher>(
+    state: &mut H,
+    name: &str,
+    labels: impl Iterator<Item = (&'a str, &'a str)>,
+) {
+    std::hash::Hash::hash(name, state);
+    for (label, value) in labels {
+        std::hash::Hash::hash(label, state);
+        std::hash::Hash::hash(value, state);
+    }
+}
+
+impl std::hash::Hash for SeriesKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        hash_series(
+            state,
+            self.name,
+            self.labels.iter().map(|(l, v)| (*l, v.as_str())),
+        );
+    }
+}
+
+impl std::hash::Hash for SeriesQuery<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        hash_series(state, self.name, self.labels.iter().copied());
+    }
+}
+
+impl hashbrown::Equivalent<SeriesKey> for SeriesQuery<'_> {
+    fn equivalent(&self, key: &SeriesKey) -> bool {
+        self.name == key.name
+            && self.labels.len() == key.labels.len()
+            && self
+                .labels
+                .iter()
+                .zip(&key.labels)
+                .all(|((l, v), (kl, kv))| l == kl && v == kv)
+    }
+}
+
+/// Something per series (the host's metric ids), found by metric name and labels without
+/// allocating.
+#[derive(Debug, Clone)]
+pub struct SeriesMap<V> {
+    entries: hashbrown::HashMap<SeriesKey, V>,
+}
+
+impl<V> Default for SeriesMap<V> {
+    fn default() -> Self {
+        SeriesMap {
+            entries: hashbrown::HashMap::new(),
+        }
+    }
+}
+
+impl<V> SeriesMap<V> {
+    pub fn get(&self, name: &str, labels: &Labels<'_>) -> Option<&V> {
+        self.entries.get(&SeriesQuery { name, labels })
+    }
+
+    pub fn insert(&mut self, name: &'static str, labels: &Labels<'_>, value: V) {
+        let labels = labels.iter().map(|(l, v)| (*l, v.to_string())).collect();
+        self.entries.insert(SeriesKey { name, labels }, value);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum Counter {
     /// Inference requests given a destination by kvroute, by `reason`: `prefix_hit` (the primary
@@ -427,6 +515,39 @@ mod tests {
         assert_eq!(
             series_name("kvroute.x_total", &[(MODEL, "a;.;b")]),
             "kvroute.model=.=a_._b;.;x_total"
+        );
+    }
+
+    #[test]
+    fn a_series_is_found_by_its_name_and_labels_and_no_other() {
+        let mut ids: SeriesMap<u32> = SeriesMap::default();
+        let a = [(POOL, "p"), (ROLE, "decode"), (MODEL, "m")];
+        ids.insert("kvroute.x_total", &a, 1);
+        ids.insert("kvroute.x_total", &[], 2);
+        ids.insert("kvroute.y_total", &a, 3);
+        assert_eq!(ids.len(), 3);
+        let find = |name, labels: &Labels<'_>| ids.get(name, labels).copied();
+        assert_eq!(find("kvroute.x_total", &a), Some(1));
+        assert_eq!(find("kvroute.x_total", &[]), Some(2));
+        assert_eq!(find("kvroute.y_total", &a), Some(3));
+        assert_eq!(
+            find("kvroute.x_total", &[(POOL, "p"), (ROLE, "decode")]),
+            None
+        );
+        assert_eq!(
+            find(
+                "kvroute.x_total",
+                &[(POOL, "p"), (ROLE, "decode"), (MODEL, "n")]
+            ),
+            None
+        );
+        // Values that run together differently are different series.
+        assert_eq!(
+            find(
+                "kvroute.x_total",
+                &[(POOL, "pdecode"), (ROLE, ""), (MODEL, "m")]
+            ),
+            None
         );
     }
 }

@@ -432,7 +432,7 @@ impl RequestFlow {
             split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);
         let now = host.now_ms();
-        vm.read_inflight_board(host, now);
+        let board = vm.read_inflight_board(host, now);
         let blocks = Router::blocks_in_cache(
             &vm.config,
             &view,
@@ -532,7 +532,7 @@ impl RequestFlow {
                 vm.router
                     .expect_cache(&primary.addr, &blocks, primary.matched_blocks);
         }
-        vm.write_inflight_row(host, now);
+        vm.write_inflight_row_over(host, now, Some(board));
         self.routed_to = Some(primary.addr.clone());
         if pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
             host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);

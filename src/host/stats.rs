@@ -1,8 +1,7 @@
 //! Envoy's side of the metrics: each series of `crate::metrics` defined once per VM (the
 //! gateway-wide ones at start, a labelled one when first recorded), then recorded by id.
 
-use crate::metrics::{self, Counter, Gauge, Histogram, Labels};
-use hashbrown::HashMap;
+use crate::metrics::{self, Counter, Gauge, Histogram, Labels, SeriesMap};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -12,8 +11,8 @@ const MAX_SERIES: usize = 8192;
 
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
-    /// Envoy name of the series → metric id.
-    ids: HashMap<String, u32>,
+    /// Series → metric id.
+    ids: SeriesMap<u32>,
 }
 
 impl Stats {
@@ -43,21 +42,15 @@ impl Stats {
         stats
     }
 
-    fn id(&mut self, kind: MetricType, name: &str, labels: &Labels<'_>) -> Option<u32> {
-        if labels.is_empty() {
-            if let Some(id) = self.ids.get(name) {
-                return Some(*id);
-            }
-        }
-        let series = metrics::series_name(name, labels);
-        if let Some(id) = self.ids.get(&series) {
+    fn id(&mut self, kind: MetricType, name: &'static str, labels: &Labels<'_>) -> Option<u32> {
+        if let Some(id) = self.ids.get(name, labels) {
             return Some(*id);
         }
         if self.ids.len() >= MAX_SERIES {
             return None;
         }
-        let id = hostcalls::define_metric(kind, &series).ok()?;
-        self.ids.insert(series, id);
+        let id = hostcalls::define_metric(kind, &metrics::series_name(name, labels)).ok()?;
+        self.ids.insert(name, labels, id);
         Some(id)
     }
 

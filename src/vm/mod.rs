@@ -723,9 +723,25 @@ impl Vm {
     /// first insert is not guarded by compare-and-swap; two VMs racing on it lose one row until that
     /// VM's next write, at most a heartbeat later.
     pub fn write_inflight_row(&mut self, host: &mut dyn Host, now: u64) {
+        self.write_inflight_row_over(host, now, None);
+    }
+
+    /// [`Self::write_inflight_row`], its first compare-and-swap on a board this VM read earlier in
+    /// the same callback ([`Self::read_inflight_board`]): one shared-data read per routed request
+    /// instead of two. Nothing runs on this VM's thread in between, so only another VM's write can
+    /// make that attempt lose; the next ones read afresh.
+    pub fn write_inflight_row_over(
+        &mut self,
+        host: &mut dyn Host,
+        now: u64,
+        mut read: Option<(Board, Option<u32>)>,
+    ) {
         let own = self.router.own_work();
         for _ in 0..INFLIGHT_CAS_ATTEMPTS {
-            let (mut board, cas) = self.read_inflight_board(host, now);
+            let (mut board, cas) = match read.take() {
+                Some(read) => read,
+                None => self.read_inflight_board(host, now),
+            };
             board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);
             if host.shared_set(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
                 self.last_row_write_ms = now;
