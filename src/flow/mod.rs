@@ -331,7 +331,7 @@ impl RequestFlow {
                     ("content-type", "application/octet-stream".to_string()),
                     ("cache-control", "no-store".to_string()),
                 ],
-                body: crate::vm::peers::answer(host, &path),
+                body: crate::vm::peers::answer(host, &path, crate::vm::INFLIGHT_ROW_TTL_MS),
             });
         }
         if path.split('?').next() == Some("/metrics") {

@@ -21,6 +21,11 @@
 //! (`crate::scheduler::predict::head_progress`) instead of counting a prefill that is nearly done as
 //! wholly ahead. Summing rows keeps the earliest head.
 //!
+//! Rows of another gateway replica: its leader's summary of its own work, written by this Envoy's
+//! leader when it pulls the replica's placements (`crate::vm::peers`), under an id with the top bit
+//! set (a VM's id never has it). Every VM counts them like another VM's row, so the queue term
+//! sees what the other replica queued a pull later instead of a pod poll later, in tokens.
+//!
 //! Encoding: a format line `kvroute-board/3`, then one row per line: `<vm id hex> <written ms>
 //! <addr>=<inflight>/<prefill tokens>/<prefill requests>/<head since ms>/<head tokens> ...`. A value without the format line (a
 //! module of another version writing the same key during a rolling update) decodes as empty;
@@ -126,8 +131,18 @@ impl Board {
 
     /// Work per pod from every VM but `vm`, counting rows younger than `ttl_ms`.
     pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> HashMap<String, PodWork> {
+        self.sum_where(now_ms, ttl_ms, |id| id != vm)
+    }
+
+    /// Work per pod from the rows younger than `ttl_ms` whose id `keep` accepts.
+    pub fn sum_where(
+        &self,
+        now_ms: u64,
+        ttl_ms: u64,
+        keep: impl Fn(u64) -> bool,
+    ) -> HashMap<String, PodWork> {
         let mut sums: HashMap<String, PodWork> = HashMap::new();
-        for (addr, w) in self.0.others(vm, now_ms, ttl_ms) {
+        for (addr, w) in self.0.entries_where(now_ms, ttl_ms, keep) {
             sums.entry_ref(addr.as_str()).or_default().add(w);
         }
         sums

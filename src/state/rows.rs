@@ -71,9 +71,19 @@ impl<E: Entry> RowBoard<E> {
 
     /// The entries of every VM but `vm` whose rows are younger than `ttl_ms`.
     pub fn others(&self, vm: u64, now_ms: u64, ttl_ms: u64) -> impl Iterator<Item = &E> {
+        self.entries_where(now_ms, ttl_ms, move |id| id != vm)
+    }
+
+    /// The entries of the rows younger than `ttl_ms` whose id `keep` accepts.
+    pub fn entries_where(
+        &self,
+        now_ms: u64,
+        ttl_ms: u64,
+        keep: impl Fn(u64) -> bool,
+    ) -> impl Iterator<Item = &E> {
         self.rows
             .iter()
-            .filter(move |r| r.vm != vm && now_ms.saturating_sub(r.written_ms) <= ttl_ms)
+            .filter(move |r| keep(r.vm) && now_ms.saturating_sub(r.written_ms) <= ttl_ms)
             .flat_map(|r| r.entries.iter())
     }
 

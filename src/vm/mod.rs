@@ -22,7 +22,7 @@ use crate::metrics::{self, Counter, Gauge};
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
 use crate::state::fits::FitBoard;
-use crate::state::inflight::Board;
+use crate::state::inflight::{Board, PodWork};
 use crate::state::lease::{self, Lease};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
@@ -44,7 +44,7 @@ const MAX_UNSENT: usize = 256;
 /// A VM rewrites its in-flight row at least this often, so readers can tell it is alive.
 const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
 /// Rows not rewritten for this long belong to a VM that is gone; its requests stop counting.
-const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
+pub(crate) const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
 /// Compare-and-swap attempts per row write; a write that loses them all is retried on the next tick.
 const INFLIGHT_CAS_ATTEMPTS: usize = 4;
 /// A VM publishes its cost fits this often (they change slowly; read on every tick).
@@ -118,7 +118,8 @@ impl Vm {
             config,
             router: Router::new(),
             tokenizer,
-            id,
+            // The top bit marks a gateway replica's row on the work board.
+            id: id & !peers::REPLICA_ROW,
             queue: None,
             leader: None,
             load_cas: None,
@@ -780,8 +781,9 @@ impl Vm {
         };
         if st.pullers.owns(token) {
             match st.pullers.on_answer(token, status, body, st.epoch) {
-                peers::Pulled::Pages(pages) => {
-                    for mut page in pages {
+                peers::Pulled::Fresh(answer) => {
+                    put_replica_row(host, peers::replica_row(answer.epoch), now, &answer.work);
+                    for mut page in answer.pages {
                         let blocks: usize = page.observations.iter().map(|o| o.hashes.len()).sum();
                         host.count(Counter::PeerBlocksLearned, blocks as u64);
                         self.router.apply_changes(&page);
@@ -870,6 +872,19 @@ fn dispatch(
         log::warn!("kvroute: dispatch to cluster `{cluster}` failed (is the cluster configured?)");
     }
     token
+}
+
+/// Writes another gateway replica's work as its row on this Envoy's work board (`peers`); a write
+/// that loses every race waits for the next answer, a pull later.
+fn put_replica_row(host: &mut dyn Host, row: u64, now: u64, work: &[(String, PodWork)]) {
+    for _ in 0..INFLIGHT_CAS_ATTEMPTS {
+        let (bytes, cas) = host.shared_get(INFLIGHT_KEY);
+        let mut board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
+        board.put_row(row, now, work, INFLIGHT_ROW_TTL_MS);
+        if host.shared_set(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
+            return;
+        }
+    }
 }
 
 fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {

@@ -25,14 +25,21 @@
 //!   written by a request to the path. With `peers.token` set, only requests carrying it in
 //!   `x-kvroute-peer-token` get an answer (others get 404), and the leader sends it.
 //!
-//! Answer body: `format:u8(=1) epoch:u64 through:u64 n:u32 (len:u32 page)×n`, at most
-//! [`MAX_ANSWER_BYTES`] of pages; `through` is the newest page considered (the puller's next
-//! `after`).
+//! * **Work.** The answer also carries the replica's own unfinished work per pod (its workers' rows
+//!   of the work board, summed). The puller's leader writes it on its own board as a row of that
+//!   replica's (`crate::state::inflight`), so every worker's queue term sees the other replica's
+//!   queued prefills a pull later, in tokens, instead of a pod poll later, in requests.
+//!
+//! Answer body: `format:u8(=1) epoch:u64 through:u64 n:u32 (len:u32 page)×n m:u32 (len:u16
+//! entry)×m`, at most [`MAX_ANSWER_BYTES`] of pages; `through` is the newest page considered (the
+//! puller's next `after`); an entry is a work-board entry as the board writes it.
 
 use crate::config::{is_host_port, ConfigError};
 use crate::port::Host;
+use crate::state::inflight::{Board, WorkEntry};
 use crate::state::messages::Page;
-use crate::state::{page_key, EPOCH_KEY, PAGE_HEAD_KEY, PAGE_RING};
+use crate::state::rows::Entry;
+use crate::state::{page_key, EPOCH_KEY, INFLIGHT_KEY, PAGE_HEAD_KEY, PAGE_RING};
 use serde::Deserialize;
 
 /// The header that carries `peers.token`.
@@ -42,6 +49,15 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 const ANSWER_FORMAT: u8 = 1;
 /// Replicas one kvroute pulls from at most.
 const MAX_PEERS: usize = 64;
+/// The top bit of a work-board row id marks a replica's row (a VM's id never has it).
+pub const REPLICA_ROW: u64 = 1 << 63;
+/// Pods of a replica's work one answer carries at most.
+const MAX_WORK_ENTRIES: usize = 4096;
+
+/// The work-board row id of the replica whose pages are numbered under `epoch`.
+pub fn replica_row(epoch: u64) -> u64 {
+    REPLICA_ROW | epoch
+}
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -161,8 +177,9 @@ fn query(path: &str) -> (u64, u64) {
     (epoch, after)
 }
 
-/// This Envoy's own pages after the one the asker applied, from shared data (any worker answers).
-pub fn answer(host: &dyn Host, path: &str) -> Vec<u8> {
+/// This Envoy's own pages after the one the asker applied, and its own unfinished work, from shared
+/// data (any worker answers); `row_ttl_ms`: how old a work-board row may be and still count.
+pub fn answer(host: &dyn Host, path: &str, row_ttl_ms: u64) -> Vec<u8> {
     let (asked_epoch, after) = query(path);
     let epoch = get_u64(host, EPOCH_KEY).unwrap_or(0);
     let head = get_u64(host, PAGE_HEAD_KEY).unwrap_or(0);
@@ -205,6 +222,26 @@ pub fn answer(host: &dyn Host, path: &str) -> Vec<u8> {
         out.extend_from_slice(&(page.len() as u32).to_le_bytes());
         out.extend_from_slice(&page);
     }
+    let board = host
+        .shared_get(INFLIGHT_KEY)
+        .0
+        .map(|b| Board::decode(&b))
+        .unwrap_or_default();
+    let mut work: Vec<WorkEntry> = board
+        .sum_where(host.now_ms(), row_ttl_ms, |id| id & REPLICA_ROW == 0)
+        .into_iter()
+        .collect();
+    work.sort_by(|a, b| a.0.cmp(&b.0));
+    work.truncate(MAX_WORK_ENTRIES);
+    out.extend_from_slice(&(work.len() as u32).to_le_bytes());
+    let mut text = String::new();
+    for entry in &work {
+        text.clear();
+        entry.write(&mut text);
+        let n = text.len().min(u16::MAX as usize);
+        out.extend_from_slice(&(n as u16).to_le_bytes());
+        out.extend_from_slice(text.as_bytes().get(..n).unwrap_or_default());
+    }
     out
 }
 
@@ -214,6 +251,8 @@ pub struct Answer {
     pub epoch: u64,
     pub through: u64,
     pub pages: Vec<Page>,
+    /// The replica's own unfinished work per pod.
+    pub work: Vec<WorkEntry>,
 }
 
 impl Answer {
@@ -237,10 +276,23 @@ impl Answer {
             pages.push(Page::decode(page)?);
             rest = rest.get(4 + len..)?;
         }
+        let m = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        rest = rest.get(4..)?;
+        if m > rest.len() / 2 || m > MAX_WORK_ENTRIES {
+            return None;
+        }
+        let mut work = Vec::new();
+        for _ in 0..m {
+            let len = u16::from_le_bytes(rest.get(..2)?.try_into().ok()?) as usize;
+            let text = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+            work.push(WorkEntry::parse(text)?);
+            rest = rest.get(2 + len..)?;
+        }
         rest.is_empty().then_some(Answer {
             epoch,
             through,
             pages,
+            work,
         })
     }
 }
@@ -276,8 +328,8 @@ pub struct Ask {
 pub enum Pulled {
     /// Not one of this module's asks.
     Unknown,
-    /// The replica's new pages (possibly none), in order.
-    Pages(Vec<Page>),
+    /// The replica's new pages (possibly none, in order) and its work now.
+    Fresh(Answer),
     /// The replica is this Envoy: never asked again.
     Itself,
     /// No usable answer (refused, timed out, not this format); asked again next interval.
@@ -363,7 +415,7 @@ impl Pullers {
         }
         c.epoch = answer.epoch;
         c.through = answer.through;
-        Pulled::Pages(answer.pages)
+        Pulled::Fresh(answer)
     }
 
     /// Whether `token` is one of this module's asks.
@@ -428,23 +480,24 @@ mod tests {
             ],
         );
         // A first ask (another epoch) gets every own page kept.
-        let all = Answer::decode(&answer(&host, "/p?epoch=0&after=0")).unwrap();
+        let all = Answer::decode(&answer(&host, "/p?epoch=0&after=0", 3000)).unwrap();
         assert_eq!((all.epoch, all.through), (7, 3));
         assert_eq!(
             all.pages.iter().map(|p| p.seq).collect::<Vec<_>>(),
             vec![1, 3]
         );
         // Then only what is new; nothing new is an empty answer at the same place.
-        let next = Answer::decode(&answer(&host, "/p?epoch=7&after=1")).unwrap();
+        let next = Answer::decode(&answer(&host, "/p?epoch=7&after=1", 3000)).unwrap();
         assert_eq!(next.pages.iter().map(|p| p.seq).collect::<Vec<_>>(), [3]);
-        let none = Answer::decode(&answer(&host, "/p?epoch=7&after=3")).unwrap();
+        let none = Answer::decode(&answer(&host, "/p?epoch=7&after=3", 3000)).unwrap();
         assert_eq!((none.through, none.pages.len()), (3, 0));
         // A page ahead of the head (the replica restarted under the same epoch: impossible, but
         // never an error) is an empty answer at the head.
-        let ahead = Answer::decode(&answer(&host, "/p?epoch=7&after=99")).unwrap();
+        let ahead = Answer::decode(&answer(&host, "/p?epoch=7&after=99", 3000)).unwrap();
         assert_eq!((ahead.through, ahead.pages.len()), (3, 0));
         // An Envoy that has published nothing yet answers an empty page list.
-        let fresh = Answer::decode(&answer(&FakeHost::new(&Default::default()), "/p")).unwrap();
+        let fresh =
+            Answer::decode(&answer(&FakeHost::new(&Default::default()), "/p", 3000)).unwrap();
         assert_eq!((fresh.epoch, fresh.through, fresh.pages.len()), (0, 0, 0));
     }
 
@@ -463,10 +516,15 @@ mod tests {
         host.shared_set(EPOCH_KEY, &7u64.to_le_bytes(), None)
             .unwrap();
         publish(&mut host, &[page(1, "a:1", &[1], false)]);
-        let body = answer(&host, &asks[0].path);
+        let body = answer(&host, &asks[0].path, 3000);
         assert_eq!(
             pullers.on_answer(11, 200, &body, 5),
-            Pulled::Pages(vec![page(1, "a:1", &[1], false)])
+            Pulled::Fresh(Answer {
+                epoch: 7,
+                through: 1,
+                pages: vec![page(1, "a:1", &[1], false)],
+                work: vec![],
+            })
         );
         // The second replica is this Envoy (its answer carries our epoch).
         assert_eq!(pullers.on_answer(12, 200, &body, 7), Pulled::Itself);
@@ -499,10 +557,10 @@ mod tests {
         host.shared_set(EPOCH_KEY, &7u64.to_le_bytes(), None)
             .unwrap();
         publish(&mut host, &[page(1, "a:1", &[1], false)]);
-        let body = answer(&host, "/p?epoch=0&after=0");
+        let body = answer(&host, "/p?epoch=0&after=0", 3000);
         assert!(matches!(
             pullers.on_answer(1, 200, &body, 5),
-            Pulled::Pages(_)
+            Pulled::Fresh(_)
         ));
         assert!(matches!(
             pullers.on_answer(2, 200, &body, 7),
@@ -537,13 +595,14 @@ mod tests {
         let big: Vec<u64> = (0..40_000).collect();
         let pages: Vec<Page> = (1..=40).map(|s| page(s, "a:1", &big, false)).collect();
         publish(&mut host, &pages);
-        let body = answer(&host, "/p?epoch=7&after=0");
+        let body = answer(&host, "/p?epoch=7&after=0", 3000);
         assert!(body.len() <= MAX_ANSWER_BYTES + 64, "{}", body.len());
         let first = Answer::decode(&body).unwrap();
         assert!(first.through < 40 && first.through == first.pages.len() as u64);
         let rest = Answer::decode(&answer(
             &host,
             &format!("/p?epoch=7&after={}", first.through),
+            3000,
         ));
         assert_eq!(rest.unwrap().pages[0].seq, first.through + 1);
         for cut in 0..body.len().min(400) {

@@ -296,7 +296,8 @@ fn replicas_learn_each_others_placements_without_echo() {
                         .position(|g| Some(*g) == dest.map(|d| d.1.as_str()));
                     let Some(target) = target else { continue };
                     asks_of[e][target] += 1;
-                    let body = peers::answer(&envoys[target].vms[0].1, &call.path);
+                    let body =
+                        peers::answer(&envoys[target].vms[0].1, &call.path, INFLIGHT_ROW_TTL_MS);
                     let (vm, host) = &mut envoys[e].vms[v];
                     let now = host.now_ms();
                     vm.on_call_response(host, token, 200, &body, now);
@@ -308,7 +309,7 @@ fn replicas_learn_each_others_placements_without_echo() {
     for _ in 0..5 {
         round(&mut envoys, &mut asks_of);
     }
-    // A worker of Envoy 0 routes a prompt to pod 0.
+    // A worker of Envoy 0 routes a prompt to pod 0; its 640 uncached tokens are queued there.
     let hashes: Vec<u64> = (100..140).collect();
     let (vm, host) = &mut envoys[0].vms[1];
     vm.observe(
@@ -318,6 +319,16 @@ fn replicas_learn_each_others_placements_without_echo() {
             hashes: hashes.clone(),
         },
     );
+    let first = crate::router::FirstToken {
+        addr: PODS[0].to_string(),
+        uncached_tokens: 640.0,
+        tokens: 640.0,
+        decoding: 0.0,
+        predicted_ms: 100.0,
+    };
+    let now = host.now_ms();
+    let queued = vm.router.prefill_start(&first, now, Some(60_000));
+    vm.write_inflight_row(host, now);
     for _ in 0..4 {
         round(&mut envoys, &mut asks_of);
     }
@@ -334,9 +345,42 @@ fn replicas_learn_each_others_placements_without_echo() {
             "only its leader asked"
         );
     }
+    // Every VM of Envoy 1 counts Envoy 0's queued prefill as work ahead on pod 0 (from the row its
+    // leader wrote), once.
+    for (v, (vm, host)) in envoys[1].vms.iter_mut().enumerate() {
+        let now = host.now_ms();
+        vm.read_inflight_board(host, now);
+        let work = vm.router.work(PODS[0]);
+        assert_eq!(
+            (work.prefill_tokens, work.prefill_requests),
+            (640, 1),
+            "VM {v}"
+        );
+    }
+    // Envoy 0 does not count its own work twice (the other replica serves none of it back).
+    let (vm, host) = &mut envoys[0].vms[0];
+    let now = host.now_ms();
+    vm.read_inflight_board(host, now);
+    assert_eq!(vm.router.work(PODS[0]).prefill_tokens, 640);
+    // The prefill ends: the other replica stops counting it a pull later.
+    let (vm, host) = &mut envoys[0].vms[1];
+    let now = host.now_ms();
+    vm.router.prefill_done(queued, now);
+    vm.write_inflight_row(host, now);
+    for _ in 0..3 {
+        round(&mut envoys, &mut asks_of);
+    }
+    let (vm, host) = &mut envoys[1].vms[1];
+    let now = host.now_ms();
+    vm.read_inflight_board(host, now);
+    assert_eq!(vm.router.work(PODS[0]).prefill_tokens, 0);
     // What Envoy 1 learned is not served back: its answer holds no pages at all.
-    let served =
-        peers::Answer::decode(&peers::answer(&envoys[1].vms[0].1, "/x?epoch=0&after=0")).unwrap();
+    let served = peers::Answer::decode(&peers::answer(
+        &envoys[1].vms[0].1,
+        "/x?epoch=0&after=0",
+        INFLIGHT_ROW_TTL_MS,
+    ))
+    .unwrap();
     assert!(served.pages.is_empty(), "{served:?}");
     // Each Envoy asked itself once, recognised itself, and kept asking the other.
     for (e, asks) in asks_of.iter().enumerate() {
