@@ -34,6 +34,7 @@
 //! entry)×m`, at most [`MAX_ANSWER_BYTES`] of pages; `through` is the newest page considered (the
 //! puller's next `after`); an entry is a work-board entry as the board writes it.
 
+use super::get_u64;
 use crate::config::{is_host_port, ConfigError};
 use crate::port::Host;
 use crate::state::inflight::{Board, WorkEntry};
@@ -424,11 +425,6 @@ impl Pullers {
             .iter()
             .any(|c| c.asking.is_some_and(|(t, _)| t == token))
     }
-}
-
-fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {
-    let bytes = host.shared_get(key).0?;
-    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
 }
 
 #[cfg(test)]
