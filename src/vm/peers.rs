@@ -188,7 +188,12 @@ pub fn answer(host: &dyn Host, path: &str, row_ttl_ms: u64) -> Vec<u8> {
     let oldest = head.saturating_sub(PAGE_RING - 2).max(1);
     let same_epoch = asked_epoch == epoch;
     // Another epoch's numbering means nothing here: start over from the oldest page kept.
-    let from = if same_epoch { after + 1 } else { 1 }.max(oldest);
+    let from = if same_epoch {
+        after.saturating_add(1)
+    } else {
+        1
+    }
+    .max(oldest);
     let mut through = if same_epoch {
         after.min(head)
     } else {
@@ -491,6 +496,14 @@ mod tests {
         // never an error) is an empty answer at the head.
         let ahead = Answer::decode(&answer(&host, "/p?epoch=7&after=99", 3000)).unwrap();
         assert_eq!((ahead.through, ahead.pages.len()), (3, 0));
+        // Any query is an answer, never a panic.
+        for odd in [
+            "/p?after=18446744073709551615&epoch=7",
+            "/p?epoch=x&&after",
+            "/p?=&=",
+        ] {
+            assert!(Answer::decode(&answer(&host, odd, 3000)).is_some(), "{odd}");
+        }
         // An Envoy that has published nothing yet answers an empty page list.
         let fresh =
             Answer::decode(&answer(&FakeHost::new(&Default::default()), "/p", 3000)).unwrap();
