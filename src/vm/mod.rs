@@ -611,7 +611,7 @@ impl Vm {
         let mut page = Page::default();
         let mut bytes = 0;
         for change in std::mem::take(&mut st.pending) {
-            let change = match change {
+            let (change, observed) = match change {
                 Change::FromPeer(peer_page) => {
                     if !page.observations.is_empty() || !page.evictions.is_empty() {
                         Self::put_page(host, st, std::mem::take(&mut page));
@@ -620,24 +620,19 @@ impl Vm {
                     Self::put_page(host, st, peer_page);
                     continue;
                 }
-                change => change,
+                Change::Observed(o) => (o, true),
+                Change::Forgotten(e) => (e, false),
             };
-            let observed = matches!(change, Change::Observed(_));
             let full = bytes >= MAX_PAGE_BYTES;
             if full || (observed && !page.evictions.is_empty()) {
                 Self::put_page(host, st, std::mem::take(&mut page));
                 bytes = 0;
             }
-            match change {
-                Change::Observed(o) => {
-                    bytes += o.hashes.len() * 8 + o.addr.len() + 8;
-                    page.observations.push(o);
-                }
-                Change::Forgotten(e) => {
-                    bytes += e.hashes.len() * 8 + e.addr.len() + 8;
-                    page.evictions.push(e);
-                }
-                Change::FromPeer(_) => {}
+            bytes += change.hashes.len() * 8 + change.addr.len() + 8;
+            if observed {
+                page.observations.push(change);
+            } else {
+                page.evictions.push(change);
             }
         }
         if !page.observations.is_empty() || !page.evictions.is_empty() {
@@ -688,8 +683,7 @@ impl Vm {
     /// Reads the board (one shared-data read) and adopts the other VMs' unfinished work; returns
     /// the board and its compare-and-swap token for a write.
     pub fn read_inflight_board(&mut self, host: &mut dyn Host, now: u64) -> (Board, Option<u32>) {
-        let (bytes, cas) = host.shared_get(INFLIGHT_KEY);
-        let board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
+        let (board, cas) = read_board(host);
         self.router
             .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
         (board, cas)
@@ -735,22 +729,17 @@ impl Vm {
         &mut self,
         host: &mut dyn Host,
         now: u64,
-        mut read: Option<(Board, Option<u32>)>,
+        read: Option<(Board, Option<u32>)>,
     ) {
         let own = self.router.own_work();
-        for _ in 0..INFLIGHT_CAS_ATTEMPTS {
-            let (mut board, cas) = match read.take() {
-                Some(read) => read,
-                None => self.read_inflight_board(host, now),
-            };
-            board.put_row(self.id, now, &own, INFLIGHT_ROW_TTL_MS);
-            if host.shared_set(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
-                self.last_row_write_ms = now;
-                self.row_write_pending = false;
-                return;
-            }
+        let (id, router) = (self.id, &mut self.router);
+        let written = put_board_row(host, id, now, &own, read, |board| {
+            router.set_others_work(board.others(id, now, INFLIGHT_ROW_TTL_MS))
+        });
+        if written {
+            self.last_row_write_ms = now;
         }
-        self.row_write_pending = true;
+        self.row_write_pending = !written;
     }
 
     /// Adopts the leader's load table if it changed since this VM last read it.
@@ -779,10 +768,14 @@ impl Vm {
         let Some(st) = self.leader.as_mut() else {
             return;
         };
-        if st.pullers.owns(token) {
-            match st.pullers.on_answer(token, status, body, st.epoch) {
+        let pulled = st.pullers.on_answer(token, status, body, st.epoch);
+        if !matches!(pulled, peers::Pulled::Unknown) {
+            match pulled {
                 peers::Pulled::Fresh(answer) => {
-                    put_replica_row(host, peers::replica_row(answer.epoch), now, &answer.work);
+                    // Another replica's work, as its row; a write that loses every race waits for
+                    // the next answer, a pull later.
+                    let row = peers::replica_row(answer.epoch);
+                    put_board_row(host, row, now, &answer.work, None, |_| {});
                     for mut page in answer.pages {
                         let blocks: usize = page.observations.iter().map(|o| o.hashes.len()).sum();
                         host.count(Counter::PeerBlocksLearned, blocks as u64);
@@ -874,17 +867,38 @@ fn dispatch(
     token
 }
 
-/// Writes another gateway replica's work as its row on this Envoy's work board (`peers`); a write
-/// that loses every race waits for the next answer, a pull later.
-fn put_replica_row(host: &mut dyn Host, row: u64, now: u64, work: &[(String, PodWork)]) {
+/// The work board and its compare-and-swap token (empty when absent or another version's).
+fn read_board(host: &dyn Host) -> (Board, Option<u32>) {
+    let (bytes, cas) = host.shared_get(INFLIGHT_KEY);
+    (bytes.map(|b| Board::decode(&b)).unwrap_or_default(), cas)
+}
+
+/// Replaces row `row` of the work board by compare-and-swap, at most `INFLIGHT_CAS_ATTEMPTS`
+/// times: the first attempt on `read` when given (the board as read earlier in the same callback),
+/// the others on a fresh read, which `on_read` sees. Whether the write went through.
+fn put_board_row(
+    host: &mut dyn Host,
+    row: u64,
+    now: u64,
+    entries: &[(String, PodWork)],
+    mut read: Option<(Board, Option<u32>)>,
+    mut on_read: impl FnMut(&Board),
+) -> bool {
     for _ in 0..INFLIGHT_CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_get(INFLIGHT_KEY);
-        let mut board = bytes.map(|b| Board::decode(&b)).unwrap_or_default();
-        board.put_row(row, now, work, INFLIGHT_ROW_TTL_MS);
+        let (mut board, cas) = match read.take() {
+            Some(read) => read,
+            None => {
+                let (board, cas) = read_board(host);
+                on_read(&board);
+                (board, cas)
+            }
+        };
+        board.put_row(row, now, entries, INFLIGHT_ROW_TTL_MS);
         if host.shared_set(INFLIGHT_KEY, &board.encode(), cas).is_ok() {
-            return;
+            return true;
         }
     }
+    false
 }
 
 fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {

@@ -423,13 +423,6 @@ impl Pullers {
         c.through = answer.through;
         Pulled::Fresh(answer)
     }
-
-    /// Whether `token` is one of this module's asks.
-    pub fn owns(&self, token: u32) -> bool {
-        self.cursors
-            .iter()
-            .any(|c| c.asking.is_some_and(|(t, _)| t == token))
-    }
 }
 
 #[cfg(test)]
