@@ -23,5 +23,8 @@ a = plain.index("          - name: envoy.filters.http.wasm")
 b = plain.index("          - name: envoy.filters.http.router")
 plain = plain[:a] + plain[b:]
 y = y.replace(listener, listener.replace("port_value: 8080", f"port_value: {kv_port}") + plain)
+# Histograms reach /stats only when Envoy flushes (5 s by default): flush every second, and run.sh
+# waits for one flush after the load, so a short run is not read empty.
+y = "stats_flush_interval: 1s\n" + y
 assert "10.0.0.11" not in y, "envoy/kvroute.yaml changed: adapt envoy_config.py"
 print(y)

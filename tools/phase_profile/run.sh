@@ -27,5 +27,6 @@ pids+=($!)
 for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin_port/ready" && break; sleep 0.2; done
 sleep 1 # the first polls
 python3 "$here/load.py" "$kv_port" "$plain_port"
+sleep 1.5 # one stats flush (envoy_config.py sets it to 1 s), which merges the histograms
 curl -s "http://127.0.0.1:$admin_port/stats?filter=wasmcustom.kvroute.(phase|decision)&histogram_buckets=none" \
   | python3 "$here/summary.py"
