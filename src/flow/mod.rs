@@ -230,6 +230,11 @@ pub struct RequestFlow {
     status: Option<u32>,
     response_ok: bool,
     streamed: bool,
+    /// The first byte of a response that is not streamed ended its prefill on this VM's side, and
+    /// the work board does not show it yet: [`Self::on_done`] publishes it (see [`Self::first_byte`]).
+    prefill_end_unpublished: bool,
+    /// The upstream's response arrived whole (its end of stream passed through this filter).
+    response_complete: bool,
     /// Streamed responses: chunks seen, and when the first and last arrived (µs).
     chunks: u32,
     first_chunk_us: u64,
@@ -768,6 +773,7 @@ impl RequestFlow {
             self.status = status.and_then(|s| s.parse().ok());
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
             self.settle_observations(vm, host);
+            self.response_complete = end_of_stream;
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
             }
@@ -802,6 +808,7 @@ impl RequestFlow {
         if self.awaiting.is_some() && (size > 0 || end_of_stream) {
             self.first_byte(vm, host);
         }
+        self.response_complete |= end_of_stream;
         if let Some(bytes) = bytes {
             self.read_usage(vm, host, bytes);
         }
@@ -818,6 +825,15 @@ impl RequestFlow {
     /// Whether [`Self::on_done`] wants to know how the request ended upstream (it was routed).
     pub fn wants_end(&self) -> bool {
         self.routed_to.is_some()
+    }
+
+    /// Whether [`Self::on_done`] needs the proxy's account of how the stream ended
+    /// (`response.code_details`): only where the response did not arrive whole. A whole response
+    /// was neither cut by the pod nor abandoned before the pod finished it, so its status says
+    /// everything (`crate::health::judge`), and the property read (a host call that copies a
+    /// string into the VM) is saved on nearly every request.
+    pub fn wants_end_details(&self) -> bool {
+        self.wants_end() && !self.response_complete
     }
 
     /// Whether the host that answered is already known (from the response headers): then the
@@ -870,11 +886,24 @@ impl RequestFlow {
         }
         vm.router.inflight_end(&addr);
         let now = host.now_ms();
-        vm.write_inflight_row(host, now);
+        if std::mem::take(&mut self.prefill_end_unpublished) {
+            vm.write_inflight_row(host, now);
+        } else {
+            // Only the in-flight count fell: the other VMs count it as a decoding sequence, which
+            // the pods' own polled `running` lags by as much. Left to this VM's next routed request
+            // (which writes its row anyway) or its next tick, at most `poll_interval_ms / 2` away.
+            vm.write_inflight_row_later();
+        }
     }
 
     /// The first response byte (or the end of a response without one): the prefill is done; a
     /// streamed 2xx teaches the pod's cost model.
+    ///
+    /// The work board hears of a streamed request's prefill end at once: the other VMs' queue term
+    /// needs it, and the stream may go on for minutes. A response that is not streamed is whole
+    /// when its first byte comes, so its prefill end and its end reach the board in one write, at
+    /// [`Self::on_done`]: one compare-and-swap (a board read and an encode) fewer per request, and
+    /// off the response's path (`on_log` runs after the client has it).
     fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) {
         let Some(awaiting) = self.awaiting.take() else {
             return;
@@ -901,8 +930,11 @@ impl RequestFlow {
                 host.histogram(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
             }
         }
-        if changed {
+        if changed && self.streamed {
             vm.write_inflight_row(host, now);
+        } else if changed {
+            self.prefill_end_unpublished = true;
+            vm.write_inflight_row_later();
         }
     }
 

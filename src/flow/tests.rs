@@ -422,6 +422,98 @@ fn a_client_that_leaves_counts_against_no_pod() {
     assert_eq!(c.vms[0].1.counter(Counter::Ejections), 0);
 }
 
+#[test]
+fn only_a_response_that_did_not_arrive_whole_asks_how_the_stream_ended() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (mut whole, _) = send(&mut c, 0, &[], &chat_body("m", &distinct("whole")));
+    let (mut cut, _) = send(&mut c, 0, &[], &chat_body("m", &distinct("cut")));
+    let (vm, host) = &mut c.vms[0];
+    assert!(whole.wants_end_details(), "routed, nothing back yet");
+    whole.on_response_headers(vm, host, Some("200"), false);
+    whole.on_response_body(vm, host, 10, None, false);
+    assert!(whole.wants_end_details(), "the body is still coming");
+    whole.on_response_body(vm, host, 0, None, true);
+    assert!(!whole.wants_end_details(), "whole: the status says it all");
+    cut.on_response_headers(vm, host, Some("200"), false);
+    cut.on_response_body(vm, host, 10, None, false);
+    assert!(cut.wants_end_details(), "a pod that dies now leaves its 200 behind");
+    cut.on_done(
+        vm,
+        host,
+        None,
+        Some("upstream_reset_after_response_started{remote_reset}".into()),
+    );
+    whole.on_done(vm, host, None, None);
+    c.tick();
+    assert_eq!(c.vms[0].1.counter(Counter::RequestFailures), 1, "the cut one only");
+}
+
+#[test]
+fn a_whole_response_reaches_the_work_board_in_one_write_and_a_streams_prefill_end_at_once() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let board_cas = |c: &Cluster| {
+        c.store
+            .borrow()
+            .data
+            .get(crate::state::INFLIGHT_KEY)
+            .map(|(_, cas)| *cas)
+    };
+    // What VM 1 believes VM 0 has queued, after reading the board.
+    let seen_by_other = |c: &mut Cluster| {
+        let (vm, host) = &mut c.vms[1];
+        let now = host.now_ms();
+        let (board, _) = vm.read_inflight_board(host, now);
+        let work = board.others(1, now, crate::vm::INFLIGHT_ROW_TTL_MS);
+        (
+            work.values().map(|w| w.prefill_requests).sum::<u32>(),
+            work.values().map(|w| w.inflight).sum::<u32>(),
+        )
+    };
+    let whole = json!({"model": "m", "stream": false, "messages": [
+        {"role": "user", "content": distinct("whole")}]})
+    .to_string();
+    let (mut flow, _) = send(&mut c, 0, &[], whole.as_bytes());
+    assert_eq!(seen_by_other(&mut c), (1, 1));
+    let routed = board_cas(&c);
+    {
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_headers(vm, host, Some("200"), false);
+        flow.on_response_body(vm, host, 100, None, false);
+    }
+    assert_eq!(board_cas(&c), routed, "no write at the first byte of a whole response");
+    {
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_body(vm, host, 0, None, true);
+        flow.on_done(vm, host, None, None);
+    }
+    assert_ne!(board_cas(&c), routed);
+    assert_eq!(seen_by_other(&mut c), (0, 0), "its prefill end and its end, in one write");
+
+    let (mut stream, _) = send(&mut c, 0, &[], &chat_body("m", &distinct("stream")));
+    let routed = board_cas(&c);
+    {
+        let (vm, host) = &mut c.vms[0];
+        stream.on_response_headers(vm, host, Some("200"), false);
+        stream.on_response_body(vm, host, 100, None, false);
+    }
+    assert_ne!(board_cas(&c), routed, "a stream's prefill end is written at once");
+    assert_eq!(seen_by_other(&mut c), (0, 1));
+    let first_byte = board_cas(&c);
+    {
+        let (vm, host) = &mut c.vms[0];
+        stream.on_response_body(vm, host, 0, None, true);
+        stream.on_done(vm, host, None, None);
+    }
+    assert_eq!(board_cas(&c), first_byte, "its end waits for the next write");
+    assert_eq!(seen_by_other(&mut c), (0, 1));
+    c.tick();
+    assert_eq!(seen_by_other(&mut c), (0, 0), "the tick wrote it");
+}
+
 fn with_kv_params(system: &str) -> Vec<u8> {
     json!({"model": "m", "stream": false,
            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],

@@ -303,7 +303,12 @@ impl Filter {
             } else {
                 property(&["upstream", "address"])
             };
-            (upstream, property(&["response", "code_details"]))
+            let details = self
+                .flow
+                .wants_end_details()
+                .then(|| property(&["response", "code_details"]))
+                .flatten();
+            (upstream, details)
         } else {
             (None, None)
         };
