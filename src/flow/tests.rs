@@ -438,7 +438,10 @@ fn only_a_response_that_did_not_arrive_whole_asks_how_the_stream_ended() {
     assert!(!whole.wants_end_details(), "whole: the status says it all");
     cut.on_response_headers(vm, host, Some("200"), false);
     cut.on_response_body(vm, host, 10, None, false);
-    assert!(cut.wants_end_details(), "a pod that dies now leaves its 200 behind");
+    assert!(
+        cut.wants_end_details(),
+        "a pod that dies now leaves its 200 behind"
+    );
     cut.on_done(
         vm,
         host,
@@ -447,7 +450,11 @@ fn only_a_response_that_did_not_arrive_whole_asks_how_the_stream_ended() {
     );
     whole.on_done(vm, host, None, None);
     c.tick();
-    assert_eq!(c.vms[0].1.counter(Counter::RequestFailures), 1, "the cut one only");
+    assert_eq!(
+        c.vms[0].1.counter(Counter::RequestFailures),
+        1,
+        "the cut one only"
+    );
 }
 
 #[test]
@@ -484,14 +491,22 @@ fn a_whole_response_reaches_the_work_board_in_one_write_and_a_streams_prefill_en
         flow.on_response_headers(vm, host, Some("200"), false);
         flow.on_response_body(vm, host, 100, None, false);
     }
-    assert_eq!(board_cas(&c), routed, "no write at the first byte of a whole response");
+    assert_eq!(
+        board_cas(&c),
+        routed,
+        "no write at the first byte of a whole response"
+    );
     {
         let (vm, host) = &mut c.vms[0];
         flow.on_response_body(vm, host, 0, None, true);
         flow.on_done(vm, host, None, None);
     }
     assert_ne!(board_cas(&c), routed);
-    assert_eq!(seen_by_other(&mut c), (0, 0), "its prefill end and its end, in one write");
+    assert_eq!(
+        seen_by_other(&mut c),
+        (0, 0),
+        "its prefill end and its end, in one write"
+    );
 
     let (mut stream, _) = send(&mut c, 0, &[], &chat_body("m", &distinct("stream")));
     let routed = board_cas(&c);
@@ -500,7 +515,11 @@ fn a_whole_response_reaches_the_work_board_in_one_write_and_a_streams_prefill_en
         stream.on_response_headers(vm, host, Some("200"), false);
         stream.on_response_body(vm, host, 100, None, false);
     }
-    assert_ne!(board_cas(&c), routed, "a stream's prefill end is written at once");
+    assert_ne!(
+        board_cas(&c),
+        routed,
+        "a stream's prefill end is written at once"
+    );
     assert_eq!(seen_by_other(&mut c), (0, 1));
     let first_byte = board_cas(&c);
     {
@@ -508,7 +527,11 @@ fn a_whole_response_reaches_the_work_board_in_one_write_and_a_streams_prefill_en
         stream.on_response_body(vm, host, 0, None, true);
         stream.on_done(vm, host, None, None);
     }
-    assert_eq!(board_cas(&c), first_byte, "its end waits for the next write");
+    assert_eq!(
+        board_cas(&c),
+        first_byte,
+        "its end waits for the next write"
+    );
     assert_eq!(seen_by_other(&mut c), (0, 1));
     c.tick();
     assert_eq!(seen_by_other(&mut c), (0, 0), "the tick wrote it");
