@@ -230,9 +230,6 @@ pub struct RequestFlow {
     status: Option<u32>,
     response_ok: bool,
     streamed: bool,
-    /// The first byte of a response that is not streamed ended its prefill on this VM's side, and
-    /// the work board does not show it yet: [`Self::on_done`] publishes it (see [`Self::first_byte`]).
-    prefill_end_unpublished: bool,
     /// The upstream's response arrived whole (its end of stream passed through this filter).
     response_complete: bool,
     /// Streamed responses: chunks seen, and when the first and last arrived (µs).
@@ -886,24 +883,17 @@ impl RequestFlow {
         }
         vm.router.inflight_end(&addr);
         let now = host.now_ms();
-        if std::mem::take(&mut self.prefill_end_unpublished) {
-            vm.write_inflight_row(host, now);
-        } else {
-            // Only the in-flight count fell: the other VMs count it as a decoding sequence, which
-            // the pods' own polled `running` lags by as much. Left to this VM's next routed request
-            // (which writes its row anyway) or its next tick, at most `poll_interval_ms / 2` away.
-            vm.write_inflight_row_later();
-        }
+        vm.write_inflight_row(host, now);
     }
 
     /// The first response byte (or the end of a response without one): the prefill is done; a
     /// streamed 2xx teaches the pod's cost model.
     ///
-    /// The work board hears of a streamed request's prefill end at once: the other VMs' queue term
-    /// needs it, and the stream may go on for minutes. A response that is not streamed is whole
-    /// when its first byte comes, so its prefill end and its end reach the board in one write, at
-    /// [`Self::on_done`]: one compare-and-swap (a board read and an encode) fewer per request, and
-    /// off the response's path (`on_log` runs after the client has it).
+    /// The work board hears of the prefill's end at once, streamed or not. Leaving a whole
+    /// response's prefill end for `on_done` (one board write fewer) was tried and undone: Envoy
+    /// runs `on_log` after the client may already have the response, so a client's next request,
+    /// taken by another worker, still saw the finished prefill queued on its pod and was sent
+    /// elsewhere (`envoy_routing::tiktoken_mode_routes_like_chars_mode` failed in CI that way).
     fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) {
         let Some(awaiting) = self.awaiting.take() else {
             return;
@@ -930,11 +920,8 @@ impl RequestFlow {
                 host.histogram(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
             }
         }
-        if changed && self.streamed {
+        if changed {
             vm.write_inflight_row(host, now);
-        } else if changed {
-            self.prefill_end_unpublished = true;
-            vm.write_inflight_row_later();
         }
     }
 

@@ -62,9 +62,7 @@ pub struct Vm {
     leader: Option<LeaderState>,
     load_cas: Option<u32>,
     last_row_write_ms: u64,
-    /// This VM's row on the board is behind its own work: the last write lost every
-    /// compare-and-swap, or a change was left for later ([`Self::write_inflight_row_later`]); the
-    /// next tick writes it unless a routed request's write came first.
+    /// The last row write lost every compare-and-swap; the next tick writes again.
     row_write_pending: bool,
     last_fits_write_ms: u64,
     fits_cas: Option<u32>,
@@ -742,12 +740,6 @@ impl Vm {
             self.last_row_write_ms = now;
         }
         self.row_write_pending = !written;
-    }
-
-    /// Marks this VM's row as changed without writing it: its next routed request or its next tick
-    /// (whichever comes first) writes the whole row, this change included.
-    pub fn write_inflight_row_later(&mut self) {
-        self.row_write_pending = true;
     }
 
     /// Adopts the leader's load table if it changed since this VM last read it.
