@@ -79,12 +79,28 @@ async fn perfect_knowledge_follows_the_cache_and_avoids_the_busy_pod() {
     );
 
     // Pod 1 busy with a long uncached prefill: a new prompt goes to idle pod 0.
+    let arrived = sim_stats(&sim.pods[1]).await["requests_total"]
+        .as_u64()
+        .unwrap();
     let busy = {
         let (client, url) = (client.clone(), format!("http://{}{path}", sim.pods[1]));
         let long = chat(&system_prompt("busy-", 8000), "q", 2, false);
         tokio::spawn(async move { client.post(url).json(&long).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Probed once the pod has it (a fixed sleep lost that race on a loaded machine: the tie then
+    // went to pod 1); its prefill lasts ~200 ms of wall time from there.
+    wasm_tests::harness::wait_for(
+        Duration::from_secs(5),
+        "the busy prompt at pod 1",
+        || async {
+            sim_stats(&sim.pods[1]).await["requests_total"]
+                .as_u64()
+                .unwrap()
+                > arrived
+        },
+    )
+    .await
+    .unwrap();
     let fresh = serde_json::to_vec(&chat(&system_prompt("fresh-", 500), "q", 4, false)).unwrap();
     let routed = router
         .route(&client, &envoy.url(""), path, &fresh, 500)

@@ -268,6 +268,15 @@ async fn the_lite_build_routes_in_chars_mode_and_refuses_tiktoken_by_name() {
         &[],
     )
     .await;
+    // The other worker learns the placement from the leader's next page (its tick): the second
+    // request may be taken by either worker.
+    wasm_tests::harness::wait_for(
+        Duration::from_secs(5),
+        "the first placement published",
+        || async { envoy.stat("wasmcustom.kvroute.index_entries").await > 0 },
+    )
+    .await
+    .unwrap();
     let second = post(
         &client,
         &envoy.url("/v1/chat/completions"),

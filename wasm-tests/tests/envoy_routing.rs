@@ -11,13 +11,14 @@ use std::time::Duration;
 use wasm_tests::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb, LdsEnvoy, Sim};
 
 /// Keeps `pod` busy with `n` long generations sent to it directly (not through Envoy), so its
-/// metrics show load the gateway did not cause. Dropped with the returned tasks.
+/// metrics show load the gateway did not cause, for longer than any test runs (20,000 tokens: ~16 s
+/// of wall time at the tests' time scale). Ended by aborting the returned tasks (or with the pod).
 fn occupy(pod: &str, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
         .map(|i| {
             let url = format!("http://{pod}/v1/completions");
             tokio::spawn(async move {
-                let body = json!({"model": MODEL, "prompt": format!("background job {i}"), "max_tokens": 4000, "stream": true});
+                let body = json!({"model": MODEL, "prompt": format!("background job {i}"), "max_tokens": 20000, "stream": true});
                 let _ = post(&fresh_client(), &url, &body, &[]).await;
             })
         })
@@ -43,7 +44,7 @@ async fn shared_prefix_follows_its_pod_on_every_worker(extra: serde_json::Value)
     );
     let holder = first.pod.clone().unwrap();
     // Make the holder the busiest pod: without prefix knowledge a worker would now pick another.
-    let _busy = occupy(&holder, 3);
+    let busy = occupy(&holder, 3);
     wait_for(
         Duration::from_secs(10),
         "holder's load to show in metrics",
@@ -83,6 +84,7 @@ async fn shared_prefix_follows_its_pod_on_every_worker(extra: serde_json::Value)
         "requests were decided by more than one worker VM: {vms:?}"
     );
     // The control: the same load without the prefix goes elsewhere.
+    assert!(sim_stats(&holder).await["running"].as_u64().unwrap_or(0) >= 3);
     let other = post(
         &client,
         &url,
@@ -96,6 +98,7 @@ async fn shared_prefix_follows_its_pod_on_every_worker(extra: serde_json::Value)
         "{:?}",
         other.debug
     );
+    busy.iter().for_each(|task| task.abort());
     drop(sim);
 }
 
