@@ -65,9 +65,17 @@ pub struct PodView<'a> {
 impl PodView<'_> {
     /// The queue the next request would join, in requests. Metrics lag by a poll interval, the
     /// gateway's own in-flight count does not; the larger of the two is the better guess. Used by
-    /// the overload guard and shedding, not by the ranking.
+    /// shedding and the rendezvous load slack, not by the ranking.
     pub fn load(&self) -> f64 {
         (self.waiting + self.running).max(self.inflight)
+    }
+
+    /// Requests on the pod that have not started producing tokens: the engine's polled waiting
+    /// count, or the gateway's own requests before their first byte if more (the poll lags). What
+    /// the overload guard compares: a pod that runs many streams but admits new work at once is
+    /// not overloaded, however many it runs.
+    pub fn queue(&self) -> f64 {
+        self.waiting.max(self.queued_requests)
     }
 }
 

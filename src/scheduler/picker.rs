@@ -13,12 +13,19 @@
 //!   common system prompt), it is where the request becomes its own. Keyed on the first block
 //!   instead, every request behind a prefix all pods hold won every tie on the same pod, which ran
 //!   up to a tie band more work than the others.
-//! * **Overload guard.** A pod whose load (requests) exceeds the least-loaded candidate's by more
-//!   than `overload_guard.abs_gap` and by more than `rel_gap` times is ranked after every pod that
-//!   is not. The prediction sees the prefill work queued on a pod, but not an engine's cap on
-//!   running sequences (vLLM does not export `max_num_seqs`): a burst beyond it waits for decodes to
-//!   finish, which no prefill term shows. Measured in the real-Envoy test
+//! * **Overload guard.** A pod whose queue (requests not yet started, [`PodView::queue`]) exceeds
+//!   the shortest candidate queue by more than `overload_guard.abs_gap` and by more than `rel_gap`
+//!   times is ranked after every pod that is not. The prediction sees the prefill work queued on a
+//!   pod, but not an engine's cap on running sequences (vLLM does not export `max_num_seqs`): a
+//!   burst beyond it waits for decodes to finish, which no prefill term shows, and those requests
+//!   pile up unstarted. Measured in the real-Envoy test
 //!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
+//!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
+//!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
+//!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
+//!   later (`kvbench compare --workload unequal-pool --shadow-probe`: kvroute chose the pod the
+//!   pods themselves estimated earliest in 58% of requests, and sent the slow pod 57 requests
+//!   where it was earliest for 17).
 //! * **Session pin.** A request with a session goes first to its session's pod (rendezvous of the
 //!   session id, see `super::session`) unless that pod is guarded or its prediction is more than
 //!   `session.max_slowdown` times the best pod's; the ranking behind it stays as predicted.
@@ -78,10 +85,11 @@ pub fn tie_key(pods: &[&PodView<'_>], request: &RouteRequest<'_>) -> u64 {
     }
 }
 
-/// The overload guard (see the module header).
-pub fn overloaded(config: &Config, load: f64, min_load: f64) -> bool {
+/// The overload guard (see the module header): `queue` is a pod's [`PodView::queue`], `min_queue`
+/// the shortest among the candidates.
+pub fn overloaded(config: &Config, queue: f64, min_queue: f64) -> bool {
     let guard = &config.overload_guard;
-    load - min_load > guard.abs_gap && load > guard.rel_gap * min_load
+    queue - min_queue > guard.abs_gap && queue > guard.rel_gap * min_queue
 }
 
 struct Entry {
@@ -100,7 +108,7 @@ pub fn pick(
     predictions: &[Prediction],
     request: &RouteRequest<'_>,
 ) -> Decision {
-    let min_load = pods.iter().map(|p| p.load()).fold(f64::INFINITY, f64::min);
+    let min_queue = pods.iter().map(|p| p.queue()).fold(f64::INFINITY, f64::min);
     let key = tie_key(pods, request);
     let mut entries: Vec<Entry> = pods
         .iter()
@@ -110,7 +118,7 @@ pub fn pick(
             index,
             ttft: p.ttft_ms,
             rank: rendezvous_rank(key, pod.addr),
-            guarded: overloaded(config, pod.load(), min_load),
+            guarded: overloaded(config, pod.queue(), min_queue),
             tied: false,
             meets_slo: request.hints.slo.met_by(p.ttft_ms, pod.itl_ms),
             matched: pod.matched_blocks,

@@ -318,6 +318,32 @@ fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> Ro
 }
 
 #[test]
+fn a_fast_pod_running_many_streams_is_not_guarded_against_a_slow_idle_one() {
+    // One pod half as fast runs few streams; the fast ones run many but admit new work at once.
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    for p in pods.iter_mut() {
+        p.running = 19.0;
+        p.inflight = 19.0;
+    }
+    pods[3].running = 5.0;
+    pods[3].inflight = 5.0;
+    pods[3].cost.us_per_token *= 2.0;
+    pods[3].cost.overhead_ms *= 2.0;
+    let hashes: Vec<u64> = (1..=200).collect();
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+        unreachable!()
+    };
+    assert_ne!(ranked[0].addr, ADDRS[3], "{ranked:?}");
+    assert!(ranked.iter().all(|c| !c.guarded), "{ranked:?}");
+    // The same fast pods with requests piling up unstarted (a seat cap): guarded.
+    for p in pods.iter_mut().take(3) {
+        p.waiting = 12.0;
+    }
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[3]);
+}
+
+#[test]
 fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
@@ -352,8 +378,18 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         primary(&decide(&cfg, &pods, &request(&[1, 2]))),
         ADDRS[other]
     );
-    // Overloaded (beyond the guard): the pin yields to the prediction.
+    // Many streams but nothing waiting: the pod admits at once, and the pin stands.
     pods[me].running = 20.0;
+    assert_eq!(
+        primary(&decide(
+            &cfg,
+            &pods,
+            &with_hints(&[1, 2], Some("chat-42"), 0)
+        )),
+        pinned
+    );
+    // Overloaded (requests waiting beyond the guard): the pin yields to the prediction.
+    pods[me].waiting = 20.0;
     assert_ne!(
         primary(&decide(
             &cfg,
@@ -363,6 +399,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         pinned
     );
     // Far slower than the best pod (a long queue of prefill work): the pin yields too.
+    pods[me].waiting = 0.0;
     pods[me].running = 1.0;
     pods[me].inflight = 1.0;
     pods[me].queued_requests = 1.0;

@@ -154,6 +154,9 @@ pub struct StackOptions {
     /// With kvroute and several replicas: each replica is told the others' listeners
     /// (`peers.endpoints`, the same list in each, its own included) and they exchange placements.
     pub replica_sync: bool,
+    /// With kvroute: probe every pod before each request and report the gateway's choices against
+    /// the pods' own estimates (`ClientRouter::Shadow`, a diagnostic).
+    pub shadow_probe: bool,
     /// Inference listener port (0 = OS-chosen).
     pub listen_port: u16,
     /// Admin port (0 = OS-chosen).
@@ -175,6 +178,7 @@ impl Default for StackOptions {
             workers: 2,
             replicas: 1,
             replica_sync: true,
+            shadow_probe: false,
             listen_port: 0,
             admin_port: 0,
             ready_timeout: Duration::from_secs(30),
@@ -583,14 +587,19 @@ pub async fn compare(
             Policy::OracleTotal => Some(OracleObjective::TotalWait),
             _ => None,
         };
+        let router = match objective {
+            Some(o) => Some(ClientRouter::oracle(
+                stack.pods().to_vec(),
+                opts.time_scale,
+                o,
+            )),
+            None if opts.shadow_probe && policy == Policy::Kvroute => {
+                Some(ClientRouter::shadow(stack.pods().to_vec()))
+            }
+            None => None,
+        };
         let drive = driver::DriveOptions {
-            router: objective.map(|o| {
-                Arc::new(ClientRouter::oracle(
-                    stack.pods().to_vec(),
-                    opts.time_scale,
-                    o,
-                ))
-            }),
+            router: router.map(Arc::new),
             other_gateways: stack.other_urls(),
         };
         let report = run_after_warmup_with(
@@ -911,6 +920,13 @@ pub fn render_text(rows: &[(String, RunReport)], warmup_s: f64) -> String {
         .map(|(_, r)| describe(&r.spec, warmup_s) + "\n")
         .unwrap_or_default();
     text.push_str(&render_table(rows));
+    for (label, report) in rows {
+        if let Some(shadow) = &report.shadow {
+            text.push('\n');
+            text.push_str(&shadow.describe(label));
+            text.push('\n');
+        }
+    }
     let ratios = render_ratios(rows);
     if !ratios.is_empty() {
         text.push('\n');

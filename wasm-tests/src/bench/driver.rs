@@ -80,6 +80,14 @@ pub struct RequestRecord {
     /// kvroute's predicted TTFT for this request, wall-clock ms (`predicted_ttft_ms` in its
     /// `x-kvroute-debug` response header), when it sent one.
     pub predicted_ttft_ms: Option<f64>,
+    /// With the shadow probe: every pod's own estimate of this request's first token, simulated
+    /// ms, taken just before the gateway chose (see `ClientRouter::Shadow`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub probed_ttft_ms: Vec<(String, f64)>,
+    /// kvroute's whole `x-kvroute-debug` line (every pod's prediction, the queue it saw), for
+    /// reading a run's decisions afterwards (`--records`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debug: Option<String>,
     /// HTTP 200, `[DONE]` seen and no error event.
     pub ok: bool,
     /// Whether the request was sent at all (a turn still waiting for its predecessor at the drain
@@ -143,6 +151,8 @@ struct Measurement {
     status: Option<u16>,
     pod: Option<String>,
     predicted_ttft_ms: Option<f64>,
+    probed_ttft_ms: Vec<(String, f64)>,
+    debug: Option<String>,
     ttft: Option<Duration>,
     last_content: Option<Duration>,
     itls: Vec<Duration>,
@@ -252,12 +262,12 @@ async fn execute(
         .get(POD_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if let Some(p) = resp
+    m.debug = resp
         .headers()
         .get(DEBUG_HEADER)
         .and_then(|v| v.to_str().ok())
-        .and_then(predicted_ttft_ms)
-    {
+        .map(str::to_owned);
+    if let Some(p) = m.debug.as_deref().and_then(predicted_ttft_ms) {
         m.predicted_ttft_ms = Some(p);
     }
     if resp.status() != reqwest::StatusCode::OK {
@@ -417,6 +427,7 @@ impl Shared {
                     }
                     extra_headers = routed.headers;
                     m.predicted_ttft_ms = routed.predicted_ttft_ms;
+                    m.probed_ttft_ms = routed.probed_ttft_ms;
                     hold = routed.hold;
                     if let Some(b) = routed.body {
                         body = b;
@@ -465,6 +476,8 @@ impl Shared {
             status: m.status,
             pod: m.pod.clone(),
             predicted_ttft_ms: m.predicted_ttft_ms,
+            probed_ttft_ms: std::mem::take(&mut m.probed_ttft_ms),
+            debug: m.debug.take(),
             ok,
             sent: true,
             error: m.error.as_ref().map(|e| e.0.clone()),

@@ -91,6 +91,90 @@ impl PredictionQuality {
     }
 }
 
+/// With the shadow probe (`kvbench compare --shadow-probe`): the gateway's choices against the
+/// pods' own estimates, taken just before it chose. The estimate is the simulator stepping its
+/// real batch (`POST /sim/probe`), what the perfect-knowledge bound routes by; *regret* is the
+/// chosen pod's estimate minus the earliest pod's, in simulated ms.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShadowRegret {
+    /// Requests whose every pod answered the probe and whose serving pod is known.
+    pub requests: usize,
+    /// Of those, the share sent to a pod whose estimate was within 5% of the earliest (the
+    /// gateway's default tie band).
+    pub earliest_share: f64,
+    pub regret_p50_ms: f64,
+    pub regret_p90_ms: f64,
+    pub regret_mean_ms: f64,
+    /// Mean of regret / the earliest estimate.
+    pub relative_regret_mean: f64,
+    /// Per pod: requests the gateway sent it, and requests whose earliest pod it was.
+    pub per_pod: BTreeMap<String, (usize, usize)>,
+}
+
+impl ShadowRegret {
+    /// `None` when no record carries a full probe.
+    pub fn of(records: &[&RequestRecord]) -> Option<Self> {
+        let mut out = ShadowRegret::default();
+        let mut regrets = Vec::new();
+        let mut relative = 0.0;
+        let mut near = 0;
+        for r in records {
+            let Some(pod) = &r.pod else { continue };
+            let Some(chosen) = r.probed_ttft_ms.iter().find(|(p, _)| p == pod).map(|e| e.1) else {
+                continue;
+            };
+            let Some((best_pod, best)) = r
+                .probed_ttft_ms
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .cloned()
+            else {
+                continue;
+            };
+            let regret = (chosen - best).max(0.0);
+            regrets.push(regret);
+            if best > 0.0 {
+                relative += regret / best;
+            }
+            if chosen <= best * 1.05 {
+                near += 1;
+            }
+            out.per_pod.entry(pod.clone()).or_insert((0, 0)).0 += 1;
+            out.per_pod.entry(best_pod).or_insert((0, 0)).1 += 1;
+        }
+        if regrets.is_empty() {
+            return None;
+        }
+        let n = regrets.len() as f64;
+        out.requests = regrets.len();
+        out.earliest_share = near as f64 / n;
+        out.regret_p50_ms = percentile(&regrets, 50.0).unwrap_or(0.0);
+        out.regret_p90_ms = percentile(&regrets, 90.0).unwrap_or(0.0);
+        out.regret_mean_ms = regrets.iter().sum::<f64>() / n;
+        out.relative_regret_mean = relative / n;
+        Some(out)
+    }
+
+    /// One paragraph for the run's text report.
+    pub fn describe(&self, label: &str) -> String {
+        let pods: Vec<String> = self
+            .per_pod
+            .iter()
+            .map(|(p, (sent, earliest))| format!("{p} sent {sent} / earliest {earliest}"))
+            .collect();
+        format!(
+            "{label} vs the pods' own estimates (shadow probe, {} requests): the earliest pod (within 5%) in {:.1}%; regret p50 {:.0} ms, p90 {:.0} ms, mean {:.0} ms ({:.1}% of the earliest estimate)\n  {}",
+            self.requests,
+            self.earliest_share * 100.0,
+            self.regret_p50_ms,
+            self.regret_p90_ms,
+            self.regret_mean_ms,
+            self.relative_regret_mean * 100.0,
+            pods.join(", ")
+        )
+    }
+}
+
 /// The result of one run. Times are simulated milliseconds or seconds and rates per simulated
 /// second (wall-clock values when `time_scale` is 1).
 #[derive(Clone, Debug, Serialize)]
@@ -134,6 +218,9 @@ pub struct RunReport {
     pub mean_cached_fraction: Option<f64>,
     /// kvroute's TTFT predictions against the observed TTFT (wall clock).
     pub prediction: PredictionQuality,
+    /// With the shadow probe: the gateway's choices against the pods' own estimates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowRegret>,
     /// Requests (sent, with an `x-kvsim-pod` header) per serving pod.
     pub pod_requests: BTreeMap<String, usize>,
     /// Counter deltas per scraped pod.
@@ -222,6 +309,7 @@ impl RunReport {
             mean_cached_fraction: (!fractions.is_empty())
                 .then(|| fractions.iter().sum::<f64>() / fractions.len() as f64),
             prediction: PredictionQuality::of(&ok),
+            shadow: ShadowRegret::of(&sent),
             pod_requests,
             pods,
             errors,
@@ -410,4 +498,40 @@ pub fn render_json(rows: &[(String, RunReport)]) -> Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probed(pod: &str, estimates: &[(&str, f64)]) -> RequestRecord {
+        RequestRecord {
+            pod: Some(pod.to_owned()),
+            probed_ttft_ms: estimates.iter().map(|(p, t)| (p.to_string(), *t)).collect(),
+            sent: true,
+            ..RequestRecord::default()
+        }
+    }
+
+    #[test]
+    fn shadow_regret_measures_each_choice_against_the_earliest_pod() {
+        let records = [
+            probed("a", &[("a", 100.0), ("b", 200.0)]),
+            probed("b", &[("a", 100.0), ("b", 104.0)]),
+            probed("b", &[("a", 100.0), ("b", 300.0)]),
+            // Not counted: the serving pod was not probed, or nothing was.
+            probed("c", &[("a", 100.0), ("b", 300.0)]),
+            probed("a", &[]),
+        ];
+        let refs: Vec<&RequestRecord> = records.iter().collect();
+        let s = ShadowRegret::of(&refs).unwrap();
+        assert_eq!(s.requests, 3);
+        assert!((s.earliest_share - 2.0 / 3.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.regret_p50_ms, 4.0);
+        assert!((s.regret_mean_ms - 68.0).abs() < 1e-9);
+        assert!((s.relative_regret_mean - 0.68).abs() < 1e-9);
+        assert_eq!(s.per_pod.get("a"), Some(&(1, 3)));
+        assert_eq!(s.per_pod.get("b"), Some(&(2, 0)));
+        assert!(ShadowRegret::of(&refs[4..]).is_none());
+    }
 }

@@ -15,6 +15,11 @@
 //!   token plus the delay it adds to the requests already on the pod that have no first token yet
 //!   (`added_wait_ms`: a prefill that joins their step lengthens it): greedy on the sum, which under
 //!   saturation is the stronger reference.
+//! * [`ClientRouter::Shadow`] (`kvbench compare --shadow-probe`): a diagnostic, not a policy. It
+//!   probes every pod like the oracle, then leaves the choice to the gateway (kvroute), so the
+//!   report can say how often the gateway chose the pod the pods themselves said was earliest, and
+//!   how much later the one it chose was ([`crate::bench::report::ShadowRegret`]). Decisions are
+//!   not serialised: the gateway decides as it does without the probe.
 //! * [`ClientRouter::PdRoundRobin`]: the prefill/decode baseline. Round-robin over the prefill pods
 //!   and, independently, over the decode pods; a request that is split (every request with
 //!   [`PdSplit::Always`], prompts longer than a threshold with [`PdSplit::Selective`]) is first sent
@@ -82,6 +87,9 @@ pub struct Routed {
     /// Held until the request has reached its pod (the driver drops it when the response headers
     /// arrive): the oracle's next decision waits for it.
     pub hold: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// The shadow probe's answers: every pod's own estimate of this request's first token
+    /// (simulated ms), the pods that answered.
+    pub probed_ttft_ms: Vec<(String, f64)>,
 }
 
 /// Counters of one router over a run.
@@ -126,6 +134,11 @@ pub enum ClientRouter {
         probe_timeout: Duration,
         /// One decision at a time (see the module documentation).
         turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+        counters: RouterCounters,
+    },
+    Shadow {
+        pods: Vec<String>,
+        probe_timeout: Duration,
         counters: RouterCounters,
     },
     PdRoundRobin {
@@ -191,6 +204,15 @@ impl ClientRouter {
         }
     }
 
+    /// The shadow probe over `pods` (see the module documentation).
+    pub fn shadow(pods: Vec<String>) -> Self {
+        ClientRouter::Shadow {
+            pods,
+            probe_timeout: Duration::from_secs(5),
+            counters: RouterCounters::default(),
+        }
+    }
+
     /// The round-robin P/D baseline; `prefill_timeout` is wall-clock.
     pub fn pd_round_robin(
         prefill: Vec<String>,
@@ -211,9 +233,9 @@ impl ClientRouter {
 
     pub fn counters(&self) -> &RouterCounters {
         match self {
-            ClientRouter::Oracle { counters, .. } | ClientRouter::PdRoundRobin { counters, .. } => {
-                counters
-            }
+            ClientRouter::Oracle { counters, .. }
+            | ClientRouter::Shadow { counters, .. }
+            | ClientRouter::PdRoundRobin { counters, .. } => counters,
         }
     }
 
@@ -269,6 +291,30 @@ impl ClientRouter {
                     restart_clock: true,
                     predicted_ttft_ms: estimate.map(|ms| ms * time_scale),
                     hold: Some(hold),
+                    ..Routed::default()
+                }
+            }
+            ClientRouter::Shadow {
+                pods,
+                probe_timeout,
+                counters,
+            } => {
+                counters.routed.fetch_add(1, Ordering::Relaxed);
+                let probes = pods
+                    .iter()
+                    .map(|pod| probe(client, pod, body, *probe_timeout));
+                let answers = futures::future::join_all(probes).await;
+                if answers.iter().any(Option::is_none) {
+                    counters.probe_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                Routed {
+                    restart_clock: true,
+                    probed_ttft_ms: pods
+                        .iter()
+                        .zip(answers)
+                        .filter_map(|(pod, a)| Some((pod.clone(), a?.0)))
+                        .collect(),
+                    ..Routed::default()
                 }
             }
             ClientRouter::PdRoundRobin {

@@ -141,6 +141,12 @@ pub(crate) struct CompareArgs {
     /// only what it routed itself
     #[arg(long)]
     pub(crate) no_replica_sync: bool,
+    /// A diagnostic: before each kvroute request, ask every simulated pod for its own estimate of
+    /// the request's first token (as the perfect-knowledge bound does), then let kvroute choose;
+    /// each kvroute run's text then says how often it chose the earliest pod and how much later
+    /// its choices were (regret). The probing happens before the request's clock starts
+    #[arg(long)]
+    pub(crate) shadow_probe: bool,
     /// Write DIR/<workload>.json (reports) and DIR/<workload>.txt (table and ratios); with several
     /// seeds DIR/<workload>-seed<N>.{json,txt} and DIR/<workload>-summary.{json,txt}; and the
     /// pictures: DIR/<workload>-ttft-cdf.png, DIR/hit-ratio.png and, with several --replicas,
@@ -199,6 +205,7 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
             replica_sync: !args.no_replica_sync,
+            shadow_probe: args.shadow_probe,
             ..StackOptions::default()
         };
         let pool = compare::describe_groups(groups);
