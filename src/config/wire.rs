@@ -73,8 +73,9 @@ impl Default for BlockConfig {
     }
 }
 
-/// The overload guard of the picker (see `crate::scheduler` picker): a pod this far above the
-/// least-loaded candidate, in requests, is ranked behind the others (the SGLang router's
+/// The overload guard of the picker (see `crate::scheduler` picker): a pod whose queue (requests
+/// not yet started) is this far above the shortest candidate queue is ranked behind the others
+/// (the SGLang router's
 /// `balance_abs_threshold` / `balance_rel_threshold` shape).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
