@@ -304,16 +304,18 @@ impl ClientRouter {
                     .iter()
                     .map(|pod| probe(client, pod, body, *probe_timeout));
                 let answers = futures::future::join_all(probes).await;
-                if answers.iter().any(Option::is_none) {
+                // Only a whole probe names the earliest pod: with one answer missing, none is kept.
+                let probed_ttft_ms: Option<Vec<(String, f64)>> = pods
+                    .iter()
+                    .zip(answers)
+                    .map(|(pod, a)| Some((pod.clone(), a?.0)))
+                    .collect();
+                if probed_ttft_ms.is_none() {
                     counters.probe_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
                 Routed {
                     restart_clock: true,
-                    probed_ttft_ms: pods
-                        .iter()
-                        .zip(answers)
-                        .filter_map(|(pod, a)| Some((pod.clone(), a?.0)))
-                        .collect(),
+                    probed_ttft_ms: probed_ttft_ms.unwrap_or_default(),
                     ..Routed::default()
                 }
             }
