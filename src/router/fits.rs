@@ -1,6 +1,6 @@
-//! How fast each pod works: the first-token cost learned from this VM's own first bytes
-//! (`crate::scheduler::cost`) merged with the other VMs' from the fits board, and each pod's
-//! inter-token latency.
+//! How fast each pod works: the first-token cost learned from this VM's own first bytes (one fit
+//! per role, times each pod's speed: `crate::scheduler::cost`) merged with the other VMs' from the
+//! fits board, and each pod's inter-token latency.
 
 use super::{FirstToken, Router};
 use crate::config::{Config, Role};
@@ -42,13 +42,7 @@ impl Router {
     /// [`Self::pool_costs`] once and [`Self::cost_in`] per pod (linear in the pool, where this is
     /// linear per pod).
     pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
-        let role = self
-            .load
-            .pods
-            .iter()
-            .find(|p| p.addr == addr)
-            .map_or(Role::Aggregated, |p| p.role);
-        self.cost_in(config, addr, role, &self.pool_costs())
+        self.cost_in(config, addr, self.role_of(addr), &self.pool_costs())
     }
 
     /// [`Self::cost_of`] with the pool's averages already taken.
@@ -59,7 +53,7 @@ impl Router {
         role: Role,
         pool: &PoolCosts,
     ) -> Coefficients {
-        let (own, samples) = self.own_cost(addr);
+        let (own, samples) = self.own_cost(addr, role);
         if samples > 0.0 {
             return own;
         }
@@ -74,7 +68,7 @@ impl Router {
     pub fn pool_costs(&self) -> PoolCosts {
         let mut by_role: [Vec<(Coefficients, f64)>; 3] = Default::default();
         for p in &self.load.pods {
-            let (cost, samples) = self.own_cost(&p.addr);
+            let (cost, samples) = self.own_cost(&p.addr, p.role);
             if samples > 0.0 {
                 if let Some(v) = by_role.get_mut(role_index(p.role)) {
                     v.push((cost, samples));
@@ -87,9 +81,24 @@ impl Router {
         }
     }
 
-    /// `addr`'s own model from every VM's samples, and how many samples that is.
-    fn own_cost(&self, addr: &str) -> (Coefficients, f64) {
-        let own = self.fits.get(addr).map(|f| (f.coefficients(), f.samples()));
+    /// This VM's model of `addr`: its role's fit times the pod's speed, and the pod's samples.
+    fn own_model(&self, addr: &str, role: Role) -> Option<(Coefficients, f64)> {
+        let speed = self.speeds.get(addr)?;
+        let fit = self.role_fits.get(role_index(role))?.as_ref()?;
+        Some((fit.coefficients().scaled(speed.factor()), speed.samples()))
+    }
+
+    fn role_of(&self, addr: &str) -> Role {
+        self.load
+            .pods
+            .iter()
+            .find(|p| p.addr == addr)
+            .map_or(Role::Aggregated, |p| p.role)
+    }
+
+    /// `addr`'s model from every VM's samples, and how many samples that is.
+    fn own_cost(&self, addr: &str, role: Role) -> (Coefficients, f64) {
+        let own = self.own_model(addr, role);
         let others = self
             .others_fits
             .get(addr)
@@ -120,12 +129,20 @@ impl Router {
         if let Some(scale) = role.and_then(|r| self.ttft_scale.get_mut(role_index(r))) {
             scale.observe(first.predicted_ms, observed_ms);
         }
+        let role = role.unwrap_or(Role::Aggregated);
         let mut learning = config.prediction.learning();
-        learning.prior = prior_for(config, role.unwrap_or(Role::Aggregated));
-        self.fits
+        learning.prior = prior_for(config, role);
+        let Some(slot) = self.role_fits.get_mut(role_index(role)) else {
+            return;
+        };
+        let fit = slot.get_or_insert_with(|| CostFit::for_role(&learning));
+        // The pod is compared with the role's fit as it stood before this sample.
+        let role_ms = fit.coefficients().predict_ms(first.tokens, first.decoding);
+        fit.observe(&learning, first.tokens, first.decoding, observed_ms);
+        self.speeds
             .entry_ref(first.addr.as_str())
-            .or_insert_with(|| CostFit::new(&learning))
-            .observe(&learning, first.tokens, first.decoding, observed_ms);
+            .or_default()
+            .observe(role_ms, observed_ms);
     }
 
     /// `addr`'s inter-token latency: the mean of what this VM and the others timed.
@@ -159,17 +176,21 @@ impl Router {
     /// This VM's fits and inter-token latencies, for its row on the fits board.
     pub fn own_fits(&self) -> Vec<PodFit> {
         let mut out: Vec<PodFit> = self
-            .fits
-            .iter()
-            .map(|(a, f)| PodFit {
-                addr: a.clone(),
-                cost: f.coefficients(),
-                samples: f.samples(),
-                itl_ms: self.itl_ms.get(a).copied(),
+            .speeds
+            .keys()
+            .filter_map(|a| {
+                let (cost, samples) = self.own_model(a, self.role_of(a))?;
+                Some(PodFit {
+                    addr: a.clone(),
+                    cost,
+                    samples,
+                    itl_ms: self.itl_ms.get(a).copied(),
+                })
             })
             .collect();
+        let modelled: hashbrown::HashSet<String> = out.iter().map(|f| f.addr.clone()).collect();
         for (addr, itl) in &self.itl_ms {
-            if !self.fits.contains_key(addr) {
+            if !modelled.contains(addr) {
                 out.push(PodFit {
                     addr: addr.clone(),
                     cost: Coefficients::default(),
@@ -184,7 +205,7 @@ impl Router {
 
     /// Samples behind `addr`'s model, every VM's together (for the stats).
     pub fn fit_samples(&self, addr: &str) -> f64 {
-        let own = self.fits.get(addr).map_or(0.0, |f| f.samples());
+        let own = self.speeds.get(addr).map_or(0.0, |s| s.samples());
         let others: f64 = self
             .others_fits
             .get(addr)

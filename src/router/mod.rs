@@ -44,8 +44,11 @@ pub struct Router {
     next_pending_id: u64,
     /// Every other VM's unfinished work per pod, from the work board.
     others_work: HashMap<String, PodWork>,
-    /// This VM's own cost fits, learned from its own requests' first bytes.
-    fits: HashMap<String, CostFit>,
+    /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
+    /// first bytes on every pod of the role.
+    role_fits: [Option<CostFit>; 3],
+    /// Each pod's speed against its role's fit, from this VM's requests.
+    speeds: HashMap<String, crate::scheduler::cost::PodSpeed>,
     /// Every other VM's fits, from the fits board.
     others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of the uncached tokens of the requests this VM routed.
@@ -129,7 +132,7 @@ impl Router {
                     self.index.clear_slot(slot);
                 }
             }
-            self.fits.retain(|addr, _| listed.contains(addr.as_str()));
+            self.speeds.retain(|addr, _| listed.contains(addr.as_str()));
             self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
         }
         // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods

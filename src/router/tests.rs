@@ -405,6 +405,59 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
 }
 
 #[test]
+fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
+    // Three identical pods (3 ms + 20 µs per token + 0.1 ms per decoding sequence), but the
+    // gateway knows the work queued ahead only roughly: ± 3,000 tokens (a poll's age, the head's
+    // progress), and one time in five a request that has already started is still counted whole.
+    // A fit per pod let each pod's intercept and slope wander apart on such samples (here up to
+    // 1.20× apart), so equal pods were ranked apart; one fit for the role and a speed per pod keep
+    // them within 1.10×.
+    let cfg = Config::default();
+    let mut r = Router::new();
+    let pods = ["a:1", "b:1", "c:1"];
+    r.apply_load_table(&cfg, table(&pods, 100));
+    let mut x = 7u64;
+    let mut next = |modulo: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) % modulo
+    };
+    let mut widest = 1.0f64;
+    for round in 0..300 {
+        for addr in pods {
+            let own = 4000.0 + next(2000) as f64;
+            let ahead = next(3) as f64 * 5000.0;
+            let phantom = if next(5) == 0 { 5000.0 } else { 0.0 };
+            let seen_ahead = (ahead + phantom + next(6000) as f64 - 3000.0).max(0.0);
+            let decoding = next(12) as f64;
+            let first = FirstToken {
+                addr: addr.into(),
+                uncached_tokens: own,
+                tokens: seen_ahead + own,
+                decoding,
+                predicted_ms: 0.0,
+            };
+            r.learn(&cfg, &first, 3.0 + 0.020 * (ahead + own) + 0.1 * decoding);
+        }
+        if round < 50 {
+            continue;
+        }
+        for (tokens, decoding) in [(5000.0, 2.0), (5000.0, 10.0), (15000.0, 6.0)] {
+            let predicted: Vec<f64> = pods
+                .iter()
+                .map(|a| r.cost_of(&cfg, a).predict_ms(tokens, decoding))
+                .collect();
+            let (lo, hi) = predicted
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(*p), hi.max(*p)));
+            widest = widest.max(hi / lo);
+        }
+    }
+    assert!(widest < 1.15, "equal pods predicted {widest:.3}× apart");
+}
+
+#[test]
 fn an_observation_travels_from_one_vm_to_another() {
     use crate::state::messages::Message;
     let cfg = Config::default();

@@ -1,21 +1,24 @@
 //! What a pod's first token costs, learned from what the gateway observes.
 //!
-//! The model, per pod: time to first token = `overhead + per_token × (prefill tokens queued ahead +
-//! this prompt's uncached tokens) + per_decoding × (sequences decoding there)`. The three
-//! coefficients are learned online from every streamed response: the gateway knows what it put on
-//! the pod (the uncached tokens of the requests ahead, from the work board, and this prompt's own),
-//! and it sees the first response byte arrive. Pods need not be alike: each has its own fit, so a
-//! pool mixing GPU generations is ranked by what each pod actually does.
+//! The model: time to first token = `speed × (overhead + per_token × (prefill tokens queued ahead +
+//! this prompt's uncached tokens) + per_decoding × (sequences decoding there))`. The three
+//! coefficients are learned online per role (aggregated, prefill, decode) from every streamed
+//! response on any pod of the role: the gateway knows what it put on the pod (the uncached tokens
+//! of the requests ahead, from the work board, and this prompt's own), and it sees the first
+//! response byte arrive. Pods need not be alike: each learns its `speed` against the role's fit
+//! ([`PodSpeed`], which says why one factor per pod rather than a fit per pod), so a pool mixing
+//! GPU generations is ranked by what each pod actually does.
 //!
 //! The fit is a ridge regression with exponential forgetting: decayed sums of the features'
-//! outer products (a 3×3 matrix and a 3-vector, 12 numbers per pod whatever the traffic), solved on
+//! outer products (a 3×3 matrix and a 3-vector, 12 numbers per fit whatever the traffic), solved on
 //! every sample, regularised toward a configured prior worth `prior_samples` samples at a typical
-//! request, so a pod with no history predicts by the prior and a pod with history by its own
-//! observations. Old samples fade with `1/FORGET_SAMPLES` per new one, so a pod that slows down
-//! (thermal throttling, a noisy neighbour) is re-learned within tens of requests. Robust to
-//! outliers: once a fit has `ROBUST_AFTER` samples, an observation is clamped to within
-//! `OUTLIER_FACTOR` of the current prediction before it is added (a winsorised update), so one
-//! request that waited on a pod-side hiccup moves the fit by a bounded amount.
+//! request, so a role with no history predicts by the prior and one with history by its
+//! observations. Old samples fade with `1/ROLE_FORGET_SAMPLES` per new one, and a pod's speed with
+//! `1/FORGET_SAMPLES`, so a pod that slows down (thermal throttling, a noisy neighbour) is
+//! re-learned within tens of requests. Robust to outliers: once a fit has `ROBUST_AFTER` samples,
+//! an observation is clamped to within `OUTLIER_FACTOR` of the current prediction before it is
+//! added (a winsorised update), so one request that waited on a pod-side hiccup moves the fit by a
+//! bounded amount.
 //!
 //! Time is in milliseconds of wall clock. Nothing here knows the engine: vLLM with a prefill
 //! stalling decodes, chunked prefill, SGLang or a simulator at 20× speed all fit the same three
@@ -24,8 +27,13 @@
 
 use serde::Deserialize;
 
-/// A sample's weight decays by `1 - 1/FORGET_SAMPLES` with every newer one.
+/// A pod's sample weight decays by `1 - 1/FORGET_SAMPLES` with every newer one.
 const FORGET_SAMPLES: f64 = 64.0;
+/// The same for a role's fit ([`CostFit::for_role`]), which every pod of the role feeds: its shape
+/// is the model's and the engine's, not one pod's, and a longer memory is what keeps the intercept
+/// and the slope from trading off between requests (each pod's speed still follows the pod within
+/// `FORGET_SAMPLES` of its own first bytes, [`PodSpeed`]).
+const ROLE_FORGET_SAMPLES: f64 = 256.0;
 /// Samples before observations are clamped to the current prediction's neighbourhood.
 const ROBUST_AFTER: f64 = 8.0;
 /// An observation is clamped to [prediction / F, prediction × F].
@@ -119,6 +127,8 @@ pub struct CostFit {
     /// Σ w: the effective number of samples.
     samples: f64,
     current: Coefficients,
+    /// What a sample's weight is multiplied by with every newer one.
+    keep: f64,
 }
 
 /// The learning settings every fit shares.
@@ -155,11 +165,21 @@ impl CostConfig {
 
 impl CostFit {
     pub fn new(config: &CostConfig) -> CostFit {
+        CostFit::remembering(config, FORGET_SAMPLES)
+    }
+
+    /// A fit that every pod of a role feeds.
+    pub fn for_role(config: &CostConfig) -> CostFit {
+        CostFit::remembering(config, ROLE_FORGET_SAMPLES)
+    }
+
+    fn remembering(config: &CostConfig, samples: f64) -> CostFit {
         CostFit {
             xx: [[0.0; 3]; 3],
             xy: [0.0; 3],
             samples: 0.0,
             current: config.prior,
+            keep: 1.0 - 1.0 / samples,
         }
     }
 
@@ -184,7 +204,7 @@ impl CostFit {
         } else {
             observed_ms
         };
-        let keep = 1.0 - 1.0 / FORGET_SAMPLES;
+        let keep = self.keep;
         let phi = [1.0, tokens.max(0.0), decoding.max(0.0)];
         for (row, pi) in self.xx.iter_mut().zip(phi) {
             for (cell, pj) in row.iter_mut().zip(phi) {
@@ -343,6 +363,73 @@ impl MedianScale {
             1.0 - MEDIAN_STEP
         };
         self.factor = (self.factor * step).clamp(1.0 / MAX_SCALE, MAX_SCALE);
+    }
+}
+
+/// How much slower than its role's fit one pod is: the factor its predictions are multiplied by.
+///
+/// Why a factor and not a fit per pod: three coefficients learned from one pod's requests alone
+/// are noisy in a way that ranks equal pods apart. The queue ahead of a request is known only
+/// approximately (a poll's age, the head's progress), so the intercept and the slope trade off
+/// from sample to sample: on `shared-agent`, three identical simulated pods settled on 12, 14 and
+/// 17 µs per token and a decode-batch cost from −0.2 to 13 ms per sequence (replayed from
+/// `kvbench compare --records`), so identical idle pods were predicted up to 50% apart and the
+/// pods' own estimates (`--shadow-probe`) named kvroute's choice the earliest in only 70–82% of
+/// requests. One fit per role sees every pod's samples (the shape: overhead, per token, per
+/// decoding sequence), and each pod learns one number, the mean log ratio of what it took to what
+/// the role's fit predicted: a pool mixing GPU generations is still ranked by what each pod does
+/// (a pod half as fast settles near 2× the others), and equal pods stay within a few percent of
+/// each other.
+///
+/// The mean is decayed like the fits' (`FORGET_SAMPLES`), so a pod that slows down is re-learned
+/// within tens of requests; each ratio is clamped to `OUTLIER_FACTOR` either way, so one request
+/// that waited on a hiccup moves it a bounded amount; and it starts from 1 with the weight of
+/// [`SPEED_PRIOR_SAMPLES`] samples, so a pod's first request does not decide its speed.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PodSpeed {
+    /// Σ w·ln(observed / role-predicted), decayed.
+    log_ratio_sum: f64,
+    /// Σ w: the effective number of samples.
+    samples: f64,
+}
+
+/// The weight of the starting factor, 1, against a pod's own samples.
+const SPEED_PRIOR_SAMPLES: f64 = 2.0;
+
+impl PodSpeed {
+    /// What the role's prediction is multiplied by for this pod.
+    pub fn factor(&self) -> f64 {
+        (self.log_ratio_sum / (self.samples + SPEED_PRIOR_SAMPLES)).exp()
+    }
+
+    /// Effective samples behind the factor (decayed).
+    pub fn samples(&self) -> f64 {
+        self.samples
+    }
+
+    /// One first byte `observed_ms` after routing, where the role's fit predicted `role_ms`.
+    pub fn observe(&mut self, role_ms: f64, observed_ms: f64) {
+        if !(role_ms.is_finite() && observed_ms.is_finite() && role_ms > 0.0 && observed_ms >= 0.0)
+        {
+            return;
+        }
+        let bound = OUTLIER_FACTOR.ln();
+        // A first byte at 0 ms is as fast as the clamp allows, not minus infinity.
+        let ratio = (observed_ms.max(f64::MIN_POSITIVE) / role_ms).ln();
+        let keep = 1.0 - 1.0 / FORGET_SAMPLES;
+        self.log_ratio_sum = self.log_ratio_sum * keep + ratio.clamp(-bound, bound);
+        self.samples = self.samples * keep + 1.0;
+    }
+}
+
+impl Coefficients {
+    /// This model with every prediction multiplied by `factor`.
+    pub fn scaled(&self, factor: f64) -> Coefficients {
+        Coefficients {
+            overhead_ms: self.overhead_ms * factor,
+            us_per_token: self.us_per_token * factor,
+            us_per_decoding: self.us_per_decoding * factor,
+        }
     }
 }
 

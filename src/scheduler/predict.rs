@@ -7,9 +7,10 @@
 //!   what this pod would compute for this prompt. Prefix affinity is this term.
 //! * **tokens ahead** — the uncached tokens of the requests this gateway sent the pod that have not
 //!   yet produced their first byte (the work board), plus, for requests the pod reports waiting
-//!   beyond those (another gateway replica's traffic, invisible on our board), the typical request
-//!   size. Hot-spot avoidance is this term: a hot prefix's holder fills up until recomputing the
-//!   prefix on another pod is faster than waiting, and then the prefix is replicated there.
+//!   beyond those (another gateway replica's traffic, invisible on our board; no more than the pod
+//!   holds beyond this gateway's requests in flight there), the typical request size. Hot-spot
+//!   avoidance is this term: a hot prefix's holder fills up until recomputing the prefix on
+//!   another pod is faster than waiting, and then the prefix is replicated there.
 //!   The queue's head is already being computed: since the board's `head_since_ms` the pod has
 //!   spent the time past its fixed overhead on it, at its learned speed, so that much of the head
 //!   ([`head_progress`], at most all of it) is not ahead any more. Counting a nearly finished
@@ -53,7 +54,13 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         pod.matched_blocks,
         request.tokens_per_block,
     );
-    let unseen_waiting = (pod.waiting - pod.queued_requests).max(0.0);
+    // Requests the pod reports waiting beyond this gateway's own unstarted ones, but only as many
+    // as the pod holds that this gateway did not send: the poll is up to an interval old, and a
+    // request of ours that started since still counts as waiting there (at the bench's time scale
+    // a 100 ms poll is 2 s of simulated prefill), which over-predicted the busiest pods by whole
+    // typical requests.
+    let foreign = (pod.waiting + pod.running - pod.inflight).max(0.0);
+    let unseen_waiting = (pod.waiting - pod.queued_requests).max(0.0).min(foreign);
     let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
@@ -65,7 +72,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     }
 }
 
-/// `prediction` in the configuration: the prior every pod's cost fit starts from and how close two
+/// `prediction` in the configuration: the prior every role's cost fit starts from and how close two
 /// predictions must be to count as a tie.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]

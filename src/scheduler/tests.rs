@@ -216,6 +216,16 @@ fn other_replicas_waiting_requests_count_at_the_typical_size() {
     pods[0].inflight = 4.0;
     assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 100.0);
     assert_eq!(predict::predict(&pods[0], &r).decoding, 0.0);
+    // A poll older than the board: our four have started (the board knows, the poll does not),
+    // and the pod holds nothing we did not send, so nothing is waiting unseen.
+    pods[0].queued_requests = 0.0;
+    pods[0].queued_tokens = 0.0;
+    pods[0].running = 6.0;
+    pods[0].inflight = 10.0;
+    assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 0.0);
+    // Two requests beyond ours: at most two of the waiting ones are another gateway's.
+    pods[0].inflight = 8.0;
+    assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 2.0 * 512.0);
 }
 
 #[test]
