@@ -372,10 +372,10 @@ impl MedianScale {
 /// are noisy in a way that ranks equal pods apart. The queue ahead of a request is known only
 /// approximately (a poll's age, the head's progress), so the intercept and the slope trade off
 /// from sample to sample: on `shared-agent`, three identical simulated pods settled on 12, 14 and
-/// 17 µs per token and a decode-batch cost from −0.2 to 13 ms per sequence (replayed from
-/// `kvbench compare --records`), so identical idle pods were predicted up to 50% apart and the
-/// pods' own estimates (`--shadow-probe`) named kvroute's choice the earliest in only 70–82% of
-/// requests. One fit per role sees every pod's samples (the shape: overhead, per token, per
+/// 17 µs per token and a decode-batch cost from −0.2 to 13 ms per sequence (the fits replayed
+/// over a run's `kvbench compare --records`), and against the pods' own estimates
+/// (`--shadow-probe`) their predictions ran a median 1.04, 1.12 and 1.50× high: equal pods ranked
+/// up to 1.4× apart. One fit per role sees every pod's samples (the shape: overhead, per token, per
 /// decoding sequence), and each pod learns one number, the mean log ratio of what it took to what
 /// the role's fit predicted: a pool mixing GPU generations is still ranked by what each pod does
 /// (a pod half as fast settles near 2× the others), and equal pods stay within a few percent of
