@@ -74,6 +74,14 @@ pub fn debug_line(
                 prefill.prediction.ttft_ms
             );
         }
+        if !pd.prefill_predictions.is_empty() {
+            let each: Vec<String> = pd
+                .prefill_predictions
+                .iter()
+                .map(|(addr, ms)| format!("{addr}/{ms:.1}"))
+                .collect();
+            let _ = write!(line, "; prefill_predictions={}", each.join(","));
+        }
     }
     line
 }

@@ -116,6 +116,9 @@ pub struct PdPlan {
     /// predicted TTFT (absent without a prefill pod).
     pub local_cost_ms: f64,
     pub split_cost_ms: Option<f64>,
+    /// Every prefill candidate's predicted TTFT, in rank order, for the debug line (empty unless
+    /// `debug_header` is on: why this prefill pod and not another).
+    pub prefill_predictions: Vec<(String, f64)>,
 }
 
 /// Whether and where to prefill a request whose decode pod is `decode` (see the module header).
@@ -139,6 +142,7 @@ pub fn plan_split(
         session: None,
         ..hints
     };
+    let mut prefill_predictions = Vec::new();
     let prefill = match router.route(
         config,
         model,
@@ -147,7 +151,15 @@ pub fn plan_split(
         prefill_hints,
         now_ms,
     ) {
-        Decision::Route { ranked, .. } => ranked.into_iter().next(),
+        Decision::Route { ranked, .. } => {
+            if config.debug_header {
+                prefill_predictions = ranked
+                    .iter()
+                    .map(|c| (c.addr.clone(), c.prediction.ttft_ms))
+                    .collect();
+            }
+            ranked.into_iter().next()
+        }
         Decision::NoEndpoint(_) => None,
     };
     let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
@@ -162,6 +174,7 @@ pub fn plan_split(
         uncached_tokens: local.uncached_tokens,
         local_cost_ms: local_cost,
         split_cost_ms: split_cost,
+        prefill_predictions,
     }
 }
 

@@ -190,3 +190,32 @@ fn a_context_only_the_decode_pod_holds_is_prefilled_there() {
     assert_eq!(pd.outcome, PdOutcome::Disaggregated);
     assert_eq!(pd.prefill.unwrap().addr, "10.0.0.1:1");
 }
+
+#[test]
+fn the_debug_line_lists_every_prefill_candidate_only_when_asked() {
+    let cfg = pd_config();
+    let r = router_with_streams(&cfg, 0.0, 20.0);
+    let pd = r
+        .plan(&cfg, "m", &blocks(4000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert!(pd.prefill_predictions.is_empty(), "{pd:?}");
+    let mut debug = cfg.clone();
+    debug.debug_header = true;
+    let pd = r
+        .plan(&debug, "m", &blocks(4000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    let listed: Vec<&str> = pd
+        .prefill_predictions
+        .iter()
+        .map(|(a, _)| a.as_str())
+        .collect();
+    assert_eq!(listed.len(), 2, "both prefill pods: {pd:?}");
+    assert_eq!(
+        Some(listed[0]),
+        pd.prefill.as_ref().map(|c| c.addr.as_str()),
+        "the chosen one first"
+    );
+    assert_eq!(pd.split_cost_ms, Some(pd.prefill_predictions[0].1));
+}
