@@ -175,11 +175,19 @@ impl Router {
 
     /// This VM's fits and inter-token latencies, for its row on the fits board.
     pub fn own_fits(&self) -> Vec<PodFit> {
+        // One pass over the pool for the roles: a search per pod would be quadratic at 512 pods.
+        let roles: HashMap<&str, Role> = self
+            .load
+            .pods
+            .iter()
+            .map(|p| (p.addr.as_str(), p.role))
+            .collect();
         let mut out: Vec<PodFit> = self
             .speeds
             .keys()
             .filter_map(|a| {
-                let (cost, samples) = self.own_model(a, self.role_of(a))?;
+                let role = roles.get(a.as_str()).copied().unwrap_or(Role::Aggregated);
+                let (cost, samples) = self.own_model(a, role)?;
                 Some(PodFit {
                     addr: a.clone(),
                     cost,
