@@ -379,7 +379,7 @@ impl MedianScale {
 /// decoding sequence), and each pod learns one number, the mean log ratio of what it took to what
 /// the role's fit predicted: a pool mixing GPU generations is still ranked by what each pod does
 /// (a pod half as fast settles near 2× the others), and equal pods stay within a few percent of
-/// each other.
+/// each other (1.02–1.04× their own estimates on `shared-agent`).
 ///
 /// The mean is decayed like the fits' (`FORGET_SAMPLES`), so a pod that slows down is re-learned
 /// within tens of requests; each ratio is clamped to `OUTLIER_FACTOR` either way, so one request
@@ -617,5 +617,50 @@ mod tests {
         let m = merge(cfg.prior, [(a, 1.0), (b, 3.0), (a, f64::NAN)]);
         assert!((m.us_per_token - 32.5).abs() < 1e-9);
         assert_eq!(merge(cfg.prior, []), cfg.prior);
+    }
+
+    #[test]
+    fn a_pod_speed_follows_the_pod_and_ignores_garbage() {
+        let mut speed = PodSpeed::default();
+        assert_eq!(speed.factor(), 1.0, "an untimed pod is as fast as its role");
+        for _ in 0..200 {
+            speed.observe(100.0, 100.0);
+        }
+        assert!((speed.factor() - 1.0).abs() < 1e-9);
+        // It slows to half speed: half-way (in log) within 44 first bytes, nearly there in 200.
+        for _ in 0..44 {
+            speed.observe(100.0, 200.0);
+        }
+        assert!(
+            (speed.factor() - 2f64.sqrt()).abs() < 0.03,
+            "{}",
+            speed.factor()
+        );
+        for _ in 0..156 {
+            speed.observe(100.0, 200.0);
+        }
+        assert!(
+            speed.factor() > 1.9 && speed.factor() < 2.0,
+            "{}",
+            speed.factor()
+        );
+        // One request that waited a minute moves it by at most the clamp's share.
+        let before = speed.factor();
+        speed.observe(100.0, 60_000.0);
+        assert!(
+            speed.factor() / before < 1.05,
+            "{before} → {}",
+            speed.factor()
+        );
+        for (role_ms, observed) in [
+            (f64::NAN, 1.0),
+            (0.0, 1.0),
+            (100.0, -1.0),
+            (100.0, f64::INFINITY),
+        ] {
+            let kept = speed;
+            speed.observe(role_ms, observed);
+            assert_eq!(speed, kept);
+        }
     }
 }
