@@ -75,8 +75,7 @@ impl Default for BlockConfig {
 
 /// The overload guard of the picker (see `crate::scheduler` picker): a pod whose queue (requests
 /// not yet started) is this far above the shortest candidate queue is ranked behind the others
-/// (the SGLang router's
-/// `balance_abs_threshold` / `balance_rel_threshold` shape).
+/// (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold` shape).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OverloadGuard {

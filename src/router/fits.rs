@@ -42,7 +42,8 @@ impl Router {
     /// [`Self::pool_costs`] once and [`Self::cost_in`] per pod (linear in the pool, where this is
     /// linear per pod).
     pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
-        self.cost_in(config, addr, self.role_of(addr), &self.pool_costs())
+        let role = self.role_of(addr).unwrap_or(Role::Aggregated);
+        self.cost_in(config, addr, role, &self.pool_costs())
     }
 
     /// [`Self::cost_of`] with the pool's averages already taken.
@@ -88,12 +89,13 @@ impl Router {
         Some((fit.coefficients().scaled(speed.factor()), speed.samples()))
     }
 
-    fn role_of(&self, addr: &str) -> Role {
+    /// `addr`'s role in the load table (`None`: not a listed pod).
+    fn role_of(&self, addr: &str) -> Option<Role> {
         self.load
             .pods
             .iter()
             .find(|p| p.addr == addr)
-            .map_or(Role::Aggregated, |p| p.role)
+            .map(|p| p.role)
     }
 
     /// `addr`'s model from every VM's samples, and how many samples that is.
@@ -120,12 +122,7 @@ impl Router {
 
     /// Learns from a first byte: the request's features at routing time and how long it took.
     pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
-        let role = self
-            .load
-            .pods
-            .iter()
-            .find(|p| p.addr == first.addr)
-            .map(|p| p.role);
+        let role = self.role_of(&first.addr);
         if let Some(scale) = role.and_then(|r| self.ttft_scale.get_mut(role_index(r))) {
             scale.observe(first.predicted_ms, observed_ms);
         }

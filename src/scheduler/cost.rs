@@ -164,6 +164,9 @@ impl CostConfig {
 }
 
 impl CostFit {
+    /// A fit with a pod's memory (`FORGET_SAMPLES`): what the tests below exercise the regression
+    /// with; routing keeps one per role ([`CostFit::for_role`]).
+    #[cfg(test)]
     pub fn new(config: &CostConfig) -> CostFit {
         CostFit::remembering(config, FORGET_SAMPLES)
     }
