@@ -40,7 +40,7 @@ use kvroute::state::messages::{Message, Observation, Page};
 use kvroute::state::QUEUE_ID_KEY;
 use kvroute::vm::discovery;
 use kvroute::vm::leader::{Leader, PollResult};
-use kvroute::vm::prom::{self, PodMetrics};
+use kvroute::vm::prom::{self, GatewayShare, PodMetrics};
 use serde_json::Value;
 
 /// The most a request body costs to parse, per input byte: the rendered prompt (reserved at the
@@ -218,7 +218,12 @@ pub fn prom(data: &[u8]) {
     let config = aggregated_config();
     let mut leader = Leader::new(&config);
     let now = 1_000_000;
-    assert!(leader.on_poll(PODS[0], PollResult::Answered(200, data), now));
+    assert!(leader.on_poll(
+        PODS[0],
+        PollResult::Answered(200, data),
+        GatewayShare::default(),
+        now
+    ));
     let table = leader.table(now);
     let decoded = LoadTable::decode(&table.encode()).expect("the leader's table reads back");
     assert_eq!(decoded, table);
@@ -347,6 +352,10 @@ fn gen_metrics(g: &mut Gen) -> PodMetrics {
         num_gpu_blocks: (g.u8() & 1 == 1).then(|| g.u64()),
         models: (0..g.len(3)).map(|_| g.string(12)).collect(),
         adapters: (0..g.len(2)).map(|_| g.string(12)).collect(),
+        ours: GatewayShare {
+            prefilling: g.number(1e3),
+            inflight: g.number(1e3),
+        },
     }
 }
 
@@ -545,6 +554,7 @@ fn harness_table() -> LoadTable {
         leader.on_poll(
             p,
             PollResult::Answered(200, &harness::vllm_page(1, None)),
+            GatewayShare::default(),
             1000,
         );
     }

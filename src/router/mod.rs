@@ -232,6 +232,7 @@ impl Router {
                     inflight: f64::from(work.inflight),
                     queued_tokens: work.prefill_tokens as f64 - head_progress(&work, &cost, now_ms),
                     queued_requests: f64::from(work.prefill_requests),
+                    ours_at_poll: polled.ours,
                     cost,
                     ttft_scale: self.ttft_scale_of(p.role).factor(),
                     itl_ms: self.itl_of(&p.addr),

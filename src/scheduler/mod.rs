@@ -49,6 +49,9 @@ pub struct PodView<'a> {
     /// prefill is queued or running), and how many requests that is.
     pub queued_tokens: f64,
     pub queued_requests: f64,
+    /// This gateway's requests on the pod when it was polled (0 with no poll in use): how much of
+    /// `waiting` and `running` can be ours (`crate::vm::prom::GatewayShare`).
+    pub ours_at_poll: crate::vm::prom::GatewayShare,
     /// The pod's learned first-token cost.
     pub cost: Coefficients,
     /// Its prediction is multiplied by this: its role's calibration to the median

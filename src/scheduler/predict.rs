@@ -8,7 +8,8 @@
 //! * **tokens ahead** — the uncached tokens of the requests this gateway sent the pod that have not
 //!   yet produced their first byte (the work board), plus, for requests the pod reports waiting
 //!   beyond those (another gateway replica's traffic, invisible on our board; no more than the pod
-//!   holds beyond this gateway's requests in flight there), the typical request size. Hot-spot
+//!   holds beyond this gateway's requests in flight there, ours counted as of the poll as well as
+//!   now), the typical request size. Hot-spot
 //!   avoidance is this term: a hot prefix's holder fills up until recomputing the prefix on
 //!   another pod is faster than waiting, and then the prefix is replicated there.
 //!   The queue's head is already being computed: since the board's `head_since_ms` the pod has
@@ -55,12 +56,15 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         request.tokens_per_block,
     );
     // Requests the pod reports waiting beyond this gateway's own unstarted ones, but only as many
-    // as the pod holds that this gateway did not send: the poll is up to an interval old, and a
-    // request of ours that started since still counts as waiting there (at the bench's time scale
-    // a 100 ms poll is 2 s of simulated prefill), which over-predicted the busiest pods by whole
-    // typical requests.
-    let foreign = (pod.waiting + pod.running - pod.inflight).max(0.0);
-    let unseen_waiting = (pod.waiting - pod.queued_requests).max(0.0).min(foreign);
+    // as the pod holds that this gateway did not send. The poll is up to an interval old (at the
+    // bench's time scale a 100 ms poll is 2 s of simulated prefill), so ours are counted as of
+    // when it was sent as well as now, whichever is more: a request of ours that was waiting then
+    // and has started or finished since still counts as waiting on the page. Counting it as
+    // another gateway's over-predicted the busiest pods by whole typical requests.
+    let ours_waiting = pod.queued_requests.max(pod.ours_at_poll.prefilling);
+    let ours_held = pod.inflight.max(pod.ours_at_poll.inflight);
+    let foreign = (pod.waiting + pod.running - ours_held).max(0.0);
+    let unseen_waiting = (pod.waiting - ours_waiting).max(0.0).min(foreign);
     let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);

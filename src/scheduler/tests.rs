@@ -13,6 +13,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         inflight: 0.0,
         queued_tokens: 0.0,
         queued_requests: 0.0,
+        ours_at_poll: Default::default(),
         cost: crate::scheduler::cost::Coefficients::default(),
         ttft_scale: 1.0,
         itl_ms: None,
@@ -226,6 +227,44 @@ fn other_replicas_waiting_requests_count_at_the_typical_size() {
     // Two requests beyond ours: at most two of the waiting ones are another gateway's.
     pods[0].inflight = 8.0;
     assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 2.0 * 512.0);
+}
+
+#[test]
+fn our_requests_that_finished_since_the_poll_are_not_another_gateways() {
+    // The real-Envoy case: a pod runs three streams another client sent it directly; our request
+    // was waiting there when the leader polled, and had finished before the next request came.
+    // The page still says one waiting, the board none.
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=10).collect();
+    let r = request(&hashes);
+    let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
+    pods[0].matched_blocks = 10;
+    pods[0].waiting = 1.0;
+    pods[0].running = 3.0;
+    let r_big = RouteRequest {
+        typical_tokens: 8000.0,
+        ..r.clone()
+    };
+    assert_eq!(
+        predict::predict(&pods[0], &r_big).tokens_ahead,
+        8000.0,
+        "without the share, the finished request is someone else's"
+    );
+    assert_eq!(primary(&decide(&cfg, &pods, &r_big)), ADDRS[1]);
+    pods[0].ours_at_poll = crate::vm::prom::GatewayShare {
+        prefilling: 1.0,
+        inflight: 1.0,
+    };
+    assert_eq!(predict::predict(&pods[0], &r_big).tokens_ahead, 0.0);
+    assert_eq!(primary(&decide(&cfg, &pods, &r_big)), ADDRS[0]);
+    // Another gateway's waiting request beside ours still counts, once.
+    pods[0].waiting = 2.0;
+    assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 512.0);
+    // Ours routed since the poll are on the board, not on the page: the larger count is used.
+    pods[0].queued_requests = 2.0;
+    pods[0].queued_tokens = 300.0;
+    pods[0].inflight = 2.0;
+    assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 300.0);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use crate::config::{Config, Members, Role};
 use crate::health::{PassiveHealth, Tally};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::vm::models::{self, ServedModel};
-use crate::vm::prom::{self, PodMetrics};
+use crate::vm::prom::{self, GatewayShare, PodMetrics};
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -140,8 +140,15 @@ impl Leader {
         addrs
     }
 
-    /// Applies a poll's outcome; `true` when it brought fresh metrics.
-    pub fn on_poll(&mut self, addr: &str, result: PollResult<'_>, now_ms: u64) -> bool {
+    /// Applies a poll's outcome, `ours` being this gateway's requests on the pod when the poll was
+    /// sent; `true` when it brought fresh metrics.
+    pub fn on_poll(
+        &mut self,
+        addr: &str,
+        result: PollResult<'_>,
+        ours: GatewayShare,
+        now_ms: u64,
+    ) -> bool {
         let Some(record) = self.pods.get_mut(addr) else {
             return false;
         };
@@ -158,7 +165,7 @@ impl Leader {
         record.late = false;
         match parsed {
             Some(metrics) => {
-                record.metrics = metrics;
+                record.metrics = PodMetrics { ours, ..metrics };
                 record.metrics_at_ms = now_ms;
                 record.failing = false;
                 true
@@ -297,17 +304,37 @@ mod tests {
         let mut l = Leader::new(&cfg);
         assert_eq!(l.poll_due(&cfg, 1000).len(), 2);
         assert!(l.poll_due(&cfg, 1100).is_empty(), "not before the interval");
-        assert!(l.on_poll("10.0.0.1:1", PollResult::Answered(200, PAGE), 1000));
-        assert!(!l.on_poll("10.0.0.2:1", PollResult::Answered(200, b"garbage"), 1000));
+        assert!(l.on_poll(
+            "10.0.0.1:1",
+            PollResult::Answered(200, PAGE),
+            GatewayShare::default(),
+            1000
+        ));
+        assert!(!l.on_poll(
+            "10.0.0.2:1",
+            PollResult::Answered(200, b"garbage"),
+            GatewayShare::default(),
+            1000
+        ));
         assert!(
-            !l.on_poll("9.9.9.9:1", PollResult::Failed, 1000),
+            !l.on_poll(
+                "9.9.9.9:1",
+                PollResult::Failed,
+                GatewayShare::default(),
+                1000
+            ),
             "unknown pods are ignored"
         );
         let t = l.table(1000);
         assert_eq!(t.pods.len(), 2);
         assert!(t.pods[0].is_fresh(1000, 2000) && t.pods[0].metrics.running == 2.0);
         assert!(!t.pods[1].is_fresh(1000, 2000) && t.pods[1].failing);
-        l.on_poll("10.0.0.1:1", PollResult::TimedOut, 1200);
+        l.on_poll(
+            "10.0.0.1:1",
+            PollResult::TimedOut,
+            GatewayShare::default(),
+            1200,
+        );
         let late = l.table(1200);
         assert!(
             late.pods[0].late && !late.pods[0].failing,
@@ -317,7 +344,12 @@ mod tests {
             late.pods[0].metrics.running, 2.0,
             "the last figures are kept"
         );
-        l.on_poll("10.0.0.1:1", PollResult::Failed, 1300);
+        l.on_poll(
+            "10.0.0.1:1",
+            PollResult::Failed,
+            GatewayShare::default(),
+            1300,
+        );
         let t2 = l.table(1300);
         assert!(t2.pods[0].failing && !t2.pods[0].late, "a refused poll is");
         assert!(t2.version > t.version);
@@ -334,7 +366,12 @@ mod tests {
         let list = br#"{"data":[{"id":"base","root":"org/base"},{"id":"lora-a","parent":"base"}]}"#;
         assert!(l.on_models("10.0.0.1:1", PollResult::Answered(200, list)));
         assert!(!l.on_models("10.0.0.2:1", PollResult::Answered(404, b"{}")));
-        assert!(l.on_poll("10.0.0.1:1", PollResult::Answered(200, PAGE), 1000));
+        assert!(l.on_poll(
+            "10.0.0.1:1",
+            PollResult::Answered(200, PAGE),
+            GatewayShare::default(),
+            1000
+        ));
         let t = l.table(1000);
         assert_eq!(t.pods[0].serves, vec!["base", "lora-a"]);
         assert!(t.pods[1].serves.is_empty(), "unknown: any model");

@@ -31,6 +31,7 @@ use crate::state::{
     QUEUE_ID_KEY, QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use crate::vm::leader::{Leader, PollResult};
+use crate::vm::prom::GatewayShare;
 use hashbrown::HashMap;
 
 /// Queue messages the leader handles per tick at most, so one tick never stalls its worker.
@@ -95,8 +96,8 @@ enum Change {
 struct LeaderState {
     book: Leader,
     queue: u32,
-    /// Polls under way: their pod and when they were sent.
-    polls: HashMap<u32, (String, u64)>,
+    /// Polls under way: their pod, when they were sent and this gateway's requests on the pod then.
+    polls: HashMap<u32, (String, u64, GatewayShare)>,
     /// `/v1/models` reads under way, by call token.
     model_polls: HashMap<u32, String>,
     admin_call: Option<u32>,
@@ -462,8 +463,14 @@ impl Vm {
             }
         }
         let polling: hashbrown::HashSet<String> =
-            st.polls.values().map(|(a, _)| a.clone()).collect();
-        for addr in st.book.poll_due(&self.config, now) {
+            st.polls.values().map(|(a, _, _)| a.clone()).collect();
+        let due = st.book.poll_due(&self.config, now);
+        if !due.is_empty() {
+            // Each poll is read against what this gateway had on the pod when it was sent (see
+            // `GatewayShare`): the other VMs' rows as of now, one shared-data read per round.
+            self.read_inflight_board(host, now);
+        }
+        for addr in due {
             if polling.contains(&addr) {
                 // The previous poll of this pod has not answered yet: polls never pile up on a
                 // slow pod; it is polled again once that one answers or times out.
@@ -478,10 +485,16 @@ impl Vm {
                 self.timeout(),
             ) {
                 Some(token) => {
-                    st.polls.insert(token, (addr, now));
+                    let work = self.router.work(&addr);
+                    let ours = GatewayShare {
+                        prefilling: f64::from(work.prefill_requests),
+                        inflight: f64::from(work.inflight),
+                    };
+                    st.polls.insert(token, (addr, now, ours));
                 }
                 None => {
-                    st.book.on_poll(&addr, PollResult::Failed, now);
+                    st.book
+                        .on_poll(&addr, PollResult::Failed, GatewayShare::default(), now);
                     host.count(Counter::PollFailures, 1);
                 }
             }
@@ -818,7 +831,7 @@ impl Vm {
             if !st.book.on_models(&addr, result) {
                 log::debug!("kvroute: {addr} /v1/models unreadable (status {status}); its metrics' model label alone names it");
             }
-        } else if let Some((addr, sent_ms)) = st.polls.remove(&token) {
+        } else if let Some((addr, sent_ms, ours)) = st.polls.remove(&token) {
             let timeout = self.config.poll_timeout_ms;
             // Envoy answers a call that timed out with its own 504 (and a refused or reset one
             // with a 503, at once): only the time it took tells a late pod from a failing one.
@@ -829,7 +842,7 @@ impl Vm {
                 _ => PollResult::Answered(status, body),
             };
             let late = matches!(result, PollResult::TimedOut);
-            let fresh = st.book.on_poll(&addr, result, now);
+            let fresh = st.book.on_poll(&addr, result, ours, now);
             if late {
                 host.count(Counter::PollsLate, 1);
                 log::debug!("kvroute: poll of {addr} timed out: its figures are stale");

@@ -31,6 +31,31 @@ pub struct PodMetrics {
     /// LoRA adapters running or waiting, per the newest `vllm:lora_requests_info` sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<String>,
+    /// Not read off the page: this gateway's own requests on the pod when the leader sent the
+    /// poll, the most of `waiting` and `running` that can be ours (see [`GatewayShare`]).
+    #[serde(default, skip_serializing_if = "GatewayShare::is_none")]
+    pub ours: GatewayShare,
+}
+
+/// This gateway's requests on a pod when its poll was sent (every worker VM's, from the work
+/// board). A poll answers up to an interval after it was sent and is used for an interval after
+/// that; a request of ours that was waiting when the pod was asked may have started, or finished,
+/// since, and then the board no longer counts it while the page still does. Without the share such
+/// a request looked like another gateway's unseen work: a pod that had just served our long prompt
+/// was predicted a whole typical request busier (the holder of a prefix lost it to an idle pod in
+/// the real-Envoy test `tiktoken_mode_routes_like_chars_mode`, 1 run in about 60).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GatewayShare {
+    /// Requests before their first byte (waiting, or prefilling: vLLM counts those as running).
+    pub prefilling: f64,
+    /// Requests not finished.
+    pub inflight: f64,
+}
+
+impl GatewayShare {
+    fn is_none(&self) -> bool {
+        *self == GatewayShare::default()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
