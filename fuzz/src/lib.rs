@@ -614,7 +614,7 @@ pub fn work_board(data: &[u8]) {
     let config = aggregated_config();
     let mut router = Router::new();
     router.apply_load_table(&config, harness_table());
-    router.set_others_work(decoded.others(0, now, 3000));
+    router.set_others_work(decoded.others(0, now, 3000), now);
     let _ = route_some_prompt(&router, &config, 1000);
 }
 

@@ -207,7 +207,7 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
     let id = vm1.prefill_start(&first, 100, None);
     board.put_row(1, 100, &vm1.own_work(), 3000);
     vm2.inflight_start("a:1");
-    vm2.set_others_work(board.others(2, 100, 3000));
+    vm2.set_others_work(board.others(2, 100, 3000), 100);
     let w = vm2.work("a:1");
     assert_eq!(
         (w.inflight, w.prefill_tokens, w.prefill_requests),
@@ -225,6 +225,73 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
     vm1.inflight_end("a:1");
     vm1.inflight_end("a:1");
     assert!(vm1.own_work().is_empty(), "finished requests leave the row");
+}
+
+#[test]
+fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
+    use crate::state::inflight::Board;
+    let cfg = Config::default();
+    let (mut vm1, mut vm2) = (Router::new(), Router::new());
+    for r in [&mut vm1, &mut vm2] {
+        r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    }
+    let long = |tokens: f64| FirstToken {
+        addr: "a:1".into(),
+        uncached_tokens: tokens,
+        tokens,
+        decoding: 0.0,
+        predicted_ms: 4000.0,
+    };
+    let mut board = Board::default();
+    // vm1's prompt is computed first; vm2's, routed a little later, waits behind it.
+    let first = vm1.prefill_start(&long(9000.0), 1000, Some(60_000));
+    board.put_row(1, 1000, &vm1.own_work(), 60_000);
+    let second = vm2.prefill_start(&long(8000.0), 1200, Some(60_000));
+    assert!(!vm2.set_others_work(board.others(2, 1200, 60_000), 1200));
+    board.put_row(2, 1200, &vm2.own_work(), 60_000);
+    // Work stays queued: vm2 reads the board again, nothing moved.
+    assert!(!vm2.set_others_work(board.others(2, 3000, 60_000), 3000));
+    assert_eq!(
+        vm2.work("a:1").head_since_ms,
+        1000,
+        "vm1's prompt is the head"
+    );
+    // vm1's prompt ends at 5000; vm2 reads the board at 5010.
+    assert!(vm1.prefill_done(first, 5000));
+    board.put_row(1, 5000, &vm1.own_work(), 60_000);
+    assert!(
+        vm2.set_others_work(board.others(2, 5010, 60_000), 5010),
+        "vm2's row changed"
+    );
+    let w = vm2.work("a:1");
+    assert_eq!((w.head_since_ms, w.head_tokens), (5010, 8000));
+    // Computing since 5010, not since it was routed at 1200 (at the prior's 40 µs per token it
+    // would be long done): 100 ms later most of it is still ahead.
+    let cost = vm2.cost_of(&cfg, "a:1");
+    let ahead = w.prefill_tokens as f64 - crate::scheduler::predict::head_progress(&w, &cost, 5110);
+    assert!(ahead > 5000.0, "{ahead} tokens still ahead");
+    // A prefill routed by another VM is not an end.
+    let behind = vm1.prefill_start(&long(500.0), 5020, Some(60_000));
+    board.put_row(1, 5020, &vm1.own_work(), 60_000);
+    assert!(!vm1.set_others_work(board.others(1, 5020, 60_000), 5020));
+    assert!(!vm2.set_others_work(board.others(2, 5030, 60_000), 5030));
+    // vm2's prompt ends; vm1's moves on, and vm1 moving on (its start, not its tokens) does not
+    // echo back to a prefill vm2 routed meanwhile.
+    assert!(vm2.prefill_done(second, 8000));
+    vm2.prefill_start(&long(700.0), 8005, Some(60_000));
+    board.put_row(2, 8005, &vm2.own_work(), 60_000);
+    assert!(vm1.set_others_work(board.others(1, 8010, 60_000), 8010));
+    board.put_row(1, 8010, &vm1.own_work(), 60_000);
+    assert_eq!(
+        vm1.work("a:1").head_since_ms,
+        8005,
+        "vm2's new one is older"
+    );
+    assert!(!vm2.set_others_work(board.others(2, 8020, 60_000), 8020));
+    let own = vm2.own_work();
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].1.head_since_ms, 8005);
+    assert!(vm1.prefill_done(behind, 9000));
 }
 
 #[test]

@@ -138,8 +138,38 @@ impl Router {
         out
     }
 
-    /// Adopts the other VMs' work read from the board.
-    pub fn set_others_work(&mut self, others: HashMap<String, PodWork>) {
+    /// Adopts the other VMs' work read from the board at `now_ms`; returns whether this VM's own
+    /// prefills moved on (its row changed).
+    ///
+    /// A prefill another VM routed that ended on a pod where this VM has prefills queued ended
+    /// for them too: they can have been computing only since then, as when one of this VM's own
+    /// ends (`pending_moved_on`). Without this, a request queued behind another worker's counted
+    /// as computing since it was routed, and the board's head (the earliest) was taken as done
+    /// seconds early: on `make bench-pd`'s interference scenario a prefill pod halfway through a
+    /// 9,000-token prompt was predicted idle and given the next long prompt as well. The signal
+    /// is the others' prefill count on the pod falling, or their head becoming another request
+    /// (other tokens); not their head's start moving, which is their own moving on and would
+    /// echo between VMs. It is seen at this VM's next board read (every routed request and every
+    /// tick), so the start is late by up to that, which counts the work ahead as more, not less.
+    pub fn set_others_work(&mut self, others: HashMap<String, PodWork>, now_ms: u64) -> bool {
+        let mut moved = false;
+        for (addr, before) in &self.others_work {
+            let after = others.get(addr).copied().unwrap_or_default();
+            let ended = after.prefill_requests < before.prefill_requests
+                || (before.head_tokens > 0 && after.head_tokens != before.head_tokens);
+            if ended
+                && self
+                    .pending
+                    .iter()
+                    .any(|p| p.addr == *addr && p.since_ms < now_ms)
+            {
+                for p in self.pending.iter_mut().filter(|p| p.addr == *addr) {
+                    p.since_ms = p.since_ms.max(now_ms);
+                }
+                moved = true;
+            }
+        }
         self.others_work = others;
+        moved
     }
 }

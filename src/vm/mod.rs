@@ -697,8 +697,12 @@ impl Vm {
     /// the board and its compare-and-swap token for a write.
     pub fn read_inflight_board(&mut self, host: &mut dyn Host, now: u64) -> (Board, Option<u32>) {
         let (board, cas) = read_board(host);
-        self.router
-            .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS));
+        if self
+            .router
+            .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS), now)
+        {
+            self.row_write_pending = true;
+        }
         (board, cas)
     }
 
@@ -746,13 +750,15 @@ impl Vm {
     ) {
         let own = self.router.own_work();
         let (id, router) = (self.id, &mut self.router);
+        // A re-read that moves this VM's own prefills on leaves the row just written behind.
+        let mut moved = false;
         let written = put_board_row(host, id, now, &own, read, |board| {
-            router.set_others_work(board.others(id, now, INFLIGHT_ROW_TTL_MS))
+            moved |= router.set_others_work(board.others(id, now, INFLIGHT_ROW_TTL_MS), now);
         });
         if written {
             self.last_row_write_ms = now;
         }
-        self.row_write_pending = !written;
+        self.row_write_pending = !written || moved;
     }
 
     /// Adopts the leader's load table if it changed since this VM last read it.
