@@ -9,9 +9,9 @@
 //!   yet produced their first byte (the work board), plus, for requests the pod reports waiting
 //!   beyond those (another gateway replica's traffic, invisible on our board; no more than the pod
 //!   holds beyond this gateway's requests in flight there, ours counted as of the poll as well as
-//!   now), the typical request size. Hot-spot
-//!   avoidance is this term: a hot prefix's holder fills up until recomputing the prefix on
-//!   another pod is faster than waiting, and then the prefix is replicated there.
+//!   now), the typical request size. Hot-spot avoidance is this term: a hot prefix's holder fills
+//!   up until recomputing the prefix on another pod is faster than waiting, and then the prefix is
+//!   replicated there.
 //!   The queue's head is already being computed: since the board's `head_since_ms` the pod has
 //!   spent the time past its fixed overhead on it, at its learned speed, so that much of the head
 //!   ([`head_progress`], at most all of it) is not ahead any more. Counting a nearly finished

@@ -328,6 +328,13 @@ mod tests {
         let t = l.table(1000);
         assert_eq!(t.pods.len(), 2);
         assert!(t.pods[0].is_fresh(1000, 2000) && t.pods[0].metrics.running == 2.0);
+        // What this gateway had on the pod when the poll was sent is published with the figures.
+        let ours = GatewayShare {
+            prefilling: 1.0,
+            inflight: 3.0,
+        };
+        assert!(l.on_poll("10.0.0.1:1", PollResult::Answered(200, PAGE), ours, 1000));
+        assert_eq!(l.table(1000).pods[0].metrics.ours, ours);
         assert!(!t.pods[1].is_fresh(1000, 2000) && t.pods[1].failing);
         l.on_poll(
             "10.0.0.1:1",
