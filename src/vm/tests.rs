@@ -29,6 +29,17 @@ pub fn config(extra: &str) -> Config {
     .unwrap()
 }
 
+/// A prefill of `tokens` uncached tokens on `addr`, with nothing ahead of it, predicted `ms`.
+fn prefill_on(addr: &str, tokens: f64, ms: f64) -> crate::router::FirstToken {
+    crate::router::FirstToken {
+        addr: addr.to_string(),
+        uncached_tokens: tokens,
+        tokens,
+        decoding: 0.0,
+        predicted_ms: ms,
+    }
+}
+
 pub struct Cluster {
     pub store: Rc<RefCell<Store>>,
     pub vms: Vec<(Vm, FakeHost)>,
@@ -319,13 +330,7 @@ fn replicas_learn_each_others_placements_without_echo() {
             hashes: hashes.clone(),
         },
     );
-    let first = crate::router::FirstToken {
-        addr: PODS[0].to_string(),
-        uncached_tokens: 640.0,
-        tokens: 640.0,
-        decoding: 0.0,
-        predicted_ms: 100.0,
-    };
+    let first = prefill_on(PODS[0], 640.0, 100.0);
     let now = host.now_ms();
     let queued = vm.router.prefill_start(&first, now, Some(60_000));
     vm.write_inflight_row(host, now);
@@ -390,5 +395,65 @@ fn replicas_learn_each_others_placements_without_echo() {
             "Envoy {e} asked the other {} times",
             asks[1 - e]
         );
+    }
+}
+
+#[test]
+fn a_poll_is_read_against_the_requests_on_the_pod_when_it_was_sent() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let leader = c.leaders()[0];
+    let worker = 1 - leader;
+    // The other worker has a prefill waiting on the first pod.
+    let (vm, host) = &mut c.vms[worker];
+    let now = host.now_ms();
+    vm.router.inflight_start(PODS[0]);
+    let first = prefill_on(PODS[0], 7000.0, 50.0);
+    let id = vm.router.prefill_start(&first, now, Some(60_000));
+    vm.write_inflight_row(host, now);
+    // The leader sends its polls now ...
+    c.advance_ms(cfg.poll_interval_ms);
+    let (vm, host) = &mut c.vms[leader];
+    let now = host.now_ms();
+    vm.tick(host, now);
+    let polls: Vec<(u32, String)> = host
+        .take_calls()
+        .into_iter()
+        .filter(|(_, call)| call.path == "/metrics")
+        .map(|(token, call)| (token, call.authority))
+        .collect();
+    assert_eq!(polls.len(), 2);
+    // ... the request finishes before the answers come, which still count it as waiting.
+    let (vm, host) = &mut c.vms[worker];
+    let now = host.now_ms();
+    assert!(vm.router.prefill_done(id, now));
+    vm.router.inflight_end(PODS[0]);
+    vm.write_inflight_row(host, now);
+    let (vm, host) = &mut c.vms[leader];
+    let now = host.now_ms();
+    for (token, _) in &polls {
+        vm.on_call_response(host, *token, 200, &metrics("m", 1), now);
+    }
+    c.advance_ms(10);
+    c.tick();
+    for (vm, _) in &c.vms {
+        let table = vm.router.load_table();
+        let ours = |addr: &str| {
+            table
+                .pods
+                .iter()
+                .find(|p| p.addr == addr)
+                .map(|p| p.metrics.ours)
+        };
+        assert_eq!(
+            ours(PODS[0]),
+            Some(crate::vm::prom::GatewayShare {
+                prefilling: 1.0,
+                inflight: 1.0,
+            }),
+            "ours when the poll was sent, though finished since"
+        );
+        assert_eq!(ours(PODS[1]), Some(Default::default()));
     }
 }
