@@ -152,24 +152,22 @@ impl Router {
     /// echo between VMs. It is seen at this VM's next board read (every routed request and every
     /// tick), so the start is late by up to that, which counts the work ahead as more, not less.
     pub fn set_others_work(&mut self, others: HashMap<String, PodWork>, now_ms: u64) -> bool {
+        let before = std::mem::replace(&mut self.others_work, others);
         let mut moved = false;
-        for (addr, before) in &self.others_work {
-            let after = others.get(addr).copied().unwrap_or_default();
-            let ended = after.prefill_requests < before.prefill_requests
-                || (before.head_tokens > 0 && after.head_tokens != before.head_tokens);
+        for (addr, was) in &before {
+            let now = self.others_work.get(addr).copied().unwrap_or_default();
+            let ended = now.prefill_requests < was.prefill_requests
+                || (was.head_tokens > 0 && now.head_tokens != was.head_tokens);
             if ended
                 && self
                     .pending
                     .iter()
                     .any(|p| p.addr == *addr && p.since_ms < now_ms)
             {
-                for p in self.pending.iter_mut().filter(|p| p.addr == *addr) {
-                    p.since_ms = p.since_ms.max(now_ms);
-                }
+                self.pending_moved_on(addr, now_ms);
                 moved = true;
             }
         }
-        self.others_work = others;
         moved
     }
 }
