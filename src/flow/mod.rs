@@ -225,6 +225,9 @@ pub struct RequestFlow {
     /// prefill pod's answer, and that pod.
     prefill_original: Option<Vec<u8>>,
     prefill_pod: Option<String>,
+    /// Sidecar P/D: the request was sent to its decode pod with a prefiller, whose part is over
+    /// when the decode pod's response headers come (see [`Self::on_response_headers`]).
+    sidecar_split: bool,
     awaiting: Option<Awaiting>,
     /// The response's status, once its headers came.
     status: Option<u32>,
@@ -596,6 +599,7 @@ impl RequestFlow {
             _ => {
                 host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
                 route.prefiller = Some(prefill_addr);
+                self.sidecar_split = true;
             }
         }
         BodyOutcome::Route(route)
@@ -670,14 +674,7 @@ impl RequestFlow {
         status: u32,
         body: &[u8],
     ) -> PrefillOutcome {
-        // The prefill pod's part is over: its work leaves the board now, while the sample still
-        // waits for the client's first byte (the split path's whole time is learned).
-        if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
-            let now = host.now_ms();
-            if vm.router.prefill_done(id, now) {
-                vm.write_inflight_row(host, now);
-            }
-        }
+        self.prefill_pod_done(vm, host);
         let Some(original) = self.prefill_original.take() else {
             return PrefillOutcome::Resume(None);
         };
@@ -771,11 +768,32 @@ impl RequestFlow {
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
             self.settle_observations(vm, host);
             self.response_complete = end_of_stream;
+            if std::mem::take(&mut self.sidecar_split) {
+                self.prefill_pod_done(vm, host);
+            }
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
             }
         }
         self.debug.take().map(|d| (DEBUG, d))
+    }
+
+    /// A split request's prefill pod finished its part: the prefill leaves the board now, while the
+    /// sample still waits for the client's first byte (the split path's whole time is learned).
+    ///
+    /// Inline, that is the prefill call's answer. In sidecar mode kvroute never sees the prefill
+    /// call; the decode pod's response headers are the first sign: the sidecar sends the decode
+    /// request only once the prefiller answered (llm-d's routing sidecar; kvsim does the same), and
+    /// the KV pull and the first decode step follow. Waiting for the first byte instead kept a
+    /// finished prompt on the prefill pod's queue for the length of its transfer, and the prompts
+    /// behind it counted as started that much later: the pod looked busier than it was.
+    fn prefill_pod_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
+            let now = host.now_ms();
+            if vm.router.prefill_done(id, now) {
+                vm.write_inflight_row(host, now);
+            }
+        }
     }
 
     /// A 2xx makes what the index learned final; anything else withdraws it.

@@ -228,6 +228,35 @@ fn sidecar_mode_names_the_prefiller() {
     assert!(route.prefill_call.is_none());
 }
 
+#[test]
+fn a_sidecar_prefill_leaves_the_prefill_pod_at_the_decode_pods_headers_and_teaches_at_its_first_byte(
+) {
+    let mut c = pd_cluster("sidecar");
+    let (mut flow, outcome) = send(&mut c, 0, &[], &chat_body("m", &"context ".repeat(3000)));
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(route.prefiller.as_deref(), Some(PODS[0]));
+    let (vm, host) = &mut c.vms[0];
+    assert_eq!(vm.router.work(PODS[0]).prefill_requests, 1, "queued");
+    host.advance_ms(300);
+    // The sidecar sends the decode request once the prefiller answered: its headers end the
+    // prefill pod's part, while the KV pull and the first token are still to come.
+    assert_eq!(flow.on_response_headers(vm, host, Some("200"), false), None);
+    assert_eq!(vm.router.work(PODS[0]).prefill_requests, 0, "prefill over");
+    assert_eq!(vm.router.fit_samples(PODS[0]), 0.0, "not learned yet");
+    host.advance_ms(80);
+    flow.on_response_body(vm, host, 40, None, false);
+    assert_eq!(
+        host.histogram_samples(Histogram::TtftMs),
+        vec![380],
+        "the split path's whole time, routing to first byte"
+    );
+    assert!(vm.router.fit_samples(PODS[0]) > 0.0);
+    flow.on_done(vm, host, None, None);
+    assert_eq!(vm.router.work(PODS[1]).inflight, 0);
+}
+
 /// A poll's answer: status (0: none), body, and how long after the poll it came.
 type PollAnswer = (u32, Vec<u8>, u64);
 
