@@ -78,9 +78,17 @@ pub fn debug_line(
             let each: Vec<String> = pd
                 .prefill_predictions
                 .iter()
-                .map(|(addr, ms)| format!("{addr}/{ms:.1}"))
+                .map(|(addr, p)| format!("{addr}/{:.1}", p.ttft_ms))
                 .collect();
             let _ = write!(line, "; prefill_predictions={}", each.join(","));
+            // The work each was predicted to finish first: a ranking that looks wrong is usually
+            // a queue estimate that was.
+            let ahead: Vec<String> = pd
+                .prefill_predictions
+                .iter()
+                .map(|(addr, p)| format!("{addr}/{:.0}", p.tokens_ahead))
+                .collect();
+            let _ = write!(line, "; prefill_tokens_ahead={}", ahead.join(","));
         }
     }
     line

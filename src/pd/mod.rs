@@ -30,7 +30,7 @@ pub mod inline;
 
 use crate::config::{Config, Role};
 use crate::router::{Blocks, Router};
-use crate::scheduler::{Choice, Decision, Hints};
+use crate::scheduler::{Choice, Decision, Hints, Prediction};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -116,9 +116,9 @@ pub struct PdPlan {
     /// predicted TTFT (absent without a prefill pod).
     pub local_cost_ms: f64,
     pub split_cost_ms: Option<f64>,
-    /// Every prefill candidate's predicted TTFT, in rank order, for the debug line (empty unless
+    /// Every prefill candidate's prediction, in rank order, for the debug line (empty unless
     /// `debug_header` is on: why this prefill pod and not another).
-    pub prefill_predictions: Vec<(String, f64)>,
+    pub prefill_predictions: Vec<(String, Prediction)>,
 }
 
 /// Whether and where to prefill a request whose decode pod is `decode` (see the module header).
@@ -155,7 +155,7 @@ pub fn plan_split(
             if config.debug_header {
                 prefill_predictions = ranked
                     .iter()
-                    .map(|c| (c.addr.clone(), c.prediction.ttft_ms))
+                    .map(|c| (c.addr.clone(), c.prediction))
                     .collect();
             }
             ranked.into_iter().next()

@@ -217,5 +217,5 @@ fn the_debug_line_lists_every_prefill_candidate_only_when_asked() {
         pd.prefill.as_ref().map(|c| c.addr.as_str()),
         "the chosen one first"
     );
-    assert_eq!(pd.split_cost_ms, Some(pd.prefill_predictions[0].1));
+    assert_eq!(pd.split_cost_ms, Some(pd.prefill_predictions[0].1.ttft_ms));
 }
