@@ -4,7 +4,7 @@
 
 use super::{FirstToken, Router};
 use crate::config::{Config, Role};
-use crate::scheduler::cost::{self, Coefficients, CostFit};
+use crate::scheduler::cost::{self, Coefficients, CostFit, RoleSpeeds};
 use crate::state::fits::PodFit;
 use hashbrown::HashMap;
 
@@ -86,7 +86,11 @@ impl Router {
     fn own_model(&self, addr: &str, role: Role) -> Option<(Coefficients, f64)> {
         let speed = self.speeds.get(addr)?;
         let fit = self.role_fits.get(role_index(role))?.as_ref()?;
-        Some((fit.coefficients().scaled(speed.factor()), speed.samples()))
+        let factor = self
+            .role_speeds
+            .get(role_index(role))
+            .map_or(speed.factor(), |r| r.factor(speed));
+        Some((fit.coefficients().scaled(factor), speed.samples()))
     }
 
     /// `addr`'s role in the load table (`None`: not a listed pod).
@@ -140,6 +144,16 @@ impl Router {
             .entry_ref(first.addr.as_str())
             .or_default()
             .observe(role_ms, observed_ms);
+        let of_role = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| p.role == role)
+            .filter_map(|p| self.speeds.get(&p.addr));
+        let speeds = RoleSpeeds::of(of_role);
+        if let Some(slot) = self.role_speeds.get_mut(role_index(role)) {
+            *slot = speeds;
+        }
     }
 
     /// `addr`'s inter-token latency: the mean of what this VM and the others timed.

@@ -49,6 +49,8 @@ pub struct Router {
     role_fits: [Option<CostFit>; 3],
     /// Each pod's speed against its role's fit, from this VM's requests.
     speeds: HashMap<String, crate::scheduler::cost::PodSpeed>,
+    /// Per role, how its pods' speeds spread beyond their noise (see `cost::RoleSpeeds`).
+    role_speeds: [crate::scheduler::cost::RoleSpeeds; 3],
     /// Every other VM's fits, from the fits board.
     others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of the uncached tokens of the requests this VM routed.

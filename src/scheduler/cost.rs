@@ -392,6 +392,9 @@ impl MedianScale {
 pub struct PodSpeed {
     /// Σ w·ln(observed / role-predicted), decayed.
     log_ratio_sum: f64,
+    /// Σ w·ln(…)² and Σ w², for the standard error of the mean.
+    log_ratio_sq_sum: f64,
+    weight_sq_sum: f64,
     /// Σ w: the effective number of samples.
     samples: f64,
 }
@@ -402,7 +405,24 @@ const SPEED_PRIOR_SAMPLES: f64 = 2.0;
 impl PodSpeed {
     /// What the role's prediction is multiplied by for this pod.
     pub fn factor(&self) -> f64 {
-        (self.log_ratio_sum / (self.samples + SPEED_PRIOR_SAMPLES)).exp()
+        self.log_mean().exp()
+    }
+
+    /// The mean log ratio, drawn toward 0 by the prior's samples.
+    pub fn log_mean(&self) -> f64 {
+        self.log_ratio_sum / (self.samples + SPEED_PRIOR_SAMPLES)
+    }
+
+    /// The squared standard error of [`Self::log_mean`]: the log ratios' variance over the
+    /// effective number of samples behind a decayed mean.
+    pub fn log_mean_variance(&self) -> f64 {
+        if self.samples <= 0.0 {
+            return 0.0;
+        }
+        let mean = self.log_ratio_sum / self.samples;
+        let variance = (self.log_ratio_sq_sum / self.samples - mean * mean).max(0.0);
+        let weight = self.samples + SPEED_PRIOR_SAMPLES;
+        variance * self.weight_sq_sum / (weight * weight)
     }
 
     /// Effective samples behind the factor (decayed).
@@ -420,8 +440,84 @@ impl PodSpeed {
         // A first byte at 0 ms is as fast as the clamp allows, not minus infinity.
         let ratio = (observed_ms.max(f64::MIN_POSITIVE) / role_ms).ln();
         let keep = 1.0 - 1.0 / FORGET_SAMPLES;
-        self.log_ratio_sum = self.log_ratio_sum * keep + ratio.clamp(-bound, bound);
+        let ratio = ratio.clamp(-bound, bound);
+        self.log_ratio_sum = self.log_ratio_sum * keep + ratio;
+        self.log_ratio_sq_sum = self.log_ratio_sq_sum * keep + ratio * ratio;
+        self.weight_sq_sum = self.weight_sq_sum * keep * keep + 1.0;
         self.samples = self.samples * keep + 1.0;
+    }
+}
+
+/// How a role's pods' speeds spread beyond their own noise, for [`RoleSpeeds::factor`].
+///
+/// Empirical Bayes (positive-part James–Stein): each pod's mean log ratio is its speed plus noise
+/// of a known variance (its standard error); the spread of the pods' means beyond that noise is the
+/// spread of their real speeds. A pod's factor is drawn toward the role's level by the share of its
+/// departure that noise would explain: equal pods, whose means differ by no more than their noise,
+/// share the role's level; a pod half as fast stands out at once. Without it, two equal prefill
+/// pods' factors moved apart with their recent mix of short and long prompts (log ratios' spread
+/// 0.65–0.8 for the short ones, 0.15–0.2 for the long), and with them the predicted wait for the
+/// next long prompt by hundreds of ms: on `make bench-pd`'s interference scenario a build with no
+/// speed factor at all came 1–5% lower in p90 TTFT on each of seeds 1–3 and both modes. With this,
+/// inline mode's p90 against `selective >512` went from 1.04 / 1.07 / 1.04× to 1.02 / 1.03 / 1.00×
+/// (sidecar 1.01 / 1.02 / 0.96× to 1.02 / 0.98 / 1.00×), and kvroute alone on `unequal-pool`,
+/// `multi-tenant`, `multi-tenant-stall` and `shared-agent` stayed within its seed-to-seed noise.
+///
+/// One spread for the whole role: a pool with one slow pod has a large spread, and its equal pods
+/// are then hardly drawn together (the slow pod's departure is kept, which matters more).
+/// Tried before this: a ratio of totals (each first token weighted by its predicted time), which
+/// left a pod's speed to the few long requests in its memory (`multi-tenant` seed 2: p90 378 and
+/// 387 ms in two runs of three, against 162–169), and subtracting the role's size shape (a line of
+/// log ratio against log prediction), no better than nothing on interference.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RoleSpeeds {
+    /// The sample-weighted mean of the pods' mean log ratios.
+    level: f64,
+    /// The variance of the pods' real speeds (log), beyond their noise; 0: all alike.
+    spread: f64,
+    /// At least two pods were timed (else each pod's own factor stands).
+    compared: bool,
+}
+
+impl RoleSpeeds {
+    /// From the speeds of one role's pods.
+    pub fn of<'a>(speeds: impl IntoIterator<Item = &'a PodSpeed>) -> RoleSpeeds {
+        let timed: Vec<&PodSpeed> = speeds.into_iter().filter(|s| s.samples > 0.0).collect();
+        let weight: f64 = timed.iter().map(|s| s.samples).sum();
+        if timed.len() < 2 || weight <= 0.0 {
+            return RoleSpeeds::default();
+        }
+        let level = timed.iter().map(|s| s.samples * s.log_mean()).sum::<f64>() / weight;
+        let between = timed
+            .iter()
+            .map(|s| s.samples * (s.log_mean() - level).powi(2))
+            .sum::<f64>()
+            / weight;
+        let noise = timed
+            .iter()
+            .map(|s| s.samples * s.log_mean_variance())
+            .sum::<f64>()
+            / weight;
+        RoleSpeeds {
+            level,
+            spread: (between - noise).max(0.0),
+            compared: true,
+        }
+    }
+
+    /// `speed`'s factor, drawn toward the role's level by its noise.
+    pub fn factor(&self, speed: &PodSpeed) -> f64 {
+        if !self.compared || speed.samples <= 0.0 {
+            // One timed pod, or none: nothing to compare it with.
+            return speed.factor();
+        }
+        let noise = speed.log_mean_variance();
+        let keep = if self.spread + noise > 0.0 {
+            self.spread / (self.spread + noise)
+        } else {
+            1.0
+        };
+        (self.level + (speed.log_mean() - self.level) * keep).exp()
     }
 }
 
@@ -620,6 +716,57 @@ mod tests {
         let m = merge(cfg.prior, [(a, 1.0), (b, 3.0), (a, f64::NAN)]);
         assert!((m.us_per_token - 32.5).abs() < 1e-9);
         assert_eq!(merge(cfg.prior, []), cfg.prior);
+    }
+
+    #[test]
+    fn equal_pods_share_the_roles_speed_and_a_slow_one_stands_out() {
+        // Every pod of the role takes 0.6× its prediction for a short request and 1.2× for a long
+        // one, and each request is short with probability 2/3: equal pods, whose own means move
+        // apart with the luck of their recent mix.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut short = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            !state.is_multiple_of(3)
+        };
+        let mut pods = [PodSpeed::default(); 3];
+        // Mean over the rounds of how far apart (log) the two equal pods are predicted.
+        let (mut own_gap, mut shared_gap, mut rounds) = (0.0, 0.0, 0.0);
+        for round in 0..400 {
+            for (i, pod) in pods.iter_mut().enumerate() {
+                let slow = if i == 2 { 2.0 } else { 1.0 };
+                let observed = if short() { 60.0 } else { 120.0 };
+                pod.observe(100.0, observed * slow);
+            }
+            if round >= 100 {
+                let [a, b, _] = &pods;
+                own_gap += (a.factor() / b.factor()).ln().abs();
+                // The two equal pods as a role of their own.
+                let equal = RoleSpeeds::of([a, b]);
+                shared_gap += (equal.factor(a) / equal.factor(b)).ln().abs();
+                rounds += 1.0;
+                // With the slow one: its departure is real, and kept.
+                let role = RoleSpeeds::of(&pods);
+                let fa = role.factor(a);
+                // The slow pod keeps its own departure (its own mix's luck included).
+                let slow = role.factor(&pods[2]) / fa;
+                let own = pods[2].factor() / a.factor();
+                assert!(
+                    (slow / own - 1.0).abs() < 0.05,
+                    "round {round}: {slow} against {own}"
+                );
+                assert!(slow > 1.6 && slow < 2.5, "round {round}: {slow}");
+            }
+        }
+        let (own_gap, shared_gap) = (own_gap / rounds, shared_gap / rounds);
+        assert!(own_gap > 0.02, "their own means drift apart: {own_gap}");
+        assert!(shared_gap < own_gap / 2.0, "{shared_gap} against {own_gap}");
+        // One pod alone keeps its own factor.
+        assert_eq!(
+            RoleSpeeds::of([&pods[0]]).factor(&pods[0]),
+            pods[0].factor()
+        );
     }
 
     #[test]
