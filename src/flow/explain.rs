@@ -75,19 +75,19 @@ pub fn debug_line(
             );
         }
         if !pd.prefill_predictions.is_empty() {
-            let each: Vec<String> = pd
+            // With the work each was predicted to finish first: a ranking that looks wrong is
+            // usually a queue estimate that was.
+            let (each, ahead): (Vec<String>, Vec<String>) = pd
                 .prefill_predictions
                 .iter()
-                .map(|(addr, p)| format!("{addr}/{:.1}", p.ttft_ms))
-                .collect();
+                .map(|(addr, p)| {
+                    (
+                        format!("{addr}/{:.1}", p.ttft_ms),
+                        format!("{addr}/{:.0}", p.tokens_ahead),
+                    )
+                })
+                .unzip();
             let _ = write!(line, "; prefill_predictions={}", each.join(","));
-            // The work each was predicted to finish first: a ranking that looks wrong is usually
-            // a queue estimate that was.
-            let ahead: Vec<String> = pd
-                .prefill_predictions
-                .iter()
-                .map(|(addr, p)| format!("{addr}/{:.0}", p.tokens_ahead))
-                .collect();
             let _ = write!(line, "; prefill_tokens_ahead={}", ahead.join(","));
         }
     }
