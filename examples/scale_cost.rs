@@ -4,7 +4,8 @@
 //! worker adopts it. Per pool size it prints the leader's cost per tick (issuing the polls, reading
 //! the answers, publishing), the worker's cost to adopt the table, the table's and the page ring's
 //! sizes in shared data, and the cost of one request's decision (hash a 16 KB prompt, plan against
-//! every pod, observe) while one pod holds the prompt's prefix.
+//! every pod, observe) while one pod holds the prompt's prefix, and of learning from one
+//! request's first byte (the pod's speed, once every pod has been timed).
 //!
 //! `cargo run --release --example scale_cost --features testing` (fastest of 30 ticks and of 5
 //! rounds of 1,000 requests). Native
@@ -65,6 +66,7 @@ struct Figures {
     table_bytes: usize,
     shared_bytes: usize,
     decision_us: f64,
+    learn_us: f64,
 }
 
 fn measure(pods: usize) -> Figures {
@@ -172,6 +174,25 @@ fn measure(pods: usize) -> Figures {
         }
         decisions.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
+    // One request's first byte on the worker: learning the pod's speed from it, every pod timed.
+    let mut learns = Vec::new();
+    for round in 0..5 {
+        let n = 1000;
+        let start = Instant::now();
+        for i in 0..n {
+            let addr = &addrs[(round * n + i) % pods];
+            let first = kvroute::router::FirstToken {
+                addr: addr.clone(),
+                uncached_tokens: 3000.0,
+                tokens: 3000.0,
+                decoding: 4.0,
+                predicted_ms: 300.0,
+            };
+            wvm.router
+                .learn(&config, &first, 250.0 + (i % 7) as f64 * 20.0);
+        }
+        learns.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
+    }
     let shared_bytes = store.borrow().data.values().map(|(v, _)| v.len()).sum();
     Figures {
         leader_tick_us: fastest(leader_ticks),
@@ -179,28 +200,31 @@ fn measure(pods: usize) -> Figures {
         table_bytes,
         shared_bytes,
         decision_us: fastest(decisions),
+        learn_us: fastest(learns),
     }
 }
 
 fn main() {
     println!(
-        "{:>5}  {:>16}  {:>14}  {:>11}  {:>17}  {:>18}",
+        "{:>5}  {:>16}  {:>14}  {:>11}  {:>17}  {:>18}  {:>20}",
         "pods",
         "leader µs/tick",
         "adopt µs/tick",
         "table KiB",
         "shared data KiB",
-        "decision µs/req"
+        "decision µs/req",
+        "first byte µs/req"
     );
     for pods in [8, 64, 512] {
         let f = measure(pods);
         println!(
-            "{pods:>5}  {:>16.0}  {:>14.0}  {:>11.1}  {:>17.1}  {:>18.2}",
+            "{pods:>5}  {:>16.0}  {:>14.0}  {:>11.1}  {:>17.1}  {:>18.2}  {:>20.2}",
             f.leader_tick_us,
             f.adopt_us,
             f.table_bytes as f64 / 1024.0,
             f.shared_bytes as f64 / 1024.0,
-            f.decision_us
+            f.decision_us,
+            f.learn_us
         );
     }
     println!(

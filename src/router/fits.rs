@@ -95,11 +95,18 @@ impl Router {
 
     /// `addr`'s role in the load table (`None`: not a listed pod).
     fn role_of(&self, addr: &str) -> Option<Role> {
-        self.load
-            .pods
-            .iter()
-            .find(|p| p.addr == addr)
-            .map(|p| p.role)
+        self.role_by_addr.get(addr).copied()
+    }
+
+    /// How the speeds of `role`'s listed pods spread (see [`RoleSpeeds`]).
+    pub(super) fn role_speeds_of(&self, role: Role) -> RoleSpeeds {
+        RoleSpeeds::of(
+            self.load
+                .pods
+                .iter()
+                .filter(|p| p.role == role)
+                .filter_map(|p| self.speeds.get(&p.addr)),
+        )
     }
 
     /// `addr`'s model from every VM's samples, and how many samples that is.
@@ -144,16 +151,6 @@ impl Router {
             .entry_ref(first.addr.as_str())
             .or_default()
             .observe(role_ms, observed_ms);
-        let of_role = self
-            .load
-            .pods
-            .iter()
-            .filter(|p| p.role == role)
-            .filter_map(|p| self.speeds.get(&p.addr));
-        let speeds = RoleSpeeds::of(of_role);
-        if let Some(slot) = self.role_speeds.get_mut(role_index(role)) {
-            *slot = speeds;
-        }
     }
 
     /// `addr`'s inter-token latency: the mean of what this VM and the others timed.

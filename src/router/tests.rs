@@ -635,3 +635,38 @@ fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
     again.dedup();
     assert_eq!(again.len(), 512);
 }
+
+#[test]
+fn equal_pods_are_drawn_to_their_roles_speed_at_the_next_load_table() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    // Equal pods, first tokens with a wide spread (as short prompts' are): each pod's own mean
+    // moves with its luck.
+    let mut seed = 7u64;
+    for _ in 0..60 {
+        for addr in ["a:1", "b:1"] {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1.4;
+            let first = FirstToken {
+                addr: addr.into(),
+                uncached_tokens: 2000.0,
+                tokens: 2000.0,
+                decoding: 0.0,
+                predicted_ms: 0.0,
+            };
+            r.learn(&cfg, &first, (2.0 + 0.03 * 2000.0) * noise.exp());
+        }
+    }
+    let gap = |r: &Router| {
+        let (a, b) = (r.cost_of(&cfg, "a:1"), r.cost_of(&cfg, "b:1"));
+        (a.us_per_token / b.us_per_token).ln().abs()
+    };
+    let own = gap(&r);
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 200));
+    let shared = gap(&r);
+    assert!(own > 0.02, "the pods' own means differ by luck: {own}");
+    assert!(shared < own / 4.0, "shared {shared} against own {own}");
+}
