@@ -9,7 +9,12 @@
 //! them), median of 5 rounds. Built
 //! for `wasm32-wasip1` it runs under Node (`node --cpu-prof`), whose V8 names the functions the
 //! Envoy build's stripped binary cannot (see the README, "Where the filter's time goes").
-#![allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)] // a measurement tool
+#![allow(
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    clippy::unwrap_used
+)] // a measurement tool
 
 use kvroute::config::Config;
 use kvroute::flow::{BodyOutcome, RequestFlow};
