@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: bench-phases all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
+.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -222,6 +222,11 @@ bench-overhead: build build-tools fonts
 # Where the filter's time goes inside Envoy: each callback timed (`phase_timing`), 16 KB prompts.
 bench-phases: build build-tools
 	tools/phase_profile/run.sh
+
+# Whether the leader's polling of a large pool (512 cheap pods, every 200 ms) shows in request
+# latency: the same Envoy polling every 200 ms against every 60 s.
+bench-polling: build build-tools
+	tools/phase_profile/polling.sh
 
 # The plugin as OCI image layouts (Istio's "compat" Wasm image: one tar+gzip layer holding
 # plugin.wasm), built without Docker: dist/oci/kvroute and, for kvroute-lite.wasm, its own image

@@ -4,7 +4,7 @@
 
 use super::{FirstToken, Router};
 use crate::config::{Config, Role};
-use crate::scheduler::cost::{self, Coefficients, CostFit, RoleSpeeds};
+use crate::scheduler::cost::{self, Coefficients, CostFit, RoleSpeedSums};
 use crate::state::fits::PodFit;
 use hashbrown::HashMap;
 
@@ -98,15 +98,19 @@ impl Router {
         self.role_by_addr.get(addr).copied()
     }
 
-    /// How the speeds of `role`'s listed pods spread (see [`RoleSpeeds`]).
-    pub(super) fn role_speeds_of(&self, role: Role) -> RoleSpeeds {
-        RoleSpeeds::of(
-            self.load
-                .pods
-                .iter()
-                .filter(|p| p.role == role)
-                .filter_map(|p| self.speeds.get(&p.addr)),
-        )
+    /// The speed sums of `role`'s listed pods (see [`RoleSpeedSums`]).
+    pub(super) fn role_speed_sums_of(&self, role: Role) -> RoleSpeedSums {
+        let mut sums = RoleSpeedSums::default();
+        for speed in self
+            .load
+            .pods
+            .iter()
+            .filter(|p| p.role == role)
+            .filter_map(|p| self.speeds.get(&p.addr))
+        {
+            sums.add(speed);
+        }
+        sums
     }
 
     /// `addr`'s model from every VM's samples, and how many samples that is.
@@ -147,10 +151,19 @@ impl Router {
         // The pod is compared with the role's fit as it stood before this sample.
         let role_ms = fit.coefficients().predict_ms(first.tokens, first.decoding);
         fit.observe(&learning, first.tokens, first.decoding, observed_ms);
-        self.speeds
-            .entry_ref(first.addr.as_str())
-            .or_default()
-            .observe(role_ms, observed_ms);
+        let speed = self.speeds.entry_ref(first.addr.as_str()).or_default();
+        let listed = self.role_by_addr.contains_key(first.addr.as_str());
+        let i = role_index(role);
+        if let (true, Some(sums)) = (listed, self.role_speed_sums.get_mut(i)) {
+            sums.remove(speed);
+            speed.observe(role_ms, observed_ms);
+            sums.add(speed);
+            if let Some(slot) = self.role_speeds.get_mut(i) {
+                *slot = sums.speeds();
+            }
+        } else {
+            speed.observe(role_ms, observed_ms);
+        }
     }
 
     /// `addr`'s inter-token latency: the mean of what this VM and the others timed.

@@ -49,11 +49,10 @@ pub struct Router {
     role_fits: [Option<CostFit>; 3],
     /// Each pod's speed against its role's fit, from this VM's requests.
     speeds: HashMap<String, crate::scheduler::cost::PodSpeed>,
-    /// Per role, how its pods' speeds spread beyond their noise (see `cost::RoleSpeeds`), taken
-    /// with each load table rather than at each first byte: a pass over the role's pods per
-    /// request cost 6 µs natively at 512 pods (`examples/scale_cost.rs`), and the role's level
-    /// moves slowly; each pod's own speed still moves with every first byte.
+    /// Per role, how its pods' speeds spread beyond their noise (see `cost::RoleSpeeds`), and the
+    /// sums it is read from: taken whole with each load table, moved by each first byte in O(1).
     role_speeds: [crate::scheduler::cost::RoleSpeeds; 3],
+    role_speed_sums: [crate::scheduler::cost::RoleSpeedSums; 3],
     /// Each listed pod's role, from the load table (a first byte finds its pod's role in O(1)).
     role_by_addr: HashMap<String, Role>,
     /// Every other VM's fits, from the fits board.
@@ -185,8 +184,9 @@ impl Router {
             .map(|p| (p.addr.clone(), p.role))
             .collect();
         self.load = table;
-        self.role_speeds =
-            [Role::Aggregated, Role::Prefill, Role::Decode].map(|role| self.role_speeds_of(role));
+        self.role_speed_sums = [Role::Aggregated, Role::Prefill, Role::Decode]
+            .map(|role| self.role_speed_sums_of(role));
+        self.role_speeds = self.role_speed_sums.map(|sums| sums.speeds());
     }
 
     pub fn route(

@@ -637,7 +637,7 @@ fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
 }
 
 #[test]
-fn equal_pods_are_drawn_to_their_roles_speed_at_the_next_load_table() {
+fn equal_pods_share_their_roles_speed_from_each_first_byte() {
     let cfg = Config::default();
     let mut r = Router::new();
     r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
@@ -660,13 +660,17 @@ fn equal_pods_are_drawn_to_their_roles_speed_at_the_next_load_table() {
             r.learn(&cfg, &first, (2.0 + 0.03 * 2000.0) * noise.exp());
         }
     }
-    let gap = |r: &Router| {
-        let (a, b) = (r.cost_of(&cfg, "a:1"), r.cost_of(&cfg, "b:1"));
-        (a.us_per_token / b.us_per_token).ln().abs()
-    };
-    let own = gap(&r);
-    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 200));
-    let shared = gap(&r);
+    let (a, b) = (r.speeds["a:1"], r.speeds["b:1"]);
+    let own = (a.factor() / b.factor()).ln().abs();
+    let shared = (r.cost_of(&cfg, "a:1").us_per_token / r.cost_of(&cfg, "b:1").us_per_token)
+        .ln()
+        .abs();
     assert!(own > 0.02, "the pods' own means differ by luck: {own}");
     assert!(shared < own / 4.0, "shared {shared} against own {own}");
+    // What the first bytes moved one at a time is what a pass over the pods gives.
+    let whole = r.role_speed_sums_of(Role::Aggregated).speeds();
+    for speed in [&a, &b] {
+        let (moved, taken) = (r.role_speeds[0].factor(speed), whole.factor(speed));
+        assert!((moved - taken).abs() < 1e-9, "{moved} against {taken}");
+    }
 }
