@@ -33,20 +33,22 @@ s=[socket.socket() for _ in range(3)]
 print(*[x.getsockname()[1] for x in s])')
     python3 "$here/envoy_config.py" "$out/sim.json" "$wasm" "$kv_port" "$plain_port" "$admin_port" \
       | sed -e 's/"phase_timing": true/"phase_timing": false/' \
-            -e "s/\"poll_interval_ms\": 200/\"poll_interval_ms\": $poll_ms/" \
+            -e "s/\"poll_interval_ms\": 200/\"poll_interval_ms\": $poll_ms, \"leader_lease_ms\": $((poll_ms * 3))/" \
             -e "s/\"stale_after_ms\": 2000/\"stale_after_ms\": $((poll_ms * 3))/" > "$out/envoy.yaml"
     "$envoy_bin" -c "$out/envoy.yaml" --concurrency 2 --log-level warn > "$out/envoy.log" 2>&1 &
     envoy_pid=$!
     pids+=($envoy_pid)
     for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin_port/ready" && break; sleep 0.2; done
+    kill -0 "$envoy_pid" 2>/dev/null || { echo "Envoy exited:" >&2; tail -15 "$out/envoy.log" >&2; exit 1; }
     sleep 3 # the first polls of every pod, and the load table
     before=$(python3 "$here/main_cpu.py" "$envoy_pid")
     started=$(date +%s.%N)
     result=$(python3 "$here/latency.py" "$kv_port" "$plain_port")
     after=$(python3 "$here/main_cpu.py" "$envoy_pid")
     ended=$(date +%s.%N)
-    routed=$(curl -s "http://127.0.0.1:$admin_port/stats?filter=kvroute.requests_routed_total" \
-      | python3 -c 'import sys; print(sum(int(l.rsplit(" ", 1)[1]) for l in sys.stdin if l.strip()))')
+    routed=$(curl -s "http://127.0.0.1:$admin_port/stats?filter=requests_routed_total" > "$out/routed.txt"; python3 -c '
+import sys
+print(sum(int(l.rsplit(" ", 1)[1]) for l in open(sys.argv[1]) if l.strip()))' "$out/routed.txt")
     main=$(python3 -c "print(f'{($after - $before) / ($ended - $started):.1f}')")
     printf 'round %s  poll %5s ms  %s  routed %s  main CPU %s ms/s\n' \
       "$round" "$poll_ms" "$result" "$routed" "$main"
