@@ -31,10 +31,13 @@ import socket
 s=[socket.socket() for _ in range(3)]
 [x.bind(("127.0.0.1",0)) for x in s]
 print(*[x.getsockname()[1] for x in s])')
+    # The shipped settings at 200 ms; at 60 s the lease and staleness stretched to match.
+    lease_ms=$((poll_ms * 3 > 1500 ? poll_ms * 3 : 1500))
+    stale_ms=$((poll_ms * 3 > 2000 ? poll_ms * 3 : 2000))
     python3 "$here/envoy_config.py" "$out/sim.json" "$wasm" "$kv_port" "$plain_port" "$admin_port" \
       | sed -e 's/"phase_timing": true/"phase_timing": false/' \
-            -e "s/\"poll_interval_ms\": 200/\"poll_interval_ms\": $poll_ms, \"leader_lease_ms\": $((poll_ms * 3))/" \
-            -e "s/\"stale_after_ms\": 2000/\"stale_after_ms\": $((poll_ms * 3))/" > "$out/envoy.yaml"
+            -e "s/\"poll_interval_ms\": 200/\"poll_interval_ms\": $poll_ms, \"leader_lease_ms\": $lease_ms/" \
+            -e "s/\"stale_after_ms\": 2000/\"stale_after_ms\": $stale_ms/" > "$out/envoy.yaml"
     "$envoy_bin" -c "$out/envoy.yaml" --concurrency 2 --log-level warn > "$out/envoy.log" 2>&1 &
     envoy_pid=$!
     pids+=($envoy_pid)
