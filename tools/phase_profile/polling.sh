@@ -9,28 +9,14 @@
 # (where the leader polls) spent per second. Every process is stopped by PID on exit; ports are
 # chosen free at start.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cd "$root"
+source "$(dirname "$0")/common.sh"
 pods=${PODS:-512}
 rounds=${ROUNDS:-2}
-out=$(mktemp -d)
-envoy_bin=$(find .tools/venv -name envoy -type f -perm -u+x | head -1)
-wasm=$(realpath "${KVROUTE_WASM:-target/wasm32-wasip1/release/kvroute.wasm}")
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
-target/release/kvsim --pods "$pods" --time-scale 0.0001 > "$out/sim.json" 2> "$out/sim.err" &
-pids+=($!)
-for _ in $(seq 300); do grep -q pods "$out/sim.json" 2>/dev/null && break; sleep 0.1; done
-grep -q pods "$out/sim.json" || { echo "kvsim did not start: $(cat "$out/sim.err")" >&2; exit 1; }
+start_kvsim "$pods"
 echo "$pods pods, $rounds rounds; µs; main CPU = Envoy's main thread, ms per second"
 for round in $(seq "$rounds"); do
   for poll_ms in 200 60000; do
-    read -r kv_port plain_port admin_port < <(python3 -c '
-import socket
-s=[socket.socket() for _ in range(3)]
-[x.bind(("127.0.0.1",0)) for x in s]
-print(*[x.getsockname()[1] for x in s])')
+    free_ports
     # The shipped settings at 200 ms; at 60 s the lease and staleness stretched to match.
     lease_ms=$((poll_ms * 3 > 1500 ? poll_ms * 3 : 1500))
     stale_ms=$((poll_ms * 3 > 2000 ? poll_ms * 3 : 2000))

@@ -5,22 +5,9 @@
 # at a time over one connection each. Prints the added p50 latency and each phase's histogram.
 # Every process is stopped by PID on exit. Ports are chosen free at start.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cd "$root"
-out=$(mktemp -d)
-envoy_bin=$(find .tools/venv -name envoy -type f -perm -u+x | head -1)
-wasm=$(realpath "${KVROUTE_WASM:-target/wasm32-wasip1/release/kvroute.wasm}")
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
-target/release/kvsim --pods 4 --time-scale 0.0001 > "$out/sim.json" 2> "$out/sim.err" &
-pids+=($!)
-for _ in $(seq 100); do grep -q pods "$out/sim.json" 2>/dev/null && break; sleep 0.1; done
-read -r kv_port plain_port admin_port < <(python3 -c '
-import socket
-s=[socket.socket() for _ in range(3)]
-[x.bind(("127.0.0.1",0)) for x in s]
-print(*[x.getsockname()[1] for x in s])')
+source "$(dirname "$0")/common.sh"
+start_kvsim 4
+free_ports
 python3 "$here/envoy_config.py" "$out/sim.json" "$wasm" "$kv_port" "$plain_port" "$admin_port" > "$out/envoy.yaml"
 "$envoy_bin" -c "$out/envoy.yaml" --concurrency 2 --log-level warn > "$out/envoy.log" 2>&1 &
 pids+=($!)
