@@ -137,8 +137,8 @@ pub struct Parsed {
 
 /// Between a part's tag and its text.
 const ROLE_SEP: u8 = 0x1f;
-/// Ends a message (or a leading part).
-const MESSAGE_END: u8 = 0x1e;
+/// Ends a message (or a leading part). Public for the tokenizer, which memoizes per message.
+pub(crate) const MESSAGE_END: u8 = 0x1e;
 /// Opens a further field of a message (`name`, `tool_call_id`, a tool call).
 const FIELD_SEP: u8 = 0x1d;
 
