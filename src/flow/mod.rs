@@ -553,7 +553,7 @@ impl RequestFlow {
                 addr: primary.addr.clone(),
                 hashes: blocks.hashes.clone(),
             },
-            primary.matched_blocks >= blocks.hashes.len(),
+            primary.matched_blocks,
             now,
         );
         self.provisional

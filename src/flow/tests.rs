@@ -1111,55 +1111,72 @@ fn the_leader_publishes_each_pools_pods_and_waiting_requests() {
 }
 
 #[test]
-fn a_prompt_its_pod_holds_whole_is_observed_again_only_after_a_second() {
+fn what_a_pod_holds_is_observed_again_only_after_a_second() {
     let cfg = config("");
     let mut c = Cluster::new(&cfg, 1);
     c.ready();
-    let body = chat_body("m", &distinct("retouch").repeat(40));
-    let stamp = |c: &Cluster, pod: &str| {
+    let prefix = distinct("retouch").repeat(40);
+    let body = chat_body("m", &prefix);
+    let newest_stamp = |c: &Cluster, pod: &str| {
         let vm = &c.vms[0].0;
         let slot = vm.router.slot_of(pod).unwrap();
         let first = vm.router.index().slot_blocks_oldest_first(slot);
         vm.router.index().stamp_of(slot, *first.last().unwrap())
     };
-    let route = |c: &mut Cluster| {
-        let (mut flow, outcome) = send(c, 0, &[], &body);
+    let route = |c: &mut Cluster, body: &[u8]| {
+        let (mut flow, outcome) = send(c, 0, &[], body);
         let pod = primary_of(&outcome);
         let (vm, host) = &mut c.vms[0];
         flow.on_done(vm, host, None, None);
         pod
     };
-    let pod = route(&mut c);
-    c.advance_ms(10);
-    assert_eq!(
-        route(&mut c),
-        pod,
-        "held whole now: observed, and remembered"
+    let pod = route(&mut c, &body);
+    let learned = newest_stamp(&c, &pod);
+    assert!(
+        learned.is_some(),
+        "a new prompt is observed, and remembered"
     );
-    let learned = stamp(&c, &pod);
-    assert!(learned.is_some());
+    c.advance_ms(10);
+    assert_eq!(route(&mut c, &body), pod);
+    assert_eq!(newest_stamp(&c, &pod), learned, "held whole: not observed");
     c.advance_ms(500);
-    assert_eq!(route(&mut c), pod);
+    assert_eq!(route(&mut c, &body), pod);
     assert_eq!(
-        stamp(&c, &pod),
+        newest_stamp(&c, &pod),
         learned,
         "held whole and seen 0.5 s ago: not touched again"
     );
     c.advance_ms(600);
-    assert_eq!(route(&mut c), pod);
+    assert_eq!(route(&mut c, &body), pod);
+    let refreshed = newest_stamp(&c, &pod);
+    assert!(refreshed > learned, "1.1 s later its recency is refreshed");
+
+    // The same start with more after it, within the second: only the new blocks are observed.
+    let slot = c.vms[0].0.router.slot_of(&pod).unwrap();
+    let held_before = c.vms[0].0.router.index().slot_blocks_oldest_first(slot);
+    let stamps = |c: &Cluster| {
+        let index = c.vms[0].0.router.index();
+        held_before
+            .iter()
+            .map(|h| index.stamp_of(slot, *h))
+            .collect::<Vec<_>>()
+    };
+    let before = stamps(&c);
+    c.advance_ms(10);
+    let longer = |tail: &str| chat_body("m", &format!("{prefix}{}", tail.repeat(100)));
+    assert_eq!(route(&mut c, &longer("more ")), pod);
+    let index = c.vms[0].0.router.index();
     assert!(
-        stamp(&c, &pod) > learned,
-        "1.1 s later its recency is refreshed"
+        index.blocks_held(slot) > held_before.len(),
+        "the new blocks are learned"
     );
-    // A longer prompt with the same start adds blocks: observed at once.
-    let longer = chat_body(
-        "m",
-        &(distinct("retouch").repeat(40) + &"more ".repeat(200)),
+    assert_eq!(stamps(&c), before, "the held prefix is not touched again");
+    // Past the second, the prefix is observed with what follows it.
+    c.advance_ms(1100);
+    assert_eq!(route(&mut c, &longer("other ")), pod);
+    let after = stamps(&c);
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a > b),
+        "the prefix's recency is refreshed: {after:?} against {before:?}"
     );
-    let (mut flow, outcome) = send(&mut c, 0, &[], &longer);
-    assert_eq!(primary_of(&outcome), pod);
-    let (vm, host) = &mut c.vms[0];
-    flow.on_done(vm, host, None, None);
-    let slot = vm.router.slot_of(&pod).unwrap();
-    assert!(vm.router.index().blocks_held(slot) > 40);
 }

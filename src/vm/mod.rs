@@ -71,18 +71,21 @@ pub struct Vm {
     unsent: Vec<Vec<u8>>,
     /// How this VM's requests ended, per pod, since it last told the leader (`crate::health`).
     verdicts: HashMap<String, Tally>,
-    /// When a prompt held whole was last observed on its pod: (its last block, the pod) → ms.
+    /// Since when a prompt prefix has been fresh on a pod in the index, as this VM observed it:
+    /// (the prefix's last block, the pod) → ms (see [`Vm::observe_routing`]).
     recent_touches: HashMap<(u64, u64), u64>,
 }
 
-/// A prompt its pod was already known to hold whole, routed there again within this long, is not
-/// observed again. Observing it would only refresh its recency in the index's LRU (here, in the
-/// leader and, through the pages, in every VM), which a second's delay barely moves; in V8 it was
-/// 37 µs of a 130 µs decision for a 16 KB prompt (`make bench-phases`).
+/// What a routed prompt's pod was already known to hold, observed there within this long, is not
+/// observed again: only the blocks after it are. Observing held blocks only refreshes their recency
+/// in the index's LRU (here, in the leader and, through the pages, in every VM), which a second's
+/// delay barely moves, and it is most of an observation's cost: a tenant's 16 KB system prompt
+/// with a new question is 256 held blocks and one new one. In V8 observing was 37 µs of a 130 µs
+/// decision for a 16 KB prompt (`make bench-phases`), paid again by every other VM replaying it.
 const RETOUCH_AFTER_MS: u64 = 1000;
-/// Bounds `recent_touches` (~40 KB); when full it is cleared (the next observations just happen).
-/// Only prompts routed twice within the interval need an entry: the request rate of one worker
-/// over a second.
+/// Bounds `recent_touches` (~40 KB): when full, the entries older than the interval go, then all
+/// if that is not enough (the next observations are then just whole). Only prefixes routed again
+/// within the interval need an entry: about the request rate of one worker over a second.
 const MAX_RECENT_TOUCHES: usize = 1024;
 
 /// One change to the index, as the leader publishes it.
@@ -213,36 +216,65 @@ impl Vm {
         );
     }
 
-    /// [`Self::observe`] for a routed request, unless its pod was already known to hold all of it
-    /// and the same prompt was observed there less than `RETOUCH_AFTER_MS` ago.
+    /// [`Self::observe`] for a routed request whose pod was known to hold its first `held` blocks.
+    /// Where this VM observed that prefix on the same pod less than `RETOUCH_AFTER_MS` ago, only the
+    /// blocks after it are observed (nothing, for a prompt held whole).
+    ///
+    /// `recent_touches` keeps, per (block, pod), since when the prefix ending in that block has
+    /// been fresh: an observation from the start freshens the held prefix and the whole prompt
+    /// now; one of the new blocks alone leaves the whole prompt as fresh as its prefix was, so
+    /// the prefix is observed again a second after it last was, whatever is routed behind it.
     pub fn observe_routing(
         &mut self,
         host: &mut dyn Host,
         observation: Observation,
-        held_whole: bool,
+        held: usize,
         now_ms: u64,
     ) {
-        let Some(&last) = observation.hashes.last() else {
+        let hashes = &observation.hashes;
+        let Some(&last) = hashes.last() else {
             return;
         };
-        if held_whole {
-            let key = (
-                last,
-                xxhash_rust::xxh3::xxh3_64(observation.addr.as_bytes()),
-            );
-            if self
-                .recent_touches
-                .get(&key)
-                .is_some_and(|&at| now_ms.saturating_sub(at) < RETOUCH_AFTER_MS)
-            {
-                return;
-            }
+        let pod = xxhash_rust::xxh3::xxh3_64(observation.addr.as_bytes());
+        let held = held.min(hashes.len());
+        let held_end = held.checked_sub(1).and_then(|i| hashes.get(i)).copied();
+        let prefix_fresh_since = held_end
+            .and_then(|end| self.recent_touches.get(&(end, pod)).copied())
+            .filter(|&since| now_ms.saturating_sub(since) < RETOUCH_AFTER_MS);
+        if self.recent_touches.len() >= MAX_RECENT_TOUCHES {
+            self.recent_touches
+                .retain(|_, since| now_ms.saturating_sub(*since) < RETOUCH_AFTER_MS);
             if self.recent_touches.len() >= MAX_RECENT_TOUCHES {
                 self.recent_touches.clear();
             }
-            self.recent_touches.insert(key, now_ms);
         }
-        self.observe(host, observation);
+        let from = match prefix_fresh_since {
+            Some(since) => {
+                self.recent_touches.insert((last, pod), since);
+                held
+            }
+            None => {
+                self.recent_touches.insert((last, pod), now_ms);
+                if let Some(end) = held_end {
+                    self.recent_touches.insert((end, pod), now_ms);
+                }
+                0
+            }
+        };
+        match observation.hashes.get(from..) {
+            Some([]) | None => {}
+            Some(_) if from == 0 => self.observe(host, observation),
+            Some(new) => {
+                let hashes = new.to_vec();
+                self.observe(
+                    host,
+                    Observation {
+                        addr: observation.addr,
+                        hashes,
+                    },
+                );
+            }
+        }
     }
 
     /// Takes back what a routing decision taught (the pod refused the request): applied here at
