@@ -1180,3 +1180,54 @@ fn what_a_pod_holds_is_observed_again_only_after_a_second() {
         "the prefix's recency is refreshed: {after:?} against {before:?}"
     );
 }
+
+#[test]
+fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
+    let prefix = distinct("turnover").repeat(40);
+    let body = chat_body("m", &prefix);
+    let longer = chat_body("m", &format!("{prefix}{}", "more ".repeat(100)));
+    let route = |c: &mut Cluster, body: &[u8]| {
+        let (mut flow, outcome) = send(c, 0, &[], body);
+        let pod = primary_of(&outcome);
+        let (vm, host) = &mut c.vms[0];
+        flow.on_done(vm, host, None, None);
+        pod
+    };
+    let held_after = |c: &mut Cluster, body: &[u8]| {
+        let pod = route(c, body);
+        let vm = &c.vms[0].0;
+        let slot = vm.router.slot_of(&pod).unwrap();
+        (pod, slot, vm.router.index().slot_blocks_oldest_first(slot))
+    };
+    // How many blocks the prompt and its longer form take, on a pod with room to spare.
+    let mut roomy = Cluster::new(&config(""), 1);
+    roomy.ready();
+    let prefix_blocks = held_after(&mut roomy, &body).2.len();
+    let longer_blocks = held_after(&mut roomy, &longer).2.len();
+    assert!(longer_blocks > prefix_blocks + 2);
+
+    // A pod whose cache is the prefix and two blocks more: the longer prompt's new blocks cannot
+    // all fit beside the prefix, so its prefix is touched again, within the second or not.
+    let cfg = config(&format!(
+        r#","default_pod_capacity_blocks":{}"#,
+        prefix_blocks + 2
+    ));
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (pod, slot, prefix_hashes) = held_after(&mut c, &body);
+    let stamps = |c: &Cluster| {
+        let index = c.vms[0].0.router.index();
+        prefix_hashes
+            .iter()
+            .map(|h| index.stamp_of(slot, *h))
+            .collect::<Vec<_>>()
+    };
+    let before = stamps(&c);
+    c.advance_ms(10);
+    assert_eq!(route(&mut c, &longer), pod);
+    let after = stamps(&c);
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a.is_some() && a > b),
+        "the prefix is touched again and still held: {after:?} against {before:?}"
+    );
+}

@@ -34,6 +34,8 @@ struct PodLru {
     /// hash → stamp of its latest touch.
     latest: HashMap<u64, u64>,
     queue: VecDeque<(u64, u64)>,
+    /// Touches ever made here: how many blocks at most became newer than one touched earlier.
+    touches: u64,
 }
 
 impl PodLru {
@@ -43,6 +45,7 @@ impl PodLru {
 
     /// Returns the hashes evicted to stay within capacity.
     fn touch(&mut self, hash: u64, stamp: u64, evicted: &mut Vec<u64>) {
+        self.touches += 1;
         self.latest.insert(hash, stamp);
         self.queue.push_back((hash, stamp));
         self.evict_over_capacity(evicted);
@@ -107,6 +110,10 @@ impl PrefixIndex {
             pod.touch(h, self.clock, &mut evicted);
             *self.holders.entry((h, group)).or_insert(0) |= bit;
         }
+        // A block evicted by an earlier one of these touches and touched again after it is held:
+        // where the pod was full and this prompt's blocks its oldest, each touch evicts the next
+        // block of the prompt, which is then touched in turn.
+        evicted.retain(|h| !pod.latest.contains_key(h));
         self.unmark(slot, &evicted);
     }
 
@@ -203,6 +210,13 @@ impl PrefixIndex {
             .map_or(0, |pod| pod.latest.values().filter(|&&s| s > stamp).count())
     }
 
+    /// A slot's capacity in blocks and the touches ever made in its LRU: a block touched when the
+    /// count was `t` has at most `now − t` blocks newer than it, so it cannot have been evicted
+    /// while those and the blocks as new as it fit the capacity.
+    pub fn turnover(&self, slot: usize) -> Option<(usize, u64)> {
+        self.pods.get(slot).map(|p| (p.capacity, p.touches))
+    }
+
     pub fn blocks_held(&self, slot: usize) -> usize {
         self.pods.get(slot).map_or(0, PodLru::len)
     }
@@ -268,6 +282,20 @@ mod tests {
         assert_eq!(idx.match_lengths(&[1, 2, 3, 4, 5], 3), vec![4, 2, 0]);
         assert_eq!(idx.match_lengths(&[7], 3), vec![0, 0, 0]);
         assert_eq!(idx.match_lengths(&[], 3), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_prompt_whose_blocks_were_the_oldest_stays_held_when_observed_again() {
+        let mut idx = index(1, 4);
+        idx.observe(0, &[1, 2, 3]);
+        idx.observe(0, &[10]);
+        // The pod is full and 1, 2, 3 are its oldest: touching the new block 20 evicts 3,
+        // touching 3 again evicts 2, and so on down the prompt, and at last 10.
+        idx.observe(0, &[1, 2, 3, 20]);
+        assert_eq!(idx.match_lengths(&[1, 2, 3, 20], 1), vec![4]);
+        assert_eq!(idx.match_lengths(&[10], 1), vec![0]);
+        assert_eq!(idx.blocks_held(0), 4);
+        assert_eq!(idx.entries(), 4);
     }
 
     #[test]

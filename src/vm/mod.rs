@@ -72,8 +72,9 @@ pub struct Vm {
     /// How this VM's requests ended, per pod, since it last told the leader (`crate::health`).
     verdicts: HashMap<String, Tally>,
     /// Since when a prompt prefix has been fresh on a pod in the index, as this VM observed it:
-    /// (the prefix's last block, the pod) → ms (see [`Vm::observe_routing`]).
-    recent_touches: HashMap<(u64, u64), u64>,
+    /// (the prefix's last block, the pod) → (ms, the pod's LRU touches then) (see
+    /// [`Vm::observe_routing`]).
+    recent_touches: HashMap<(u64, u64), (u64, u64)>,
 }
 
 /// What a routed prompt's pod was already known to hold, observed there within this long, is not
@@ -217,13 +218,23 @@ impl Vm {
     }
 
     /// [`Self::observe`] for a routed request whose pod was known to hold its first `held` blocks.
-    /// Where this VM observed that prefix on the same pod less than `RETOUCH_AFTER_MS` ago, only the
-    /// blocks after it are observed (nothing, for a prompt held whole).
+    /// Where this VM observed that prefix on the same pod less than `RETOUCH_AFTER_MS` ago, and
+    /// the pod's LRU in the index has not turned over enough since to push it out, only the blocks
+    /// after it are observed (nothing, for a prompt held whole).
     ///
     /// `recent_touches` keeps, per (block, pod), since when the prefix ending in that block has
-    /// been fresh: an observation from the start freshens the held prefix and the whole prompt
-    /// now; one of the new blocks alone leaves the whole prompt as fresh as its prefix was, so
-    /// the prefix is observed again a second after it last was, whatever is routed behind it.
+    /// been fresh and the pod's LRU touch count then: an observation from the start freshens the
+    /// held prefix and the whole prompt now; one of the new blocks alone leaves the whole prompt
+    /// as fresh as its prefix was, so the prefix is observed again a second after it last was,
+    /// whatever is routed behind it.
+    ///
+    /// The turnover bound: an engine re-touches a prefix with every request that uses it, and
+    /// frees a finished request's tail first; left untouched, the prefix here ages behind the new
+    /// blocks routed after it and would be evicted from the index before them, the opposite of
+    /// the engine. So the prefix is left untouched only while every block touched on the pod since
+    /// it was, the new ones included, and the prefix itself fit the pod's capacity: then nothing of
+    /// it can have been evicted. (A prefix nearly as large as the pod's cache is thus observed
+    /// whole every time, as before.)
     pub fn observe_routing(
         &mut self,
         host: &mut dyn Host,
@@ -237,34 +248,30 @@ impl Vm {
         };
         let pod = xxhash_rust::xxh3::xxh3_64(observation.addr.as_bytes());
         let held = held.min(hashes.len());
-        let held_end = held.checked_sub(1).and_then(|i| hashes.get(i)).copied();
-        let prefix_fresh_since = held_end
-            .and_then(|end| self.recent_touches.get(&(end, pod)).copied())
-            .filter(|&since| now_ms.saturating_sub(since) < RETOUCH_AFTER_MS);
+        let new_blocks = (hashes.len() - held) as u64;
+        let slot = self.router.slot_of(&observation.addr);
+        let turnover = slot.and_then(|slot| self.router.index().turnover(slot));
+        let prefix_fresh_since = held
+            .checked_sub(1)
+            .and_then(|i| hashes.get(i))
+            .and_then(|end| self.recent_touches.get(&(*end, pod)).copied())
+            .filter(|&(since_ms, touches_then)| {
+                let within_capacity = turnover.is_some_and(|(capacity, touches)| {
+                    touches.saturating_sub(touches_then) + new_blocks + held as u64
+                        <= capacity as u64
+                });
+                now_ms.saturating_sub(since_ms) < RETOUCH_AFTER_MS && within_capacity
+            });
         if self.recent_touches.len() >= MAX_RECENT_TOUCHES {
             self.recent_touches
-                .retain(|_, since| now_ms.saturating_sub(*since) < RETOUCH_AFTER_MS);
+                .retain(|_, (since_ms, _)| now_ms.saturating_sub(*since_ms) < RETOUCH_AFTER_MS);
             if self.recent_touches.len() >= MAX_RECENT_TOUCHES {
                 self.recent_touches.clear();
             }
         }
-        let from = match prefix_fresh_since {
-            Some(since) => {
-                self.recent_touches.insert((last, pod), since);
-                held
-            }
-            None => {
-                self.recent_touches.insert((last, pod), now_ms);
-                if let Some(end) = held_end {
-                    self.recent_touches.insert((end, pod), now_ms);
-                }
-                0
-            }
-        };
-        match observation.hashes.get(from..) {
-            Some([]) | None => {}
-            Some(_) if from == 0 => self.observe(host, observation),
-            Some(new) => {
+        if let Some(fresh) = prefix_fresh_since {
+            self.recent_touches.insert((last, pod), fresh);
+            if let Some(new) = observation.hashes.get(held..).filter(|n| !n.is_empty()) {
                 let hashes = new.to_vec();
                 self.observe(
                     host,
@@ -274,6 +281,18 @@ impl Vm {
                     },
                 );
             }
+            return;
+        }
+        let held_end = held.checked_sub(1).and_then(|i| hashes.get(i)).copied();
+        self.observe(host, observation);
+        let touches_now = slot
+            .and_then(|slot| self.router.index().turnover(slot))
+            .map_or(0, |(_, touches)| touches);
+        self.recent_touches
+            .insert((last, pod), (now_ms, touches_now));
+        if let Some(end) = held_end {
+            self.recent_touches
+                .insert((end, pod), (now_ms, touches_now));
         }
     }
 
