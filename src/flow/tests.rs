@@ -1110,6 +1110,12 @@ fn the_leader_publishes_each_pools_pods_and_waiting_requests() {
     );
 }
 
+/// VM 0's index stamps of `blocks` on `slot` (`None` where not held).
+fn stamps_of(c: &Cluster, slot: usize, blocks: &[u64]) -> Vec<Option<u64>> {
+    let index = c.vms[0].0.router.index();
+    blocks.iter().map(|h| index.stamp_of(slot, *h)).collect()
+}
+
 #[test]
 fn what_a_pod_holds_is_observed_again_only_after_a_second() {
     let cfg = config("");
@@ -1154,13 +1160,7 @@ fn what_a_pod_holds_is_observed_again_only_after_a_second() {
     // The same start with more after it, within the second: only the new blocks are observed.
     let slot = c.vms[0].0.router.slot_of(&pod).unwrap();
     let held_before = c.vms[0].0.router.index().slot_blocks_oldest_first(slot);
-    let stamps = |c: &Cluster| {
-        let index = c.vms[0].0.router.index();
-        held_before
-            .iter()
-            .map(|h| index.stamp_of(slot, *h))
-            .collect::<Vec<_>>()
-    };
+    let stamps = |c: &Cluster| stamps_of(c, slot, &held_before);
     let before = stamps(&c);
     c.advance_ms(10);
     let longer = |tail: &str| chat_body("m", &format!("{prefix}{}", tail.repeat(100)));
@@ -1215,13 +1215,7 @@ fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
     let mut c = Cluster::new(&cfg, 1);
     c.ready();
     let (pod, slot, prefix_hashes) = held_after(&mut c, &body);
-    let stamps = |c: &Cluster| {
-        let index = c.vms[0].0.router.index();
-        prefix_hashes
-            .iter()
-            .map(|h| index.stamp_of(slot, *h))
-            .collect::<Vec<_>>()
-    };
+    let stamps = |c: &Cluster| stamps_of(c, slot, &prefix_hashes);
     let before = stamps(&c);
     c.advance_ms(10);
     assert_eq!(route(&mut c, &longer), pod);
