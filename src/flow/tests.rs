@@ -1110,6 +1110,15 @@ fn the_leader_publishes_each_pools_pods_and_waiting_requests() {
     );
 }
 
+/// `body` routed through VM 0 and finished at once; the pod it went to.
+fn route(c: &mut Cluster, body: &[u8]) -> String {
+    let (mut flow, outcome) = send(c, 0, &[], body);
+    let pod = primary_of(&outcome);
+    let (vm, host) = &mut c.vms[0];
+    flow.on_done(vm, host, None, None);
+    pod
+}
+
 /// VM 0's index stamps of `blocks` on `slot` (`None` where not held).
 fn stamps_of(c: &Cluster, slot: usize, blocks: &[u64]) -> Vec<Option<u64>> {
     let index = c.vms[0].0.router.index();
@@ -1128,13 +1137,6 @@ fn what_a_pod_holds_is_observed_again_only_after_a_second() {
         let slot = vm.router.slot_of(pod).unwrap();
         let first = vm.router.index().slot_blocks_oldest_first(slot);
         vm.router.index().stamp_of(slot, *first.last().unwrap())
-    };
-    let route = |c: &mut Cluster, body: &[u8]| {
-        let (mut flow, outcome) = send(c, 0, &[], body);
-        let pod = primary_of(&outcome);
-        let (vm, host) = &mut c.vms[0];
-        flow.on_done(vm, host, None, None);
-        pod
     };
     let pod = route(&mut c, &body);
     let learned = newest_stamp(&c, &pod);
@@ -1186,13 +1188,6 @@ fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
     let prefix = distinct("turnover").repeat(40);
     let body = chat_body("m", &prefix);
     let longer = chat_body("m", &format!("{prefix}{}", "more ".repeat(100)));
-    let route = |c: &mut Cluster, body: &[u8]| {
-        let (mut flow, outcome) = send(c, 0, &[], body);
-        let pod = primary_of(&outcome);
-        let (vm, host) = &mut c.vms[0];
-        flow.on_done(vm, host, None, None);
-        pod
-    };
     let held_after = |c: &mut Cluster, body: &[u8]| {
         let pod = route(c, body);
         let vm = &c.vms[0].0;
