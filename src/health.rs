@@ -27,8 +27,13 @@
 //! went away counts for nobody. VMs send their counts to the leader once a tick; the leader keeps a
 //! window per pod (exponentially decayed, time constant `window_ms`) and ejects a pod when
 //! `consecutive_failures` requests in a row failed, or when at least `min_requests` ended in the
-//! window and more than `max_failure_ratio` of them failed. An ejection lasts `base_ejection_ms`,
-//! doubling with each ejection in a row up to `max_ejection_ms`; then the pod takes traffic again
+//! window and more than `max_failure_ratio` of them failed. The same ratio is also judged over a
+//! window twenty times shorter (500 ms at the default): a pod that turns bad after serving well
+//! has the long window full of its old successes, which dilute its new failures for several time
+//! constants, while each failure moves the failed prefix to the fallback that served it and starves
+//! the pod of the traffic that would show them (the fault matrix saw a pod failing half its
+//! requests, 28 of them in 3 s, never ejected). An ejection lasts `base_ejection_ms`, doubling
+//! with each ejection in a row up to `max_ejection_ms`; then the pod takes traffic again
 //! and a clean window forgives its past. At most `max_ejected_share` of a role's pods are ejected
 //! at once (rounded down): a fault that hits every pod alike (a bad model version, a poison
 //! prompt) must not empty the pool of pods that still serve most requests.
@@ -228,11 +233,40 @@ impl HealthConfig {
     }
 }
 
+/// Requests served and failed, each counting less as it ages (exponentially decayed).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Decayed {
+    served: f64,
+    failed: f64,
+}
+
+impl Decayed {
+    fn decay(&mut self, dt_ms: f64, time_constant_ms: f64) {
+        let keep = (-dt_ms / time_constant_ms).exp();
+        self.served *= keep;
+        self.failed *= keep;
+    }
+
+    fn fails(&self, config: &HealthConfig) -> bool {
+        let total = self.served + self.failed;
+        total >= config.min_requests && self.failed / total > config.max_failure_ratio
+    }
+}
+
+/// The short window's time constant is the configured window's divided by this. A busy pod's short
+/// window holds its last half second or so: with `min_requests` 5 it judges only pods taking 10 or
+/// more requests a second (there the long window's dilution is worst; a quieter pod's long window
+/// holds few old successes), and a pod whose traffic fell tenfold as it began failing half of it
+/// shows the change within about a second (`a_pod_that_turns_bad_after_serving_well_...`).
+const SHORT_WINDOW_DIVISOR: f64 = 20.0;
+
 /// The leader's passive view of one pod.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Window {
-    served: f64,
-    failed: f64,
+    /// Over `window_ms`.
+    long: Decayed,
+    /// Over `window_ms / SHORT_WINDOW_DIVISOR`.
+    short: Decayed,
     decayed_at_ms: u64,
     consecutive_failures: u32,
     /// Ejections in a row (reset by a clean window after the last one).
@@ -244,9 +278,9 @@ struct Window {
 impl Window {
     fn decay(&mut self, config: &HealthConfig, now_ms: u64) {
         let dt = now_ms.saturating_sub(self.decayed_at_ms) as f64;
-        let keep = (-dt / config.window_ms as f64).exp();
-        self.served *= keep;
-        self.failed *= keep;
+        let window = config.window_ms as f64;
+        self.long.decay(dt, window);
+        self.short.decay(dt, window / SHORT_WINDOW_DIVISOR);
         self.decayed_at_ms = now_ms;
     }
 }
@@ -262,8 +296,10 @@ impl PassiveHealth {
     pub fn record(&mut self, config: &HealthConfig, addr: &str, tally: Tally, now_ms: u64) {
         let w = self.pods.entry_ref(addr).or_default();
         w.decay(config, now_ms);
-        w.served += f64::from(tally.served);
-        w.failed += f64::from(tally.failed);
+        for d in [&mut w.long, &mut w.short] {
+            d.served += f64::from(tally.served);
+            d.failed += f64::from(tally.failed);
+        }
         if tally.failed > 0 {
             w.last_failure_ms = now_ms;
         }
@@ -295,9 +331,9 @@ impl PassiveHealth {
             {
                 w.ejections = 0; // a clean window since it came back
             }
-            let total = w.served + w.failed;
             let failing = w.consecutive_failures >= config.consecutive_failures
-                || (total >= config.min_requests && w.failed / total > config.max_failure_ratio);
+                || w.long.fails(config)
+                || w.short.fails(config);
             if !failing {
                 continue;
             }
@@ -316,8 +352,8 @@ impl PassiveHealth {
                 .saturating_mul(factor)
                 .min(config.max_ejection_ms);
             w.ejected_until_ms = now_ms.saturating_add(span);
-            w.served = 0.0;
-            w.failed = 0.0;
+            w.long = Decayed::default();
+            w.short = Decayed::default();
             w.consecutive_failures = 0;
             ejected_now += 1;
             log::warn!(
@@ -498,6 +534,43 @@ mod tests {
         h.record(&cfg, "a", tally(0, 5, 5), later);
         assert_eq!(h.update(&cfg, &pods, later), 1);
         assert_eq!(h.ejected_until("a"), later + cfg.base_ejection_ms);
+    }
+
+    #[test]
+    fn a_pod_that_turns_bad_after_serving_well_is_ejected_in_about_a_second() {
+        let cfg = HealthConfig::default();
+        let pods = [("a", Role::Aggregated), ("b", Role::Aggregated)];
+        let mut h = PassiveHealth::default();
+        // Busy and healthy for ten seconds (as in the fault matrix: ~100 requests a second) ...
+        for t in 0..100 {
+            h.record(&cfg, "a", tally(10, 0, 0), t * 100);
+        }
+        assert_eq!(h.update(&cfg, &pods, 9_900), 0);
+        // ... then failing half of the few requests it still gets, never three in a row.
+        let mut ejected_at = None;
+        for t in 1..=30u64 {
+            let now = 9_900 + t * 100;
+            h.record(&cfg, "a", tally(1, 1, 0), now);
+            if h.update(&cfg, &pods, now) == 1 {
+                ejected_at = Some(t * 100);
+                break;
+            }
+        }
+        let after = ejected_at.expect("never ejected in 3 s");
+        assert!(after <= 1_500, "ejected {after} ms after it turned bad");
+    }
+
+    #[test]
+    fn a_healthy_pods_occasional_failure_ejects_nothing() {
+        let cfg = HealthConfig::default();
+        let pods = [("a", Role::Aggregated), ("b", Role::Aggregated)];
+        let mut h = PassiveHealth::default();
+        // 20 requests a second, one in fifty failing (a poison prompt now and then).
+        for t in 0..600u64 {
+            let failed = u32::from(t % 10 == 9);
+            h.record(&cfg, "a", tally(2 - failed, failed, failed), t * 100);
+            assert_eq!(h.update(&cfg, &pods, t * 100), 0, "at {} ms", t * 100);
+        }
     }
 
     #[test]
