@@ -78,25 +78,22 @@ async fn perfect_knowledge_follows_the_cache_and_avoids_the_busy_pod() {
             > 3900
     );
 
-    // Pod 1 busy with a long uncached prefill: a new prompt goes to idle pod 0.
-    let arrived = sim_stats(&sim.pods[1]).await["requests_total"]
-        .as_u64()
-        .unwrap();
+    // Pod 1 busy with a long uncached prefill (36,000 tokens: ~720 ms of wall time): a new prompt
+    // goes to idle pod 0.
     let busy = {
         let (client, url) = (client.clone(), format!("http://{}{path}", sim.pods[1]));
-        let long = chat(&system_prompt("busy-", 8000), "q", 2, false);
+        let long = chat(&system_prompt("busy-", 12000), "q", 2, false);
         tokio::spawn(async move { client.post(url).json(&long).send().await })
     };
-    // Probed once the pod has it (a fixed sleep lost that race on a loaded machine: the tie then
-    // went to pod 1); its prefill lasts ~200 ms of wall time from there.
+    // Probed once the pod's engine has it. A fixed sleep lost that race on a loaded machine, and so
+    // did waiting for the pod's request count, which counts a request as its headers arrive,
+    // before its body is read and queued: both pods then looked idle and the tie went to pod 1.
     wasm_tests::harness::wait_for(
         Duration::from_secs(5),
-        "the busy prompt at pod 1",
+        "the busy prompt in pod 1's engine",
         || async {
-            sim_stats(&sim.pods[1]).await["requests_total"]
-                .as_u64()
-                .unwrap()
-                > arrived
+            let stats = sim_stats(&sim.pods[1]).await;
+            stats["running"].as_u64().unwrap_or(0) + stats["waiting"].as_u64().unwrap_or(0) > 0
         },
     )
     .await
