@@ -565,7 +565,7 @@ mod tests {
         let cfg = HealthConfig::default();
         let pods = [("a", Role::Aggregated), ("b", Role::Aggregated)];
         let mut h = PassiveHealth::default();
-        // 20 requests a second, one in fifty failing (a poison prompt now and then).
+        // 20 requests a second, one in twenty failing (a poison prompt now and then).
         for t in 0..600u64 {
             let failed = u32::from(t % 10 == 9);
             h.record(&cfg, "a", tally(2 - failed, failed, failed), t * 100);
