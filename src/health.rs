@@ -546,7 +546,7 @@ mod tests {
             h.record(&cfg, "a", tally(10, 0, 0), t * 100);
         }
         assert_eq!(h.update(&cfg, &pods, 9_900), 0);
-        // ... then failing half of the few requests it still gets, never three in a row.
+        // ... then failing half of the few requests it still gets, never two in a row.
         let mut ejected_at = None;
         for t in 1..=30u64 {
             let now = 9_900 + t * 100;
