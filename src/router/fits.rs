@@ -135,11 +135,22 @@ impl Router {
             .unwrap_or_default()
     }
 
+    /// How widely `role`'s served predictions miss.
+    pub(super) fn error_band_of(&self, role: Role) -> cost::ErrorBand {
+        self.ttft_error
+            .get(role_index(role))
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// Learns from a first byte: the request's features at routing time and how long it took.
     pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
         let role = self.role_of(&first.addr);
         if let Some(scale) = role.and_then(|r| self.ttft_scale.get_mut(role_index(r))) {
             scale.observe(first.predicted_ms, observed_ms);
+        }
+        if let Some(band) = role.and_then(|r| self.ttft_error.get_mut(role_index(r))) {
+            band.observe(first.predicted_ms, observed_ms);
         }
         let role = role.unwrap_or(Role::Aggregated);
         let mut learning = config.prediction.learning();

@@ -63,6 +63,8 @@ pub struct Router {
     itl_ms: HashMap<String, f64>,
     /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
     ttft_scale: [crate::scheduler::cost::MedianScale; 3],
+    /// Per role, how widely served predictions miss (see `cost::ErrorBand`).
+    ttft_error: [crate::scheduler::cost::ErrorBand; 3],
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -249,6 +251,7 @@ impl Router {
                     ours_at_poll: polled.ours,
                     cost,
                     ttft_scale: self.ttft_scale_of(p.role).factor(),
+                    error_band: self.error_band_of(p.role).log_width(),
                     itl_ms: self.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self

@@ -369,6 +369,61 @@ impl MedianScale {
     }
 }
 
+/// How far a role's served predictions typically miss, as a factor: the picker keeps a request on
+/// the pod holding its prefix unless another pod is predicted better by more than this (see
+/// `crate::scheduler::picker`, "affinity floor"). Moving a prefix on a difference smaller than the
+/// prediction's own error is moving it on noise: each move recomputes the prefix and gives it a
+/// second home, which a pool near saturation pays for with every request queued behind it.
+///
+/// It is the [`ERROR_QUANTILE`] quantile of `|ln(observed / predicted)|`, tracked like
+/// [`MedianScale`] by a fixed step per first byte (up by `q × step` when a miss is wider, down by
+/// `(1 − q) × step` when narrower: it settles where a share `q` of misses are narrower). Learned,
+/// not a constant: a pool whose first tokens the model predicts within 5% moves a prefix for a 6%
+/// gain, one it predicts within 40% does not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorBand {
+    log_error: f64,
+}
+
+/// The share of first bytes predicted within the band: a move must win even when the prediction
+/// errs as widely as it does four times in five.
+pub const ERROR_QUANTILE: f64 = 0.8;
+/// Step of the quantile's tracker, in natural-log units per first byte: from its start it reaches
+/// a pool's band within about a hundred first bytes and then moves a few percent at most.
+const ERROR_STEP: f64 = 0.02;
+/// Where the band starts before any first byte: predictions within ±25%.
+const ERROR_START: f64 = 0.223;
+
+impl Default for ErrorBand {
+    fn default() -> Self {
+        ErrorBand {
+            log_error: ERROR_START,
+        }
+    }
+}
+
+impl ErrorBand {
+    /// The band as a natural-log width (0.2 ≈ ±22%).
+    pub fn log_width(&self) -> f64 {
+        self.log_error
+    }
+
+    /// One first byte: `observed_ms` after a served prediction of `predicted_ms`.
+    pub fn observe(&mut self, predicted_ms: f64, observed_ms: f64) {
+        let usable = |ms: f64| ms.is_finite() && ms > 0.0;
+        if !(usable(predicted_ms) && usable(observed_ms)) {
+            return;
+        }
+        let miss = (observed_ms / predicted_ms).ln().abs();
+        let step = if miss > self.log_error {
+            ERROR_QUANTILE * ERROR_STEP
+        } else {
+            -(1.0 - ERROR_QUANTILE) * ERROR_STEP
+        };
+        self.log_error = (self.log_error + step).clamp(0.0, MAX_SCALE.ln());
+    }
+}
+
 /// How much slower than its role's fit one pod is: the factor its predictions are multiplied by.
 ///
 /// Why a factor and not a fit per pod: three coefficients learned from one pod's requests alone
@@ -717,6 +772,28 @@ mod tests {
         fit.observe(&cfg, 4000.0, 0.0, 60_000.0); // one request stuck a minute
         let after = fit.coefficients().predict_ms(4000.0, 0.0);
         assert!(after / before < 1.2, "{before} -> {after}");
+    }
+
+    #[test]
+    fn the_error_band_settles_where_four_misses_in_five_are_narrower() {
+        // Misses spread evenly over ±0..50% in log units: four in five are within 0.4.
+        let mut band = ErrorBand::default();
+        for i in 0..4000u32 {
+            let miss = f64::from(i * 37 % 100) / 200.0;
+            let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+            band.observe(100.0, 100.0 * (sign * miss).exp());
+        }
+        assert!((band.log_width() - 0.4).abs() < 0.05, "{band:?}");
+        // Exact predictions narrow it to nothing; garbage leaves it alone.
+        for _ in 0..200 {
+            band.observe(100.0, 100.0);
+        }
+        let narrow = band.log_width();
+        assert!(narrow < 0.01, "{band:?}");
+        band.observe(0.0, 10.0);
+        band.observe(10.0, f64::NAN);
+        band.observe(f64::INFINITY, 10.0);
+        assert_eq!(band.log_width(), narrow);
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct PodView<'a> {
     /// Its prediction is multiplied by this: its role's calibration to the median
     /// (`cost::MedianScale`).
     pub ttft_scale: f64,
+    /// How widely its role's predictions miss, as a natural-log width (`cost::ErrorBand`): a move
+    /// off the pod holding the prompt must win by more than this.
+    pub error_band: f64,
     /// Recently observed inter-token latency of its streams (ms), if any were timed.
     pub itl_ms: Option<f64>,
     /// Models the pod reports; empty means unknown (no model filtering).

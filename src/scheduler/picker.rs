@@ -1,5 +1,15 @@
-//! The picker ranks candidates by predicted time to first token, soonest first.
+//! The picker ranks candidates by what the request costs the pool there, cheapest first: its own
+//! predicted time to first token plus the wait its uncached prefill adds to the requests that will
+//! queue behind it ([`Prediction::pool_cost_ms`], see `super::predict`).
 //!
+//! * **Affinity floor.** A pod's cost is divided by `exp(band × held)`, `held` the share of the
+//!   prompt it holds and `band` its role's prediction error ([`PodView::error_band`],
+//!   `cost::ErrorBand`): a move off the pod holding the prompt must be predicted better by more
+//!   than the predictions miss by (four times in five), so kvroute stays above "sticky until
+//!   saturated" (llm-d's default) and moves a prefix on a real difference, not on noise. A pod that
+//!   holds a few leading blocks of a long prompt gets a few percent of the band, not all of it; pods
+//!   holding the same share keep their order. A holder that truly cannot keep up still spills: its
+//!   queue grows until the band is crossed, or the overload guard below ranks it last.
 //! * **Ties.** Pods whose prediction is within `prediction.tie_band` (relative) of the best, and
 //!   whose load is within `rendezvous_load_slack` requests of the least loaded among them, are
 //!   equal; they are ordered by rendezvous (highest-random-weight) hashing of the request's first
@@ -92,9 +102,27 @@ pub fn overloaded(config: &Config, queue: f64, min_queue: f64) -> bool {
     queue - min_queue > guard.abs_gap && queue > guard.rel_gap * min_queue
 }
 
+/// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's
+/// benefit of the doubt for the share of the prompt it holds (see the module header).
+pub fn ranking_cost(pod: &PodView<'_>, prediction: &Prediction, request: &RouteRequest<'_>) -> f64 {
+    let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
+    let held = if request.prompt_tokens == 0 {
+        0.0
+    } else {
+        (held_tokens / request.prompt_tokens as f64).clamp(0.0, 1.0)
+    };
+    let band = if pod.error_band.is_finite() {
+        pod.error_band.max(0.0)
+    } else {
+        0.0
+    };
+    prediction.pool_cost_ms() * (-band * held).exp()
+}
+
 struct Entry {
     index: usize,
-    ttft: f64,
+    /// [`ranking_cost`].
+    cost: f64,
     rank: u64,
     guarded: bool,
     tied: bool,
@@ -116,7 +144,7 @@ pub fn pick(
         .enumerate()
         .map(|(index, (pod, p))| Entry {
             index,
-            ttft: p.ttft_ms,
+            cost: ranking_cost(pod, p, request),
             rank: rendezvous_rank(key, pod.addr),
             guarded: overloaded(config, pod.queue(), min_queue),
             tied: false,
@@ -127,18 +155,18 @@ pub fn pick(
     let best = entries
         .iter()
         .filter(|e| !e.guarded)
-        .map(|e| e.ttft)
+        .map(|e| e.cost)
         .fold(f64::INFINITY, f64::min);
     let band = best * (1.0 + config.prediction.tie_band);
     let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
     let min_load_in_band = entries
         .iter()
-        .filter(|e| !e.guarded && e.ttft <= band)
+        .filter(|e| !e.guarded && e.cost <= band)
         .map(|e| load_of(e.index))
         .fold(f64::INFINITY, f64::min);
     for e in &mut entries {
         e.tied = !e.guarded
-            && e.ttft <= band
+            && e.cost <= band
             && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
     }
     // Unguarded before guarded; ties first, by rendezvous; then the rest by prediction, rendezvous
@@ -151,7 +179,7 @@ pub fn pick(
                 if a.tied && b.tied {
                     std::cmp::Ordering::Equal
                 } else {
-                    a.ttft.total_cmp(&b.ttft)
+                    a.cost.total_cmp(&b.cost)
                 }
             })
             .then_with(|| b.rank.cmp(&a.rank))
@@ -181,7 +209,7 @@ pub fn pick(
             .enumerate()
             .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
         let e = entries.iter().find(|e| e.index == i)?;
-        let slow = e.ttft > best * config.session.max_slowdown;
+        let slow = e.cost > best * config.session.max_slowdown;
         let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
         (!e.guarded && !slow && !misses).then_some(i)
     });

@@ -16,6 +16,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         ours_at_poll: Default::default(),
         cost: crate::scheduler::cost::Coefficients::default(),
         ttft_scale: 1.0,
+        error_band: 0.0,
         itl_ms: None,
         models: &[],
         matched_blocks: 0,
@@ -563,4 +564,86 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
         ..request(&hashes)
     };
     assert_eq!(primary(&decide(&cfg, &pods, &tpot)), ADDRS[0]);
+}
+
+/// The thrashing the greedy objective fell into (12 tenants × 6,000-token prompts near
+/// saturation): every pod has a queue; the holder's is longer because its prefix is popular. A
+/// 7,000-token recompute elsewhere is sooner for this request, but it adds 7,000 tokens of work
+/// that the requests queued there wait behind: the pool pays more than the request gains.
+#[test]
+fn under_load_a_recompute_pays_for_the_wait_it_adds_and_the_holder_keeps_its_prefix() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=456).collect(); // 7,296 tokens
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    for p in &mut pods {
+        p.queued_tokens = 20_000.0;
+        p.queued_requests = 4.0;
+        p.inflight = 4.0;
+    }
+    pods[0].matched_blocks = 437; // the tenant's 7,000-token system prompt
+    pods[0].queued_tokens = 30_000.0;
+    pods[0].queued_requests = 5.0;
+    pods[0].inflight = 5.0;
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+        panic!()
+    };
+    assert_eq!(ranked[0].addr, ADDRS[0], "{ranked:?}");
+    let elsewhere = &ranked[1].prediction;
+    assert!(
+        elsewhere.ttft_ms < ranked[0].prediction.ttft_ms,
+        "the move is sooner for the request itself: {ranked:?}"
+    );
+    assert!(elsewhere.added_wait_ms > 4.0 * 7000.0 * 0.04 * 0.99);
+    // The same pool with one pod idle: the recompute delays nobody there, so it spills.
+    pods[3].queued_tokens = 0.0;
+    pods[3].queued_requests = 0.0;
+    pods[3].inflight = 0.0;
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[3]);
+}
+
+/// A move off the pod holding the prompt must win by more than the predictions' error band;
+/// within it the prefix stays, beyond it the request moves. A pod holding a few leading blocks
+/// gets a share of the band, not all of it.
+#[test]
+fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens
+    let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
+    for p in &mut pods {
+        p.error_band = 0.2; // ±22%
+    }
+    pods[0].matched_blocks = 100;
+    // Holder: 10 + 0.04 × (1,800 ahead + 0) = 82 ms; the other: 10 + 0.04 × 1,600 = 74 ms.
+    // Without the band the other pod is 10% sooner (beyond the 5% tie band) and wins.
+    pods[0].queued_tokens = 1800.0;
+    pods[0].queued_requests = 1.0;
+    pods[0].inflight = 1.0;
+    let mut no_band = pods.clone();
+    for p in &mut no_band {
+        p.error_band = 0.0;
+    }
+    assert_eq!(
+        primary(&decide(&cfg, &no_band, &request(&hashes))),
+        ADDRS[1]
+    );
+    // The holder adds no work (it holds the whole prompt): 82 × e^-0.2 = 67 ms against 74: it
+    // stays.
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    // Twice that queue (154 ms against 74): beyond any band, it moves.
+    pods[0].queued_tokens = 3600.0;
+    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[1]);
+    // A pod holding 5 of the 100 blocks gets 5% of the band: at the same 82 ms (280 tokens ahead
+    // + its 1,520 uncached, nobody queued behind it to wait for them) it is left for the 74 ms
+    // pod.
+    pods[0].matched_blocks = 5;
+    pods[0].queued_tokens = 280.0;
+    pods[0].queued_requests = 0.0;
+    pods[0].inflight = 0.0;
+    let d = decide(&cfg, &pods, &request(&hashes));
+    let Decision::Route { ranked, .. } = &d else {
+        panic!()
+    };
+    assert!((ranked[1].prediction.ttft_ms - 82.0).abs() < 0.01, "{d:?}");
+    assert_eq!(ranked[1].prediction.added_wait_ms, 0.0);
+    assert_eq!(primary(&d), ADDRS[1], "{d:?}");
 }
