@@ -467,7 +467,6 @@ mod tests {
             late: false,
             ejected_until_ms: 0,
             metrics: Default::default(),
-            capacity_hint_blocks: None,
             served: Vec::new(),
             serves: Vec::new(),
         };

@@ -370,7 +370,6 @@ fn gen_table(g: &mut Gen) -> LoadTable {
             late: g.u8() & 1 == 1,
             ejected_until_ms: g.u64() >> 1,
             metrics: gen_metrics(g),
-            capacity_hint_blocks: (g.u8() & 1 == 1).then(|| g.u32()),
             served: (0..g.len(2))
                 .map(|_| kvroute::vm::models::ServedModel {
                     id: g.string(12),
@@ -442,8 +441,8 @@ pub fn messages(data: &[u8]) {
     }
     let mut g = Gen::new(data);
     let vm = g.u64();
-    let built = match g.u8() % 4 {
-        3 => Message::Verdicts {
+    let built = match g.u8() % 3 {
+        2 => Message::Verdicts {
             vm,
             pods: (0..g.len(5))
                 .map(|_| {
@@ -460,14 +459,9 @@ pub fn messages(data: &[u8]) {
             vm,
             observation: gen_observation(&mut g),
         },
-        1 => Message::Eviction {
+        _ => Message::Eviction {
             vm,
             eviction: gen_observation(&mut g),
-        },
-        _ => Message::CapacityHint {
-            vm,
-            addr: g.string(40),
-            blocks: g.u32(),
         },
     };
     assert_eq!(Message::decode(&built.encode()), Some(built));

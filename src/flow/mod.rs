@@ -964,15 +964,15 @@ impl RequestFlow {
             (share.min(1.0) * prompt as f64) as u64,
         );
         host.count_in(Counter::CacheReportedTokens, &labels, cached);
-        if let CacheVerdict::Evicted { blocks, lost } =
+        if let CacheVerdict::Evicted { kept, lost } =
             vm.router.on_cache_report(&expected, cached, prompt)
         {
             log::debug!(
-                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {blocks} blocks",
+                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {kept} blocks",
                 expected.addr
             );
             host.count(Counter::CacheEvictionsDetected, 1);
-            vm.report_eviction(host, expected.addr.clone(), blocks, lost);
+            vm.report_eviction(host, expected.addr.clone(), lost);
         }
     }
 }

@@ -44,8 +44,8 @@ pub enum CacheVerdict {
     /// The pod had what the index expected (or more).
     Confirmed,
     /// The pod had lost blocks the index believed it held: these (`lost`, now forgotten here);
-    /// it keeps about `blocks` of ours.
-    Evicted { blocks: u32, lost: Vec<u64> },
+    /// it keeps about `kept` of ours (for the log: the index capacity is not capped by it).
+    Evicted { kept: u32, lost: Vec<u64> },
 }
 
 /// Matched blocks whose stamps a request keeps for the check (bounded memory per request).
@@ -230,8 +230,12 @@ impl Router {
 
     /// Checks a response's report (`cached` of `prompt` engine tokens) against the expectation.
     /// Blocks lost from the middle of an LRU mean everything older went too: the pod keeps about
-    /// the blocks touched since the first one it lost, and its index capacity is capped to that
-    /// here at once (the caller tells the leader, which publishes it for every VM).
+    /// the blocks touched since the first one it lost, and everything older is forgotten here at
+    /// once (the caller tells the leader, which publishes it for every VM). A pod whose cache was
+    /// emptied (a restart, a reset) reports nothing cached, so everything it held before this
+    /// request is dropped and routing relearns it. What the pod keeps is not its capacity: capping
+    /// the index to it kept an emptied pod's index one prompt long for 30 s, and three restarts in a
+    /// row left the multi-tenant hit ratio at round-robin's level.
     pub fn on_cache_report(
         &mut self,
         expected: &CacheExpectation,
@@ -261,7 +265,7 @@ impl Router {
         let lost = self.index.blocks_not_newer_than(slot, stamp);
         self.index.forget(slot, &lost);
         CacheVerdict::Evicted {
-            blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+            kept: u32::try_from(blocks).unwrap_or(u32::MAX),
             lost,
         }
     }

@@ -42,7 +42,6 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
                     },
                     ..PodMetrics::default()
                 },
-                capacity_hint_blocks: None,
                 served: Vec::new(),
                 serves: Vec::new(),
                 late: false,

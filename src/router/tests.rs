@@ -27,7 +27,6 @@ fn table(addrs: &[&str], now: u64) -> LoadTable {
                     num_gpu_blocks: Some(1024),
                     ..PodMetrics::default()
                 },
-                capacity_hint_blocks: None,
                 served: Vec::new(),
                 serves: Vec::new(),
                 late: false,
@@ -332,10 +331,10 @@ fn a_reported_miss_trims_what_the_pod_evidently_lost() {
     );
     // ... but "nothing cached" means the pod's LRU dropped the newer prompt, so the older one
     // is surely gone too; what was touched since (this request's own blocks) stays.
-    let CacheVerdict::Evicted { blocks, lost } = r.on_cache_report(&expected, 0, prompt) else {
+    let CacheVerdict::Evicted { kept, lost } = r.on_cache_report(&expected, 0, prompt) else {
         panic!("not detected")
     };
-    assert_eq!(blocks, newer.hashes.len() as u32);
+    assert_eq!(kept, newer.hashes.len() as u32);
     let mut lost_sorted = lost.clone();
     lost_sorted.sort();
     let mut older_sorted = older.hashes.clone();
@@ -350,11 +349,17 @@ fn a_reported_miss_trims_what_the_pod_evidently_lost() {
         r.index().match_lengths(&newer.hashes, 64)[slot],
         newer.hashes.len()
     );
-    // The leader publishes the hint; every VM's index capacity follows it.
-    let mut t = table(&["a:1", "b:1"], 100);
-    t.pods[0].capacity_hint_blocks = Some(5);
-    r.apply_load_table(&cfg, t);
-    assert_eq!(r.index().blocks_held(slot), 5);
+    // The pod is not taken to have shrunk: the next table leaves its capacity as reported, and
+    // the older prompt, routed there again, is held whole beside the newer one.
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    r.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: older.hashes.clone(),
+    });
+    assert_eq!(
+        r.index().blocks_held(slot),
+        older.hashes.len() + newer.hashes.len()
+    );
 }
 
 #[test]

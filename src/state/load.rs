@@ -25,11 +25,6 @@ pub struct PodLoad {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ejected_until_ms: u64,
     pub metrics: PodMetrics,
-    /// How many of our blocks the pod evidently keeps, when its responses reported fewer cached
-    /// tokens than the index expected (see `crate::router::Router::on_cache_report`): the index
-    /// capacity is capped by it until the hint expires.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity_hint_blocks: Option<u32>,
     /// The pod's `/v1/models` entries (aliases, LoRA adapters), as last read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub served: Vec<ServedModel>,
@@ -64,13 +59,12 @@ impl PodLoad {
             }
             _ => None,
         };
-        let hint = self
-            .capacity_hint_blocks
-            .map_or(u64::MAX, |h| u64::from(h).max(1));
+        // Never capped by a response that reported fewer cached tokens than expected: that says
+        // what the pod lost (a restart or a reset empties a cache that is as large as before),
+        // and the index forgets exactly that (`Router::on_cache_report`).
         reported
             .unwrap_or(u64::from(default_blocks))
-            .min(u64::from(max_blocks))
-            .min(hint) as usize
+            .min(u64::from(max_blocks)) as usize
     }
 }
 
@@ -131,7 +125,6 @@ mod tests {
             late: false,
             ejected_until_ms: 0,
             metrics: PodMetrics::default(),
-            capacity_hint_blocks: None,
             served: Vec::new(),
             serves: Vec::new(),
         };
@@ -147,12 +140,6 @@ mod tests {
             p.capacity_blocks(16, 500, 1000),
             1000,
             "bounded by configuration"
-        );
-        p.capacity_hint_blocks = Some(300);
-        assert_eq!(
-            p.capacity_blocks(16, 500, 1000),
-            300,
-            "a pod that evicts early"
         );
         let t = LoadTable {
             format: LOAD_FORMAT,
@@ -170,7 +157,6 @@ mod tests {
         assert_eq!(LoadTable::decode(&exact.encode()), Some(exact));
         // A pod reporting an absurd geometry gets the configured ceiling, not an overflow.
         let mut absurd = t.pods[0].clone();
-        absurd.capacity_hint_blocks = None;
         absurd.metrics.block_size = Some(u32::MAX);
         absurd.metrics.num_gpu_blocks = Some(u64::MAX);
         assert_eq!(absurd.capacity_blocks(16, 500, 1000), 1000);

@@ -29,7 +29,6 @@ pub struct Observation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Observation { vm: u64, observation: Observation },
-    CapacityHint { vm: u64, addr: String, blocks: u32 },
     Eviction { vm: u64, eviction: Observation },
     Verdicts { vm: u64, pods: Vec<(String, Tally)> },
 }
@@ -113,12 +112,6 @@ impl Message {
                 out.extend_from_slice(&vm.to_le_bytes());
                 put_observation(&mut out, eviction);
             }
-            Message::CapacityHint { vm, addr, blocks } => {
-                out.push(3);
-                out.extend_from_slice(&vm.to_le_bytes());
-                put_str(&mut out, addr);
-                out.extend_from_slice(&blocks.to_le_bytes());
-            }
             Message::Verdicts { vm, pods } => {
                 out.push(5);
                 out.extend_from_slice(&vm.to_le_bytes());
@@ -148,11 +141,9 @@ impl Message {
                 vm,
                 eviction: r.observation()?,
             }),
-            3 => Some(Message::CapacityHint {
-                vm,
-                addr: r.str()?,
-                blocks: r.u32()?,
-            }),
+            // 3 was a capacity hint, removed: an eviction report says what a pod lost, not what
+            // it can hold (a pod whose cache was emptied was capped to one prompt for 30 s). An
+            // older VM's hint during an update is ignored.
             5 => {
                 let n = r.u16()? as usize;
                 let mut pods = Vec::new();
@@ -248,10 +239,9 @@ mod tests {
             observation: obs("10.0.0.1:8000", &[1, u64::MAX]),
         };
         assert_eq!(Message::decode(&m.encode()), Some(m));
-        let h = Message::CapacityHint {
+        let h = Message::Eviction {
             vm: 3,
-            addr: "10.0.0.2:8000".into(),
-            blocks: 1234,
+            eviction: obs("10.0.0.2:8000", &[1234]),
         };
         assert_eq!(Message::decode(&h.encode()), Some(h.clone()));
         let bytes = h.encode();

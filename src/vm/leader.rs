@@ -18,16 +18,10 @@ struct PodRecord {
     metrics_at_ms: u64,
     failing: bool,
     late: bool,
-    /// The latest capacity hint from a worker and when it came.
-    capacity_hint: Option<(u32, u64)>,
     /// The pod's `/v1/models` list as last read, and when it was last asked for (0 = never).
     served: Vec<ServedModel>,
     models_asked_ms: u64,
 }
-
-/// A capacity hint holds this long unless renewed: a pod whose cache was squeezed by a burst gets
-/// its full index capacity back once the burst has passed.
-pub const CAPACITY_HINT_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Default)]
 pub struct Leader {
@@ -88,7 +82,6 @@ impl Leader {
                 metrics_at_ms: 0,
                 failing: false,
                 late: false,
-                capacity_hint: None,
                 served: Vec::new(),
                 models_asked_ms: 0,
             });
@@ -231,13 +224,6 @@ impl Leader {
         self.passive.update(&config.health, &pods, now_ms)
     }
 
-    /// A worker saw `addr` keep fewer blocks than the index believed.
-    pub fn on_capacity_hint(&mut self, addr: &str, blocks: u32, now_ms: u64) {
-        if let Some(record) = self.pods.get_mut(addr) {
-            record.capacity_hint = Some((blocks, now_ms));
-        }
-    }
-
     /// The table to publish, with a new version.
     pub fn table(&mut self, now_ms: u64) -> LoadTable {
         self.version += 1;
@@ -253,10 +239,6 @@ impl Leader {
                 late: r.late,
                 ejected_until_ms: self.passive.ejected_until(addr),
                 metrics: r.metrics.clone(),
-                capacity_hint_blocks: r
-                    .capacity_hint
-                    .filter(|(_, at)| now_ms.saturating_sub(*at) <= CAPACITY_HINT_TTL_MS)
-                    .map(|(blocks, _)| blocks),
                 served: r.served.clone(),
                 serves: served_names(&r.metrics, &r.served),
             })

@@ -310,31 +310,14 @@ impl Vm {
         );
     }
 
-    /// Tells the leader what a response showed a pod had lost (already applied here): the blocks,
-    /// for every VM's index, and how many of ours the pod evidently keeps.
-    pub fn report_eviction(
-        &mut self,
-        host: &mut dyn Host,
-        addr: String,
-        blocks: u32,
-        lost: Vec<u64>,
-    ) {
+    /// Tells the leader what a response showed a pod had lost (already applied here), for every
+    /// VM's index.
+    pub fn report_eviction(&mut self, host: &mut dyn Host, addr: String, lost: Vec<u64>) {
         self.tell_leader(
             host,
             Message::Eviction {
                 vm: self.id,
-                eviction: Observation {
-                    addr: addr.clone(),
-                    hashes: lost,
-                },
-            },
-        );
-        self.tell_leader(
-            host,
-            Message::CapacityHint {
-                vm: self.id,
-                addr,
-                blocks,
+                eviction: Observation { addr, hashes: lost },
             },
         );
     }
@@ -470,9 +453,6 @@ impl Vm {
                 Some(Message::Observation { observation, .. }) => {
                     self.router.observe(&observation);
                     st.pending.push(Change::Observed(observation));
-                }
-                Some(Message::CapacityHint { addr, blocks, .. }) => {
-                    st.book.on_capacity_hint(&addr, blocks, now);
                 }
                 Some(Message::Eviction { eviction, .. }) => {
                     self.router.forget(&eviction);
