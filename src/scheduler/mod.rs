@@ -125,9 +125,11 @@ pub fn decide(config: &Config, pods: &[PodView<'_>], request: &RouteRequest<'_>)
     if request.hints.priority < 0 && candidates.iter().all(|p| config.shedding.is_saturated(p)) {
         return Decision::NoEndpoint(Rejection::Saturated);
     }
+    let pool_queue =
+        candidates.iter().map(|p| p.queue()).sum::<f64>() / candidates.len().max(1) as f64;
     let predictions: Vec<Prediction> = candidates
         .iter()
-        .map(|p| predict::predict(p, request))
+        .map(|p| predict::with_added_wait(predict::predict(p, request), p, pool_queue))
         .collect();
     picker::pick(config, &candidates, &predictions, request)
 }

@@ -25,11 +25,16 @@
 //!
 //! **What the request costs the pool** ([`Prediction::pool_cost_ms`]) is what the picker ranks by:
 //! its own predicted first token plus the wait its uncached prefill adds to the requests that will
-//! queue behind it on that pod (`added_wait_ms`). Every request waiting there is a sign of the
-//! queue the next arrivals join, so the added wait is this request's own compute time × the pod's
-//! queue ([`PodView::queue`]): an M/M/1 queue's marginal cost of `W` more work is `W × L`, `L` the
-//! mean number in the system. On an idle pod it is nothing and the ranking is the request's own
-//! first token; under load a recompute costs what it costs everybody behind it. Ranked by the
+//! queue behind it (`added_wait_ms`, [`with_added_wait`]): this request's own compute time × the
+//! queue the next arrivals there join, an M/M/1 queue's marginal cost of `W` more work being
+//! `W × L`, `L` the mean number in the system. The queue is the pod's ([`PodView::queue`]) or, if
+//! longer, the candidates' mean: the router sends the next arrivals to whichever pod is free, so a
+//! pod idle for the moment in a busy pool does not stay idle, and the work put on it delays them
+//! as surely as on any other (counted by the pod's own queue alone, the pods that emptied for a
+//! moment during a cold start took recompute after recompute, and a pool whose tenants fit its
+//! caches once each held some twice and thrashed). In an idle pool it is nothing and the ranking
+//! is the request's own first token; under load a recompute costs what it costs everybody behind
+//! it. Ranked by the
 //! request's own first token alone, a 7,000-token recompute on a pod without the prefix looked
 //! sooner than the holder's queue; each such move added a whole prefill to the pool and gave the
 //! prefix a second home, queues grew, more requests moved, and a pool of four near saturation fell
@@ -46,6 +51,8 @@ pub struct Prediction {
     pub uncached_tokens: f64,
     pub tokens_ahead: f64,
     pub decoding: f64,
+    /// The pod's time to compute this request's uncached tokens alone.
+    pub own_compute_ms: f64,
     /// What this request's uncached prefill adds to the wait of the requests that will queue
     /// behind it there (see the module header).
     pub added_wait_ms: f64,
@@ -97,7 +104,23 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         uncached_tokens: uncached,
         tokens_ahead,
         decoding,
-        added_wait_ms: own_compute_ms * pod.queue().max(0.0),
+        own_compute_ms,
+        added_wait_ms: 0.0,
+    }
+}
+
+/// `prediction` with the wait it adds behind it: its own compute × the longer of the pod's queue
+/// and `pool_queue`, the candidates' mean (see the module header).
+pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f64) -> Prediction {
+    let waiters = pod.queue().max(pool_queue);
+    Prediction {
+        added_wait_ms: prediction.own_compute_ms
+            * if waiters.is_finite() {
+                waiters.max(0.0)
+            } else {
+                0.0
+            },
+        ..prediction
     }
 }
 

@@ -594,10 +594,20 @@ fn under_load_a_recompute_pays_for_the_wait_it_adds_and_the_holder_keeps_its_pre
         "the move is sooner for the request itself: {ranked:?}"
     );
     assert!(elsewhere.added_wait_ms > 4.0 * 7000.0 * 0.04 * 0.99);
-    // The same pool with one pod idle: the recompute delays nobody there, so it spills.
+    // One pod idle for the moment in the busy pool: the next arrivals go there, so its recompute
+    // delays them by the pool's mean queue (3.25): 302 ms of its own + 949 ms added. The holder,
+    // 1.3 s behind, keeps the prefix although the idle pod is 4× sooner for this request ...
     pods[3].queued_tokens = 0.0;
     pods[3].queued_requests = 0.0;
     pods[3].inflight = 0.0;
+    pods[0].queued_tokens = 25_000.0;
+    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+        panic!()
+    };
+    assert_eq!(ranked[0].addr, ADDRS[0], "{ranked:?}");
+    assert!(ranked[1].prediction.ttft_ms * 3.0 < ranked[0].prediction.ttft_ms);
+    // ... and spills once its queue is longer than the recompute's cost to the pool.
+    pods[0].queued_tokens = 40_000.0;
     assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[3]);
 }
 
@@ -614,10 +624,10 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
     }
     pods[0].matched_blocks = 100;
     // Holder: 10 + 0.04 × (1,800 ahead + 0) = 82 ms; the other: 10 + 0.04 × 1,600 = 74 ms.
-    // Without the band the other pod is 10% sooner (beyond the 5% tie band) and wins.
+    // Without the band the other pod is 10% sooner (beyond the 5% tie band) and wins. (The
+    // holder's queue is the head of a prefill already running: nobody waits, so the added wait
+    // is nothing on either pod and the band alone decides.)
     pods[0].queued_tokens = 1800.0;
-    pods[0].queued_requests = 1.0;
-    pods[0].inflight = 1.0;
     let mut no_band = pods.clone();
     for p in &mut no_band {
         p.error_band = 0.0;
@@ -633,12 +643,9 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
     pods[0].queued_tokens = 3600.0;
     assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[1]);
     // A pod holding 5 of the 100 blocks gets 5% of the band: at the same 82 ms (280 tokens ahead
-    // + its 1,520 uncached, nobody queued behind it to wait for them) it is left for the 74 ms
-    // pod.
+    // + its 1,520 uncached) it is left for the 74 ms pod.
     pods[0].matched_blocks = 5;
     pods[0].queued_tokens = 280.0;
-    pods[0].queued_requests = 0.0;
-    pods[0].inflight = 0.0;
     let d = decide(&cfg, &pods, &request(&hashes));
     let Decision::Route { ranked, .. } = &d else {
         panic!()
