@@ -208,6 +208,9 @@ pub enum Counter {
     PdPrefillFailures,
     /// Inline prefill calls the prefill pod refused with a 4xx (returned to the client as is).
     PdPrefillRejected,
+    /// Inline prefill calls the prefill pod refused with 401/403: kvroute's call lacked the
+    /// credential the pool wants (the request fell back to decode-only; not the client's fault).
+    PdPrefillUnauthorized,
     /// Requests refused with 400: an SLO header was not a positive number.
     BadSlo,
     /// Requests with latency objectives routed although no pod was predicted to meet them.
@@ -281,7 +284,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -302,6 +305,7 @@ impl Counter {
         Counter::PdDecodeOnly,
         Counter::PdPrefillFailures,
         Counter::PdPrefillRejected,
+        Counter::PdPrefillUnauthorized,
         Counter::BadSlo,
         Counter::SloPredictedMiss,
         Counter::SloTtftMissed,
@@ -336,6 +340,7 @@ impl Counter {
             Counter::PdDecodeOnly => "kvroute.pd.decode_only_total",
             Counter::PdPrefillFailures => "kvroute.pd.prefill_failures_total",
             Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected_total",
+            Counter::PdPrefillUnauthorized => "kvroute.pd.prefill_unauthorized_total",
             Counter::BadSlo => "kvroute.bad_slo_total",
             Counter::SloPredictedMiss => "kvroute.slo.predicted_miss_total",
             Counter::SloTtftMissed => "kvroute.slo.ttft_missed_total",

@@ -21,7 +21,7 @@ pub struct HttpCall {
     pub path: String,
     pub authority: String,
     /// Further request headers (e.g. the destination header an ORIGINAL_DST cluster routes by).
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(std::borrow::Cow<'static, str>, String)>,
     pub body: Option<Vec<u8>>,
     pub timeout_ms: u64,
 }

@@ -702,7 +702,9 @@ pub fn inline_prefill(data: &[u8]) {
     match inline::answer(status, answer, original) {
         Answer::Refused { status: s, body } => {
             assert!((400..500).contains(&status) && s == status && body == answer);
+            assert!(status != 401 && status != 403, "the pod refusing kvroute's call");
         }
+        Answer::Unauthorized => assert!(status == 401 || status == 403),
         Answer::Decode(body) => {
             assert_eq!(status, 200);
             let Value::Object(decode) = serde_json::from_slice(&body).unwrap() else {

@@ -97,12 +97,60 @@ pub struct Config {
     pub trust_client_kv_transfer_params: bool,
     pub leader_lease_ms: u64,
     pub singleton: bool,
+    /// `Authorization` for the leader's calls to pods (`pod_api_key` or `pod_api_key_env`).
+    pub pod_authorization: Option<Secret>,
     pub pd: crate::pd::PdConfig,
     pub peers: crate::vm::peers::PeersConfig,
     pub session: crate::scheduler::session::Session,
     pub shedding: crate::scheduler::saturation::Shedding,
     pub slo: crate::scheduler::slo::SloHeaders,
     pub health: crate::health::HealthConfig,
+}
+
+/// A credential: compared and cloned like a string, never printed (a configuration logged with
+/// `{:?}` shows `Secret(…)`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// `Bearer <key>` from `pod_api_key`, or from the VM's environment variable `pod_api_key_env`.
+fn compile_pod_authorization(w: &wire::WireConfig) -> Result<Option<Secret>, ConfigError> {
+    let key = match (&w.pod_api_key, &w.pod_api_key_env) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::at(
+                "pod_api_key_env",
+                "set pod_api_key or pod_api_key_env, not both",
+            ))
+        }
+        (Some(key), None) => key.clone(),
+        (None, Some(var)) => std::env::var(var).map_err(|_| {
+            ConfigError::at(
+                "pod_api_key_env",
+                format!("the Wasm VM has no environment variable `{var}` (set it in vm_config.environment_variables)"),
+            )
+        })?,
+        (None, None) => return Ok(None),
+    };
+    let key = key.trim();
+    // A header value is visible ASCII: a key with a line break would split the request.
+    if key.is_empty() || !key.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(ConfigError::at(
+            "pod_api_key",
+            "must be a non-empty key of visible ASCII characters",
+        ));
+    }
+    Ok(Some(Secret(format!("Bearer {key}"))))
 }
 
 /// The pod-count ceiling of one kvroute instance (all pools together). The prefix index keeps one
@@ -253,7 +301,8 @@ impl Config {
             trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,
             leader_lease_ms: w.leader_lease_ms,
             singleton: w.singleton,
-            pd: w.pd.clone(),
+            pod_authorization: compile_pod_authorization(w)?,
+            pd: w.pd.compiled(),
             peers: w.peers.clone(),
             session: w.session.compile()?,
             shedding: w.shedding.compile()?,
@@ -513,6 +562,35 @@ mod tests {
         assert!(!is_host_port("127.0.0.1:99999"));
         assert!(!is_host_port(":80"));
         assert!(!is_host_port("a,b:80"));
+    }
+
+    #[test]
+    fn the_pods_api_key_is_checked_and_never_printed() {
+        let c = Config::parse(br#"{"pod_api_key":"sk-pool-123"}"#).unwrap();
+        let auth = c.pod_authorization.as_ref().unwrap();
+        assert_eq!(auth.expose(), "Bearer sk-pool-123");
+        assert!(!format!("{c:?}").contains("sk-pool-123"), "redacted");
+        assert_eq!(Config::default().pod_authorization, None);
+        assert_eq!(
+            rejected(r#"{"pod_api_key":"a","pod_api_key_env":"B"}"#).field,
+            "pod_api_key_env"
+        );
+        assert_eq!(
+            rejected(r#"{"pod_api_key":"line\nbreak"}"#).field,
+            "pod_api_key"
+        );
+        let missing = rejected(r#"{"pod_api_key_env":"KVROUTE_TEST_NO_SUCH_VARIABLE"}"#);
+        assert_eq!(missing.field, "pod_api_key_env");
+        assert!(
+            missing.reason.contains("environment_variables"),
+            "{missing}"
+        );
+        assert_eq!(
+            rejected(r#"{"pd":{"forward_headers":["authorization","bad header"]}}"#).field,
+            "pd.forward_headers[1]"
+        );
+        let c = Config::parse(br#"{"pd":{"forward_headers":["Authorization"]}}"#).unwrap();
+        assert_eq!(c.pd.forward_headers, vec!["authorization".to_string()]);
     }
 
     #[test]

@@ -146,6 +146,12 @@ pub struct WireConfig {
     pub leader_lease_ms: u64,
     /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
     pub singleton: bool,
+    /// The pods' API key (vLLM, SGLang and llama.cpp `--api-key`), sent as `Authorization: Bearer
+    /// <key>` on the leader's `/metrics` and `/v1/models` calls. Or `pod_api_key_env`: the name
+    /// of an environment variable of the Wasm VM holding it (Envoy's
+    /// `vm_config.environment_variables`), so the key need not sit in the plugin configuration.
+    pub pod_api_key: Option<String>,
+    pub pod_api_key_env: Option<String>,
     /// Prefill/decode disaggregation, used when a pool has the `decode` role.
     pub pd: crate::pd::PdConfig,
     /// Other gateway replicas in front of the same pods, told where this one placed prefixes
@@ -187,6 +193,8 @@ impl Default for WireConfig {
             trust_client_kv_transfer_params: false,
             leader_lease_ms: 1500,
             singleton: false,
+            pod_api_key: None,
+            pod_api_key_env: None,
             pd: crate::pd::PdConfig::default(),
             peers: Default::default(),
             session: Default::default(),

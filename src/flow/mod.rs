@@ -225,6 +225,8 @@ pub struct RequestFlow {
     /// prefill pod's answer, and that pod.
     prefill_original: Option<Vec<u8>>,
     prefill_pod: Option<String>,
+    /// Inline P/D: the client's headers the prefill call carries (`pd.forward_headers`).
+    forwarded: Vec<(String, String)>,
     /// Sidecar P/D: the request was sent to its decode pod with a prefiller, whose part is over
     /// when the decode pod's response headers come (see [`Self::on_response_headers`]).
     sidecar_split: bool,
@@ -372,6 +374,15 @@ impl RequestFlow {
                 }
                 self.endpoint = Some(endpoint);
                 self.path = path;
+                if vm.config.pd.mode == PdMode::Inline {
+                    self.forwarded = vm
+                        .config
+                        .pd
+                        .forward_headers
+                        .iter()
+                        .filter_map(|name| Some((name.clone(), header(name)?)))
+                        .collect();
+                }
                 HeadersOutcome::WaitForBody
             }
             _ => {
@@ -591,6 +602,7 @@ impl RequestFlow {
                     &self.path,
                     &prefill_addr,
                     &original,
+                    &self.forwarded,
                     vm.config.pd.prefill_timeout_ms,
                 ));
                 self.prefill_original = Some(original);
@@ -694,10 +706,17 @@ impl RequestFlow {
                     body,
                 })
             }
-            Answer::Fallback => {
+            Answer::Unauthorized | Answer::Fallback => {
                 // The decode pod prefills by itself, so its first byte says nothing of the split;
-                // the prefill pod holds nothing of it.
-                log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                // the prefill pod holds nothing of it. A 401/403 is the prefill pod refusing
+                // kvroute's call (the client's key was not forwarded, or the pool wants another):
+                // counted as the pod's refusal; the decode pod judges the client's own key.
+                if status == 401 || status == 403 {
+                    log::warn!("kvroute: prefill pod refused the inline prefill call with {status} (pd.forward_headers, the pool's API key); decoding without it");
+                    host.count(Counter::PdPrefillUnauthorized, 1);
+                } else {
+                    log::debug!("kvroute: inline prefill answered {status}; decoding without it");
+                }
                 let prefill_pod = self.prefill_pod.take();
                 self.provisional.withdraw(vm, host, prefill_pod.as_deref());
                 if let Some(a) = self.awaiting.as_mut() {

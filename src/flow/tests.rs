@@ -217,6 +217,44 @@ fn an_inline_prefill_hands_its_kv_to_the_decode_pod_and_a_refusal_goes_back() {
     );
 }
 
+/// A pool behind an API key: the prefill call carries the client's own key and trace, and a
+/// 401 from the prefill pod is counted as the pod refusing kvroute's call, never sent back to the
+/// client (the decode pod judges the client's key).
+#[test]
+fn an_inline_prefill_carries_the_clients_key_and_trace_and_a_401_is_the_pods_refusal() {
+    let mut c = pd_cluster("inline");
+    let long = "context ".repeat(3000);
+    let client = [
+        ("authorization", "Bearer sk-client"),
+        (
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
+        ("x-unrelated", "stays home"),
+    ];
+    let (mut flow, outcome) = send(&mut c, 0, &client, &chat_body("m", &long));
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let call = route.prefill_call.expect("an inline prefill");
+    let sent = |name: &str| {
+        call.headers
+            .iter()
+            .find(|(n, _)| n.as_ref() == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(sent("authorization"), Some("Bearer sk-client"));
+    assert_eq!(sent("traceparent"), Some(client[1].1));
+    assert_eq!(sent("x-unrelated"), None, "only pd.forward_headers");
+    let (vm, host) = &mut c.vms[0];
+    let outcome = flow.on_prefill_answer(vm, host, 401, br#"{"error":"Unauthorized"}"#);
+    assert_eq!(outcome, PrefillOutcome::Resume(None), "decode without it");
+    assert_eq!(host.counter(Counter::PdPrefillUnauthorized), 1);
+    assert_eq!(host.counter(Counter::PdPrefillRejected), 0);
+    assert_eq!(host.counter(Counter::PdDecodeOnly), 1);
+    flow.on_done(vm, host, None, None);
+}
+
 #[test]
 fn sidecar_mode_names_the_prefiller() {
     let mut c = pd_cluster("sidecar");
@@ -286,6 +324,32 @@ fn primary_of(outcome: &BodyOutcome) -> String {
         panic!("{outcome:?}")
     };
     route.destinations.split(',').next().unwrap().to_string()
+}
+
+/// The leader's calls to pods carry the configured key; a client's key never reaches them.
+#[test]
+fn the_leaders_polls_carry_the_pools_key() {
+    let cfg = crate::vm::tests::config(r#","pod_api_key":"sk-pool""#);
+    let mut c = Cluster::new(&cfg, 1);
+    let (vm, host) = &mut c.vms[0];
+    let now = host.now_ms();
+    vm.tick(host, now);
+    let calls = host.take_calls();
+    let to_pods: Vec<&HttpCall> = calls
+        .iter()
+        .map(|(_, call)| call)
+        .filter(|call| call.path == "/metrics" || call.path == "/v1/models")
+        .collect();
+    assert!(to_pods.iter().any(|c| c.path == "/metrics"), "{calls:?}");
+    assert!(to_pods.iter().any(|c| c.path == "/v1/models"), "{calls:?}");
+    for call in to_pods {
+        assert!(
+            call.headers
+                .iter()
+                .any(|(n, v)| n.as_ref() == "authorization" && v == "Bearer sk-pool"),
+            "{call:?}"
+        );
+    }
 }
 
 #[test]

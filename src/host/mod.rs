@@ -80,7 +80,7 @@ impl Host for ProxyHost {
             (":path", call.path.as_str()),
             (":authority", call.authority.as_str()),
         ];
-        headers.extend(call.headers.iter().map(|(k, v)| (*k, v.as_str())));
+        headers.extend(call.headers.iter().map(|(k, v)| (k.as_ref(), v.as_str())));
         hostcalls::dispatch_http_call(
             &call.cluster,
             headers,

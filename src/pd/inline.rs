@@ -45,23 +45,31 @@ pub fn decode_body(original: &[u8], params: &Value) -> Vec<u8> {
     edit(original, &[("kv_transfer_params", Change::Set(&params))]).unwrap_or_default()
 }
 
-/// The call that asks `prefill_addr` to prefill (through the ORIGINAL_DST cluster `cluster`).
+/// The call that asks `prefill_addr` to prefill (through the ORIGINAL_DST cluster `cluster`),
+/// carrying the client's `forwarded` headers (`pd.forward_headers`: its API key, its trace).
 pub fn prefill_call(
     cluster: &str,
     path: &str,
     prefill_addr: &str,
     original: &[u8],
+    forwarded: &[(String, String)],
     timeout_ms: u64,
 ) -> HttpCall {
+    let mut headers = vec![
+        ("content-type".into(), "application/json".to_string()),
+        (DESTINATION.into(), prefill_addr.to_string()),
+    ];
+    headers.extend(
+        forwarded
+            .iter()
+            .map(|(name, value)| (name.clone().into(), value.clone())),
+    );
     HttpCall {
         cluster: cluster.to_string(),
         method: "POST",
         path: path.to_string(),
         authority: prefill_addr.to_string(),
-        headers: vec![
-            ("content-type", "application/json".to_string()),
-            (DESTINATION, prefill_addr.to_string()),
-        ],
+        headers,
         body: Some(prefill_body(original)),
         timeout_ms,
     }
@@ -74,11 +82,18 @@ pub enum Answer {
     Decode(Vec<u8>),
     /// The request was refused (4xx): the client gets the prefill pod's answer.
     Refused { status: u32, body: Vec<u8> },
+    /// The prefill pod refused kvroute's call (401/403): a credential the pool wants did not
+    /// reach it, which is the deployment's fault, not the client's. The decode pod prefills by
+    /// itself and judges the client's own credentials.
+    Unauthorized,
     /// No KV to hand over: the decode pod prefills by itself.
     Fallback,
 }
 
 pub fn answer(status: u32, body: &[u8], original: &[u8]) -> Answer {
+    if status == 401 || status == 403 {
+        return Answer::Unauthorized;
+    }
     if (400..500).contains(&status) {
         return Answer::Refused {
             status,
@@ -138,17 +153,29 @@ mod tests {
         );
         assert_eq!(answer(504, b"", original), Answer::Fallback, "timed out");
         assert_eq!(answer(200, b"{}", original), Answer::Fallback, "no handle");
+        assert_eq!(answer(401, b"no key", original), Answer::Unauthorized);
+        assert_eq!(answer(403, b"", original), Answer::Unauthorized);
+        let forwarded = [
+            ("authorization".to_string(), "Bearer sk-client".to_string()),
+            ("traceparent".to_string(), "00-ab-cd-01".to_string()),
+        ];
         let call = prefill_call(
             "kvroute_poll",
             "/v1/completions",
             "10.0.0.7:8000",
             original,
+            &forwarded,
             500,
         );
         assert_eq!(call.authority, "10.0.0.7:8000");
         assert_eq!(call.timeout_ms, 500);
-        assert!(call
-            .headers
-            .contains(&(DESTINATION, "10.0.0.7:8000".to_string())));
+        let has = |name: &str, value: &str| {
+            call.headers
+                .iter()
+                .any(|(n, v)| n.as_ref() == name && v == value)
+        };
+        assert!(has(DESTINATION, "10.0.0.7:8000"));
+        assert!(has("authorization", "Bearer sk-client"));
+        assert!(has("traceparent", "00-ab-cd-01"));
     }
 }

@@ -52,6 +52,10 @@ pub struct PdConfig {
     /// prefill pods' cost models only; their fits learn the real figure from split requests' first
     /// bytes, transfer included.
     pub split_overhead_ms: f64,
+    /// Inline mode: the client's request headers copied onto the prefill call, so a pool that
+    /// requires an API key (vLLM's `--api-key`) accepts the prefill with the client's own key, and
+    /// the call stays in the client's trace. Names are lower-cased when the configuration is read.
+    pub forward_headers: Vec<String>,
 }
 
 impl Default for PdConfig {
@@ -60,6 +64,9 @@ impl Default for PdConfig {
             mode: PdMode::Sidecar,
             prefill_timeout_ms: 60_000,
             split_overhead_ms: 20.0,
+            forward_headers: ["authorization", "traceparent", "tracestate", "x-request-id"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 }
@@ -72,7 +79,23 @@ impl PdConfig {
                 "must be positive",
             ));
         }
-        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)
+        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)?;
+        for (i, name) in self.forward_headers.iter().enumerate() {
+            crate::config::HeaderName::parse(&format!("pd.forward_headers[{i}]"), name)?;
+        }
+        Ok(())
+    }
+
+    /// The section as the runtime uses it: header names lower-cased (Envoy's form).
+    pub fn compiled(&self) -> PdConfig {
+        PdConfig {
+            forward_headers: self
+                .forward_headers
+                .iter()
+                .map(|n| n.to_ascii_lowercase())
+                .collect(),
+            ..self.clone()
+        }
     }
 }
 

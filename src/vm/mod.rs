@@ -489,6 +489,7 @@ impl Vm {
                     "/clusters?format=json",
                     "admin",
                     None,
+                    None,
                     self.timeout(),
                 );
             }
@@ -513,6 +514,7 @@ impl Vm {
                 "/metrics",
                 &addr,
                 Some(&addr),
+                self.config.pod_authorization.as_ref(),
                 self.timeout(),
             ) {
                 Some(token) => {
@@ -542,6 +544,7 @@ impl Vm {
                 "/v1/models",
                 &addr,
                 Some(&addr),
+                self.config.pod_authorization.as_ref(),
                 self.timeout(),
             ) {
                 st.model_polls.insert(token, addr);
@@ -563,9 +566,9 @@ impl Vm {
     fn ask_peers(&self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
         let peers = &self.config.peers;
         for ask in st.pullers.due(peers, now, self.timeout()) {
-            let mut headers = vec![(crate::headers::DESTINATION, ask.addr.clone())];
+            let mut headers = vec![(crate::headers::DESTINATION.into(), ask.addr.clone())];
             if let Some(token) = &peers.token {
-                headers.push((peers::TOKEN_HEADER, token.clone()));
+                headers.push((peers::TOKEN_HEADER.into(), token.clone()));
             }
             let call = HttpCall {
                 cluster: self.config.poll_cluster.clone(),
@@ -891,22 +894,30 @@ impl Vm {
     }
 }
 
+/// A GET through `cluster`; `credential` is the pool's `Authorization` value, for calls to pods
+/// (`pod_api_key`), never for the admin API.
 fn dispatch(
     host: &mut dyn Host,
     cluster: &str,
     path: &str,
     authority: &str,
     destination: Option<&str>,
+    credential: Option<&crate::config::Secret>,
     timeout_ms: u64,
 ) -> Option<u32> {
+    let mut headers = Vec::new();
+    if let Some(d) = destination {
+        headers.push((crate::headers::DESTINATION.into(), d.to_string()));
+    }
+    if let Some(c) = credential {
+        headers.push(("authorization".into(), c.expose().to_string()));
+    }
     let call = HttpCall {
         cluster: cluster.to_string(),
         method: "GET",
         path: path.to_string(),
         authority: authority.to_string(),
-        headers: destination
-            .map(|d| vec![(crate::headers::DESTINATION, d.to_string())])
-            .unwrap_or_default(),
+        headers,
         body: None,
         timeout_ms,
     };
