@@ -7,7 +7,10 @@
 //! Each pod is, at every decision:
 //!
 //! * **Fresh** — its last poll answered within `stale_after_ms`: ranked on its polled load and the
-//!   work board.
+//!   work board. A pod whose page is Prometheus text naming no load gauge kvroute knows (an engine
+//!   other than vLLM, SGLang, TRT-LLM, llama.cpp and TGI) is fresh with waiting and running 0:
+//!   ranked on the board alone, as a stale pod is, without being reported stale (its polls are
+//!   not late; see `crate::vm::leader::Leader::on_poll`).
 //! * **Stale** — its polls are late (they time out, or the last answer is older than
 //!   `stale_after_ms`) but nothing says it fails: still routed, by prefix as ever, on the gateway's
 //!   own view of its work (the board) with the polled figures ignored. When every candidate is
@@ -17,8 +20,10 @@
 //!   has neither answered nor timed out): not routed (its models are not known either) unless no
 //!   pod is known at all, at start-up, when requests go to the cluster's own balancer.
 //! * **Down** — its poll failed outright (connection refused or reset well before the poll
-//!   timeout, a non-200 answer, a page without load metrics), or it is **ejected** for failing the
-//!   requests sent to it. Never routed; when every pod of a role is down the request is refused.
+//!   timeout, a non-200 answer, a page that is not Prometheus text or is empty, or one naming a
+//!   known engine's load gauges with unusable values: see `crate::vm::prom`), or it is
+//!   **ejected** for failing the requests sent to it. Never routed; when every pod of a role is
+//!   down the request is refused.
 //!
 //! **Passive ejection** (Envoy's outlier detection, over the pods kvroute picks). Every VM sorts
 //! each finished request into served or failed for the pod it chose ([`judge`]): a 5xx, a reset

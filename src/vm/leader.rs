@@ -6,7 +6,7 @@ use crate::config::{Config, Members, Role};
 use crate::health::{PassiveHealth, Tally};
 use crate::state::load::{LoadTable, PodLoad};
 use crate::vm::models::{self, ServedModel};
-use crate::vm::prom::{self, GatewayShare, PodMetrics};
+use crate::vm::prom::{self, Figures, GatewayShare, PodMetrics};
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +18,9 @@ struct PodRecord {
     metrics_at_ms: u64,
     failing: bool,
     late: bool,
+    /// What its last page said about its load (`None` before one was read): for the log lines
+    /// on a change.
+    figures: Option<Figures>,
     /// The pod's `/v1/models` list as last read, and when it was last asked for (0 = never).
     served: Vec<ServedModel>,
     models_asked_ms: u64,
@@ -82,6 +85,7 @@ impl Leader {
                 metrics_at_ms: 0,
                 failing: false,
                 late: false,
+                figures: None,
                 served: Vec::new(),
                 models_asked_ms: 0,
             });
@@ -135,6 +139,14 @@ impl Leader {
 
     /// Applies a poll's outcome, `ours` being this gateway's requests on the pod when the poll was
     /// sent; `true` when it brought fresh metrics.
+    ///
+    /// A page that names no load gauge kvroute knows (an engine other than vLLM, SGLang, TRT-LLM,
+    /// llama.cpp and TGI) makes the pod fresh with waiting and running 0, not stale: the router
+    /// would rank it the same either way (a stale pod's figures are replaced by zeros, and zeros
+    /// leave the gateway's own work board as the pod's whole load), but stale says its polls are
+    /// late, which these are not, and a pool of such pods would then be all stale on every
+    /// request: counted as a suspect observer (`kvroute.health.observer_suspect`) and shown as
+    /// `pods_stale`, which the shipped alerts and autoscaling read as lost sight of the pods.
     pub fn on_poll(
         &mut self,
         addr: &str,
@@ -145,23 +157,42 @@ impl Leader {
         let Some(record) = self.pods.get_mut(addr) else {
             return false;
         };
-        let parsed = match result {
+        let read = match result {
             PollResult::TimedOut => {
                 // It took the connection and is still thinking: alive, its figures stale.
                 record.late = true;
                 record.failing = false;
                 return false;
             }
-            PollResult::Answered(200, body) => prom::parse(body).ok(),
+            PollResult::Answered(200, body) => Some(prom::read(body)),
             _ => None,
         };
         record.late = false;
-        match parsed {
-            Some(metrics) => {
-                record.metrics = PodMetrics { ours, ..metrics };
+        match read {
+            Some(Ok(page)) => {
+                if page.figures == Figures::Unknown && record.figures != Some(Figures::Unknown) {
+                    log::info!(
+                        "kvroute: pod {addr}'s /metrics names no load gauge kvroute reads (vLLM, SGLang, TRT-LLM, llama.cpp, TGI): routed on this gateway's own count of its requests"
+                    );
+                }
+                record.figures = Some(page.figures);
+                record.metrics = PodMetrics {
+                    ours,
+                    ..page.metrics
+                };
                 record.metrics_at_ms = now_ms;
                 record.failing = false;
                 true
+            }
+            Some(Err(e)) => {
+                if !record.failing {
+                    log::warn!(
+                        "kvroute: pod {addr}'s /metrics is unusable ({}): not routed until a poll reads it",
+                        e.as_str()
+                    );
+                }
+                record.failing = true;
+                false
             }
             None => {
                 record.failing = true;
@@ -294,7 +325,7 @@ mod tests {
         ));
         assert!(!l.on_poll(
             "10.0.0.2:1",
-            PollResult::Answered(200, b"garbage"),
+            PollResult::Answered(200, b"<html>garbage</html>"),
             GatewayShare::default(),
             1000
         ));
@@ -342,6 +373,67 @@ mod tests {
         let t2 = l.table(1300);
         assert!(t2.pods[0].failing && !t2.pods[0].late, "a refused poll is");
         assert!(t2.version > t.version);
+    }
+
+    #[test]
+    fn a_page_without_known_load_gauges_leaves_the_pod_routable_on_our_own_view() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1","10.0.0.2:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        let other_engine = b"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12.5\nmy_engine_slots_busy 3\n";
+        let ours = GatewayShare {
+            prefilling: 1.0,
+            inflight: 2.0,
+        };
+        assert!(l.on_poll(
+            "10.0.0.1:1",
+            PollResult::Answered(200, other_engine),
+            ours,
+            1000
+        ));
+        assert!(l.on_poll(
+            "10.0.0.2:1",
+            PollResult::Answered(200, PAGE),
+            GatewayShare::default(),
+            1000
+        ));
+        let t = l.table(1000);
+        let unknown = &t.pods[0];
+        assert_eq!(
+            crate::health::health_of(unknown, 1000, cfg.stale_after_ms),
+            crate::health::Health::Fresh
+        );
+        assert!(!unknown.failing && !unknown.late);
+        assert_eq!(
+            (unknown.metrics.waiting, unknown.metrics.running),
+            (0.0, 0.0),
+            "nothing beyond the gateway's own requests"
+        );
+        assert_eq!(unknown.metrics.ours, ours);
+        assert_eq!(t.pods[1].metrics.running, 2.0);
+        // Back to a known engine's page (a restart into vLLM): its figures are read again.
+        assert!(l.on_poll(
+            "10.0.0.1:1",
+            PollResult::Answered(200, PAGE),
+            GatewayShare::default(),
+            1100
+        ));
+        assert_eq!(l.table(1100).pods[0].metrics.running, 2.0);
+        // Not a metrics page, or an empty one: down.
+        for body in [&b"<!DOCTYPE html><html></html>"[..], b"", b"{\"ok\":true}"] {
+            assert!(!l.on_poll(
+                "10.0.0.1:1",
+                PollResult::Answered(200, body),
+                GatewayShare::default(),
+                1200
+            ));
+            let t = l.table(1200);
+            assert_eq!(
+                crate::health::health_of(&t.pods[0], 1200, cfg.stale_after_ms),
+                crate::health::Health::Down,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

