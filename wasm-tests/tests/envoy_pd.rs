@@ -16,18 +16,29 @@ struct PdStack {
 }
 
 async fn pd_stack(mode: &str) -> PdStack {
-    let prefill = Sim::start(2, &["--time-scale", TIME_SCALE, "--role", "prefill"]).unwrap();
-    let decode = Sim::start(2, &["--time-scale", TIME_SCALE, "--role", "decode"]).unwrap();
-    let config = plugin_config(
-        &decode.pods,
-        json!({
-            "pools": [
-                {"name": "prefill", "role": "prefill", "endpoints": prefill.pods},
-                {"name": "decode", "role": "decode", "endpoints": decode.pods}
-            ],
-            "pd": {"mode": mode, "prefill_timeout_ms": 5000}
-        }),
-    );
+    pd_stack_with(mode, &[], json!({})).await
+}
+
+/// [`pd_stack`] with extra kvsim arguments for every pod and extra plugin settings.
+async fn pd_stack_with(mode: &str, sim_args: &[&str], extra: Value) -> PdStack {
+    let args = |role: &'static str| {
+        let mut a = vec!["--time-scale", TIME_SCALE, "--role", role];
+        a.extend_from_slice(sim_args);
+        a
+    };
+    let prefill = Sim::start(2, &args("prefill")).unwrap();
+    let decode = Sim::start(2, &args("decode")).unwrap();
+    let mut settings = json!({
+        "pools": [
+            {"name": "prefill", "role": "prefill", "endpoints": prefill.pods},
+            {"name": "decode", "role": "decode", "endpoints": decode.pods}
+        ],
+        "pd": {"mode": mode, "prefill_timeout_ms": 5000}
+    });
+    if let (Some(s), Value::Object(e)) = (settings.as_object_mut(), extra) {
+        s.extend(e);
+    }
+    let config = plugin_config(&decode.pods, settings);
     // The pool cluster holds the decode pods: requests go there; prefill pods are reached by the
     // decode pod's sidecar or by kvroute's own call.
     let envoy = Envoy::start(&EnvoyOptions::new(
@@ -222,6 +233,95 @@ async fn inline_mode_returns_a_prefill_pods_4xx_as_is() {
     .await
     .unwrap();
     drop(s.decode);
+}
+
+/// Pods behind an API key (vLLM's `--api-key`): a client with the key gets its split request
+/// served, the prefill call carrying the client's key; the leader's own calls carry the pool's
+/// configured key (no pod ever refuses them); a client without the key is refused by the decode
+/// pod itself, and the prefill pod's 401 to kvroute's call is counted as the pod's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_carries_the_clients_api_key_to_the_prefill_pod() {
+    const KEY: &str = "sk-pool-secret";
+    let s = pd_stack_with(
+        "inline",
+        &["--api-key", KEY],
+        json!({"pod_api_key": KEY, "models_poll_interval_ms": 500}),
+    )
+    .await;
+    let all: Vec<String> = s
+        .prefill
+        .pods
+        .iter()
+        .chain(&s.decode.pods)
+        .cloned()
+        .collect();
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    let bearer = format!("Bearer {KEY}");
+    let keyed = [("authorization", bearer.as_str())];
+    let long = post(
+        &client,
+        &url,
+        &chat(&system_prompt("keyed-", 3000), "first", 8, true),
+        &keyed,
+    )
+    .await;
+    assert_eq!(long.status, 200, "{}", long.body);
+    assert_eq!(
+        long.debug_field("pd").as_deref(),
+        Some("disaggregated"),
+        "{:?}",
+        long.debug
+    );
+    assert_eq!(
+        sum_stat(&s.prefill.pods, "prefills_for_remote_decode").await,
+        1
+    );
+    // Let the leader read every pod's model list with its own key at least once more.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        sum_stat(&all, "unauthorized_total").await,
+        0,
+        "neither the prefill call nor the leader's polls were refused"
+    );
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.kvroute.pd.prefill_unauthorized_total")
+            .await,
+        0
+    );
+
+    // Without the key: the prefill pod refuses kvroute's call (counted as its refusal, not the
+    // client's), and the decode pod, judging the client's own credentials, answers 401.
+    let unkeyed = post(
+        &client,
+        &url,
+        &chat(&system_prompt("unkeyed-", 3000), "first", 8, false),
+        &[],
+    )
+    .await;
+    assert_eq!(unkeyed.status, 401, "{}", unkeyed.body);
+    assert_eq!(unkeyed.json()["error"], "Unauthorized", "{}", unkeyed.body);
+    wait_for(
+        Duration::from_secs(5),
+        "the prefill pod's 401 counted",
+        || async {
+            s.envoy
+                .stat("wasmcustom.kvroute.pd.prefill_unauthorized_total")
+                .await
+                == 1
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.kvroute.pd.prefill_rejected_total")
+            .await,
+        0
+    );
+    assert_eq!(sum_stat(&s.prefill.pods, "unauthorized_total").await, 1);
+    assert_eq!(sum_stat(&s.decode.pods, "unauthorized_total").await, 1);
 }
 
 /// A client's own KV handle (a host and port the decode pod would pull from) never reaches a

@@ -83,6 +83,9 @@ struct Args {
     /// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480).
     #[arg(long, default_value_t = wasm_tests::sim::NIXL_ABORT_TIMEOUT_S)]
     kv_hold_timeout_s: f64,
+    /// vLLM's --api-key: `/v1/*` requests without `Authorization: Bearer <key>` get 401.
+    #[arg(long)]
+    api_key: Option<String>,
     /// Longest prompt + completion accepted (vLLM's max_model_len).
     #[arg(long, default_value_t = 131_072)]
     max_model_len: usize,
@@ -132,6 +135,7 @@ impl Args {
             seed: self.seed,
             pod_speed: self.pod_speed,
             kv_hold_timeout_s: self.kv_hold_timeout_s,
+            api_key: self.api_key,
             ..base
         }
     }

@@ -161,6 +161,10 @@ pub struct SimConfig {
     /// Simulated seconds a prefill pod keeps the KV blocks of a remote-decode request that no
     /// decoder has pulled.
     pub kv_hold_timeout_s: f64,
+    /// vLLM's `--api-key`: every `/v1/*` request must carry `Authorization: Bearer <key>` or is
+    /// answered 401 `{"error": "Unauthorized"}` (vLLM guards `/v1/*` only: `/metrics`, `/health`
+    /// stay open).
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -188,6 +192,7 @@ impl Default for SimConfig {
             speed: 1.0,
             kv_link_gbps: None,
             kv_hold_timeout_s: NIXL_ABORT_TIMEOUT_S,
+            api_key: None,
         }
     }
 }

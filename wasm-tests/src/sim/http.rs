@@ -71,6 +71,21 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
 
 /// Stalls (fault) and stamps every response with the pod's address.
 async fn pod_layer(State(pod): State<Arc<Pod>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &pod.cfg.api_key {
+        let presented = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if req.uri().path().starts_with("/v1/") && presented != Some(&format!("Bearer {key}")) {
+            pod.count_unauthorized();
+            // vLLM's answer (its `--api-key` middleware).
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({"error": "Unauthorized"})),
+            )
+                .into_response();
+        }
+    }
     if !req.uri().path().starts_with("/sim/") {
         let stall = pod.faults().stall_ms;
         if stall > 0 {

@@ -64,6 +64,8 @@ pub struct SimStats {
     pub requests_total: u64,
     /// Inference requests answered with an error status or cut short.
     pub requests_failed: u64,
+    /// `/v1/*` requests refused for want of the API key (`--api-key`).
+    pub unauthorized_total: u64,
     /// Prompt tokens of requests admitted to the engine.
     pub prompt_tokens_total: u64,
     /// Of those, tokens found in this pod's own prefix cache.
@@ -107,6 +109,8 @@ pub(crate) struct HttpCounters {
     pub sidecar_prefill_failures: u64,
     pub seen_destination: u64,
     pub seen_prefiller: u64,
+    /// `/v1/*` requests refused for a missing or wrong API key.
+    pub unauthorized: u64,
     pub last_kv_transfer_params: Value,
 }
 
@@ -356,6 +360,10 @@ impl Pod {
         out
     }
 
+    pub fn count_unauthorized(&self) {
+        self.counters().unauthorized += 1;
+    }
+
     pub fn count_failure(&self) {
         self.counters().requests_failed += 1;
     }
@@ -374,6 +382,7 @@ impl Pod {
             models: self.cfg.models.clone(),
             requests_total: c.requests_total,
             requests_failed: c.requests_failed,
+            unauthorized_total: c.unauthorized,
             prompt_tokens_total: snap.counters.prefix_queries,
             cached_tokens_total: snap.counters.prefix_hits,
             transferred_tokens_total: snap.counters.transferred_tokens,
