@@ -2,7 +2,8 @@
 //! stale figures, not a dead pod; a proxy that stops ticking for a while refuses nothing; a pod
 //! that refuses connections is avoided within a poll interval; a pod failing half its requests is
 //! ejected, costs the clients nothing, and comes back; a pod that never starts answering a stream
-//! is retried elsewhere instead of hanging it.
+//! is retried elsewhere instead of hanging it; a pod of an engine kvroute does not know is routed
+//! on the gateway's own view, one whose `/metrics` is an HTML page is not.
 
 mod common;
 
@@ -10,7 +11,7 @@ use common::*;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use wasm_tests::harness::{wait_for, Envoy};
+use wasm_tests::harness::{plugin_config, wait_for, Envoy, EnvoyOptions, Lb};
 
 async fn gauge_reaches(envoy: &Envoy, name: &str, want: u64, within: Duration) {
     let stat = format!("wasmcustom.kvroute.{name}");
@@ -299,4 +300,93 @@ async fn a_dead_pool_answers_in_json_before_and_after_the_poll_notices() {
         later.body
     );
     eprintln!("before the poll noticed: {code:?}");
+}
+
+/// A model server of an engine kvroute does not know, on loopback: `/metrics` answers `page`,
+/// `/v1/models` lists `custom-model`, every chat answer names the pod in `x-kvsim-pod` (as kvsim
+/// does, for `common::post`). Serves until the test's runtime ends.
+async fn foreign_pod(page: &'static str) -> String {
+    use axum::routing::{get, post};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let me = addr.clone();
+    let app = axum::Router::new()
+        .route("/metrics", get(move || async move { page }))
+        .route(
+            "/v1/models",
+            get(|| async {
+                axum::Json(json!({"object": "list", "data": [{"id": "custom-model", "object": "model"}]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(move || {
+                let me = me.clone();
+                async move {
+                    (
+                        [("x-kvsim-pod", me)],
+                        axum::Json(json!({
+                            "object": "chat.completion",
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": "ok"}}],
+                            "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}
+                        })),
+                    )
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_of_an_unknown_engine_is_routed_and_one_whose_metrics_are_html_is_not() {
+    // What a Python server instrumented with prometheus_client serves: no load gauge kvroute reads.
+    let unknown = foreign_pod(
+        "# HELP python_gc_objects_collected_total Objects collected during gc\n\
+         # TYPE python_gc_objects_collected_total counter\n\
+         python_gc_objects_collected_total{generation=\"0\"} 1234.0\n\
+         # HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n\
+         # TYPE process_cpu_seconds_total counter\n\
+         process_cpu_seconds_total 15.2\n\
+         # TYPE my_engine_queue_depth gauge\n\
+         my_engine_queue_depth 0.0\n",
+    )
+    .await;
+    let html = foreign_pod(
+        "<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head>\n<body><h1>Not Found</h1></body></html>\n",
+    )
+    .await;
+    let pods = vec![unknown.clone(), html.clone()];
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&pods, json!({}))),
+    ))
+    .await
+    .unwrap();
+    gauge_reaches(&envoy, "pods_healthy", 1, Duration::from_secs(10)).await;
+    gauge_reaches(&envoy, "pods_stale", 0, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let url = envoy.url("/v1/chat/completions");
+    for i in 0..8 {
+        let mut body = chat(&format!("tenant {i}"), "q", 2, false);
+        body["model"] = json!("custom-model");
+        let r = post(&fresh_client(), &url, &body, &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.pod.as_deref(), Some(unknown.as_str()), "{:?}", r.debug);
+    }
+    let log = envoy.log();
+    assert!(
+        log.contains(&format!("pod {unknown}'s /metrics names no load gauge")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "pod {html}'s /metrics is unusable (not Prometheus text)"
+        )),
+        "{log}"
+    );
 }
