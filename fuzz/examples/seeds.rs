@@ -2,7 +2,8 @@
 //!
 //! * `fuzz/seeds/samples/` — what `fuzz/seeds/capture.sh` recorded from simulated vLLM and SGLang
 //!   pods (metrics pages idle and busy, streamed and whole responses, a prefill pod's answer) and
-//!   from the real Envoy's admin API;
+//!   from the real Envoy's admin API, and what `fuzz/seeds/capture_llamacpp.sh` recorded from a
+//!   real llama.cpp server (its metrics pages);
 //! * `fuzz/seeds/requests/` — OpenAI request bodies of every shape kvroute reads (the API
 //!   reference's examples: tools, tool results, image parts, batches, token ids, schemas);
 //! * the plugin configurations shipped in `envoy/` and `deploy/kustomize/`;
