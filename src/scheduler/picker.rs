@@ -123,6 +123,8 @@ struct Entry {
     index: usize,
     /// [`ranking_cost`].
     cost: f64,
+    /// The request's own predicted first token there (what the session pin's slowdown compares).
+    ttft: f64,
     rank: u64,
     guarded: bool,
     tied: bool,
@@ -145,6 +147,7 @@ pub fn pick(
         .map(|(index, (pod, p))| Entry {
             index,
             cost: ranking_cost(pod, p, request),
+            ttft: p.ttft_ms,
             rank: rendezvous_rank(key, pod.addr),
             guarded: overloaded(config, pod.queue(), min_queue),
             tied: false,
@@ -156,6 +159,11 @@ pub fn pick(
         .iter()
         .filter(|e| !e.guarded)
         .map(|e| e.cost)
+        .fold(f64::INFINITY, f64::min);
+    let best_ttft = entries
+        .iter()
+        .filter(|e| !e.guarded)
+        .map(|e| e.ttft)
         .fold(f64::INFINITY, f64::min);
     let band = best * (1.0 + config.prediction.tie_band);
     let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
@@ -209,7 +217,7 @@ pub fn pick(
             .enumerate()
             .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
         let e = entries.iter().find(|e| e.index == i)?;
-        let slow = e.cost > best * config.session.max_slowdown;
+        let slow = e.ttft > best_ttft * config.session.max_slowdown;
         let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
         (!e.guarded && !slow && !misses).then_some(i)
     });
