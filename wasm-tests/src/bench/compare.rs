@@ -10,7 +10,7 @@
 //! started after it, and the pods' counters are read at that moment instead of before the run.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::peers::{PeerPolicy, PeerStack};
+use super::report::CacheReset;
 use super::routing::{ClientRouter, OracleObjective};
 use super::workload::WorkloadGen;
 use super::{
@@ -32,6 +33,11 @@ use crate::harness::{self, plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 pub enum Policy {
     /// The kvroute plugin picks the pod (`override_host`, round-robin fallback).
     Kvroute,
+    /// The same Envoy and configuration with the previous version's module
+    /// ([`StackOptions::previous_wasm`], by default the build of the commit pinned in
+    /// `bench/previous-version`, see [`previous_version`]): what a routing change is judged
+    /// against besides the peers.
+    KvroutePrevious,
     /// Envoy's own round-robin, no plugin.
     RoundRobin,
     /// Envoy's own least-request (power of two choices), no plugin.
@@ -50,19 +56,21 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Kvroute,
+        Policy::KvroutePrevious,
         Policy::RoundRobin,
         Policy::LeastRequest,
         Policy::Oracle,
         Policy::OracleTotal,
     ];
 
-    /// The row label: `kvroute`, `round-robin`, `least-request`, `perfect-knowledge`,
-    /// `perfect-knowledge-total`, or a peer's ([`PeerPolicy::label`]).
+    /// The row label: `kvroute`, `kvroute-previous`, `round-robin`, `least-request`,
+    /// `perfect-knowledge`, `perfect-knowledge-total`, or a peer's ([`PeerPolicy::label`]).
     pub fn label(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
+            Policy::KvroutePrevious => "kvroute-previous",
             Policy::RoundRobin => "round-robin",
             Policy::LeastRequest => "least-request",
             Policy::Oracle => "perfect-knowledge",
@@ -89,18 +97,91 @@ impl Policy {
     /// How Envoy's cluster picks a host; `None` for a peer, which runs without Envoy.
     pub fn lb(self) -> Option<Lb> {
         match self {
-            Policy::Kvroute | Policy::Oracle | Policy::OracleTotal => Some(Lb::OverrideHost),
+            Policy::Kvroute | Policy::KvroutePrevious | Policy::Oracle | Policy::OracleTotal => {
+                Some(Lb::OverrideHost)
+            }
             Policy::RoundRobin => Some(Lb::RoundRobin),
             Policy::LeastRequest => Some(Lb::LeastRequest),
             Policy::Peer(_) => None,
         }
     }
+
+    /// Whether Envoy runs the kvroute plugin: this version's module or the previous one's.
+    pub fn is_kvroute(self) -> bool {
+        matches!(self, Policy::Kvroute | Policy::KvroutePrevious)
+    }
+}
+
+/// The file that pins the previous version (`bench/previous-version`): the first word of its
+/// first line that is neither empty nor a comment is the commit.
+pub const PREVIOUS_VERSION_FILE: &str = "bench/previous-version";
+
+/// The pinned previous version's full commit hash, from [`PREVIOUS_VERSION_FILE`].
+pub fn previous_version() -> Result<String> {
+    let path = harness::repo_root().join(PREVIOUS_VERSION_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    parse_previous_version(&text).with_context(|| format!("{}: no commit", path.display()))
+}
+
+fn parse_previous_version(text: &str) -> Result<String> {
+    let commit = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .and_then(|l| l.split_whitespace().next())
+        .ok_or_else(|| anyhow!("no line names a commit"))?;
+    anyhow::ensure!(
+        commit.len() == 40 && commit.chars().all(|c| c.is_ascii_hexdigit()),
+        "{commit:?} is not a full 40-digit commit hash"
+    );
+    Ok(commit.to_owned())
+}
+
+/// Where `make previous-module` builds the module of `commit`:
+/// `target/previous/<commit>/kvroute.wasm`.
+pub fn previous_wasm_path(commit: &str) -> PathBuf {
+    harness::repo_root()
+        .join("target/previous")
+        .join(commit)
+        .join("kvroute.wasm")
+}
+
+/// The previous version's module: `explicit` when given, else the build of the pinned commit.
+/// Fails, with the fix, when the file is missing.
+pub fn resolve_previous_wasm(explicit: Option<&Path>) -> Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => previous_wasm_path(&previous_version()?),
+    };
+    if !path.exists() {
+        bail!(
+            "the previous version's module {} is missing: run `make previous-module` (or give \
+             --previous-wasm PATH)",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The plugin settings of a benchmark run: polling fast enough for a 20× simulator, and the debug
 /// header on, from which kvbench reads kvroute's `predicted_ttft_ms` per request.
 pub fn bench_plugin_extra() -> Value {
-    json!({"poll_interval_ms": 100, "stale_after_ms": 1000, "debug_header": true})
+    bench_plugin_extra_polling(BENCH_POLL_INTERVAL_MS)
+}
+
+/// How often a benchmark's kvroute polls the pods (`kvbench compare --poll-interval-ms`).
+pub const BENCH_POLL_INTERVAL_MS: u64 = 100;
+
+/// [`bench_plugin_extra`] polling every `poll_ms`: a pod is stale after ten polls missed and the
+/// leader's lease lasts four (1 s and 400 ms at the default 100 ms, the harness's lease).
+pub fn bench_plugin_extra_polling(poll_ms: u64) -> Value {
+    json!({
+        "poll_interval_ms": poll_ms,
+        "stale_after_ms": poll_ms * 10,
+        "leader_lease_ms": poll_ms * 4,
+        "debug_header": true
+    })
 }
 
 /// One `kvsim` process of a pool: its pods and the arguments that set them apart.
@@ -143,8 +224,12 @@ pub struct StackOptions {
     /// Extra `kvsim` arguments (`--time-scale` is added from `time_scale`).
     pub sim_args: Vec<String>,
     pub time_scale: f64,
-    /// Merged into the test-speed plugin configuration ([`plugin_config`]) for kvroute.
+    /// Merged into the test-speed plugin configuration ([`plugin_config`]) for kvroute (and for
+    /// the previous version's module).
     pub plugin_extra: Value,
+    /// The module of [`Policy::KvroutePrevious`]; `None` = the build of the pinned commit
+    /// ([`resolve_previous_wasm`]).
+    pub previous_wasm: Option<PathBuf>,
     /// Envoy worker threads.
     pub workers: usize,
     /// Gateways in front of the same pods: each its own Envoy with the policy (with kvroute, its
@@ -175,6 +260,7 @@ impl Default for StackOptions {
             sim_args: Vec::new(),
             time_scale: 1.0,
             plugin_extra: bench_plugin_extra(),
+            previous_wasm: None,
             workers: 2,
             replicas: 1,
             replica_sync: true,
@@ -208,8 +294,14 @@ impl Stack {
     pub async fn start_simulated(policy: Policy, opts: &StackOptions) -> Result<Stack> {
         // Fail on a missing Envoy or plugin before starting anything.
         check_envoy_installed()?;
-        if policy == Policy::Kvroute {
-            harness::wasm_path()?;
+        match policy {
+            Policy::Kvroute => {
+                harness::wasm_path()?;
+            }
+            Policy::KvroutePrevious => {
+                resolve_previous_wasm(opts.previous_wasm.as_deref())?;
+            }
+            _ => {}
         }
         let sims = start_sims(opts)?;
         let pods: Vec<String> = sims.iter().flat_map(|s| s.pods.clone()).collect();
@@ -239,7 +331,7 @@ impl Stack {
         // Replicas that exchange placements must know each other's listeners before they start.
         let mut listen_ports = vec![opts.listen_port];
         let mut extra = opts.plugin_extra.clone();
-        if policy == Policy::Kvroute && gateways > 1 && opts.replica_sync {
+        if policy.is_kvroute() && gateways > 1 && opts.replica_sync {
             if listen_ports[0] == 0 {
                 listen_ports[0] = harness::free_port()?;
             }
@@ -253,11 +345,14 @@ impl Stack {
             // As often as the bench polls the pods (`bench_plugin_extra`).
             extra["peers"] = json!({"endpoints": endpoints, "interval_ms": 100});
         }
-        let plugin = (policy == Policy::Kvroute).then(|| plugin_config(&pods, extra));
-        if plugin.is_some() {
-            harness::wasm_path()?;
-        }
+        let plugin = policy.is_kvroute().then(|| plugin_config(&pods, extra));
+        let wasm = match policy {
+            Policy::Kvroute => Some(harness::wasm_path()?),
+            Policy::KvroutePrevious => Some(resolve_previous_wasm(opts.previous_wasm.as_deref())?),
+            _ => None,
+        };
         let mut eo = EnvoyOptions::new(&pods, lb, plugin);
+        eo.wasm = wasm;
         eo.concurrency = opts.workers;
         eo.listen_port = listen_ports[0];
         eo.admin_port = opts.admin_port;
@@ -281,7 +376,7 @@ impl Stack {
             policy,
             healthy: None,
         };
-        if policy == Policy::Kvroute {
+        if policy.is_kvroute() {
             stack.healthy = Some(stack.wait_healthy(opts).await?);
         }
         Ok(stack)
@@ -456,7 +551,11 @@ pub async fn run_after_warmup_with(
         warmup_s.is_finite() && warmup_s >= 0.0,
         "warm-up must be >= 0"
     );
-    if warmup_s == 0.0 && drive.router.is_none() && drive.other_gateways.is_empty() {
+    if warmup_s == 0.0
+        && drive.router.is_none()
+        && drive.other_gateways.is_empty()
+        && drive.reset_caches_at_s.is_none()
+    {
         return run(target, pods, spec, time_scale).await;
     }
     anyhow::ensure!(
@@ -464,6 +563,13 @@ pub async fn run_after_warmup_with(
         "warm-up ({warmup_s} s) must be shorter than the duration ({} s)",
         spec.duration_s
     );
+    if let Some(at) = drive.reset_caches_at_s {
+        anyhow::ensure!(
+            at.is_finite() && at > 0.0 && at < spec.duration_s,
+            "the cache reset ({at} s) must fall inside the run (0–{} s)",
+            spec.duration_s
+        );
+    }
     spec.validate()?;
     let cut = warmup_s * time_scale;
     let client = reqwest::Client::builder().no_proxy().build()?;
@@ -474,9 +580,30 @@ pub async fn run_after_warmup_with(
             metrics::scrape_all(&client, &pods, SCRAPE_TIMEOUT).await
         })
     };
+    let reset = drive.reset_caches_at_s.map(|at| {
+        let (client, pods) = (client.clone(), pods.to_vec());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs_f64(at * time_scale)).await;
+            reset_caches(&client, &pods).await
+        })
+    });
     let out = driver::drive_with(target, spec, time_scale, drive).await?;
     let before = scrape.await.context("the warm-up scrape task failed")?;
     let after = metrics::scrape_all(&client, pods, SCRAPE_TIMEOUT).await;
+    let cache_reset = match (reset, drive.reset_caches_at_s) {
+        (Some(task), Some(at)) => {
+            let (done, errors) = task.await.context("the cache reset task failed")?;
+            Some(CacheReset::of(
+                &out.records,
+                time_scale,
+                warmup_s,
+                at,
+                done,
+                errors,
+            ))
+        }
+        _ => None,
+    };
     let records: Vec<driver::RequestRecord> = out
         .records
         .into_iter()
@@ -487,13 +614,41 @@ pub async fn run_after_warmup_with(
         })
         .collect();
     let wall = (out.wall.as_secs_f64() - cut).max(0.0);
-    Ok(RunReport::build(
+    let mut report = RunReport::build(
         spec,
         time_scale,
         wall,
         &records,
         metrics::deltas(pods, before, after),
-    ))
+    );
+    report.cache_reset = cache_reset;
+    Ok(report)
+}
+
+/// Empties every pod's prefix cache (`POST /sim/reset` with an empty body: the pod addressed),
+/// all pods at once. Returns the pods reset and, for the others, why not.
+pub async fn reset_caches(client: &reqwest::Client, pods: &[String]) -> (usize, Vec<String>) {
+    let calls = pods.iter().map(|pod| async move {
+        let base = if pod.starts_with("http://") || pod.starts_with("https://") {
+            pod.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{pod}")
+        };
+        let resp = client
+            .post(format!("{base}/sim/reset"))
+            .timeout(SCRAPE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| format!("{pod}: {e}"))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("{pod}: {}", resp.status()))
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let done = results.iter().filter(|r| r.is_ok()).count();
+    (done, results.into_iter().filter_map(Result::err).collect())
 }
 
 /// Sends each of `bodies` to every pod directly (not through Envoy), all pods in parallel, and
@@ -541,6 +696,70 @@ pub async fn compare(
     opts: &StackOptions,
     warmup_s: f64,
 ) -> Result<Vec<(String, RunReport)>> {
+    Ok(
+        compare_with(policies, spec, opts, warmup_s, &CompareOptions::default())
+            .await?
+            .rows,
+    )
+}
+
+/// What [`compare_with`] does beyond [`compare`].
+#[derive(Clone, Debug, Default)]
+pub struct CompareOptions {
+    /// Empty every pod's cache this many simulated seconds into each run
+    /// ([`driver::DriveOptions::reset_caches_at_s`]).
+    pub reset_caches_at_s: Option<f64>,
+    /// A policy that fails (its router not installed, its stack not starting) is reported in
+    /// [`Compared::failed`] and the others still run, rather than the whole comparison failing.
+    pub keep_going: bool,
+}
+
+/// The runs of one comparison: the labelled reports, and the policies that failed (with
+/// [`CompareOptions::keep_going`]) with why.
+#[derive(Debug, Default)]
+pub struct Compared {
+    pub rows: Vec<(String, RunReport)>,
+    pub failed: Vec<(String, String)>,
+}
+
+/// [`compare`] with a cache reset and/or going on past a failing policy.
+pub async fn compare_with(
+    policies: &[Policy],
+    spec: &WorkloadSpec,
+    opts: &StackOptions,
+    warmup_s: f64,
+    extra: &CompareOptions,
+) -> Result<Compared> {
+    let mut out = Compared::default();
+    for (i, &policy) in policies.iter().enumerate() {
+        let at = (i + 1, policies.len());
+        match compare_one(policy, at, spec, opts, warmup_s, extra).await {
+            Ok(row) => out.rows.push(row),
+            Err(e) if extra.keep_going => {
+                eprintln!(
+                    "{} seed {} — {}: FAILED, going on: {e:#}",
+                    spec.workload.name(),
+                    spec.seed,
+                    policy.label()
+                );
+                out.failed
+                    .push((policy.label().to_owned(), format!("{e:#}")));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// One policy's run of [`compare_with`]: the labelled report.
+async fn compare_one(
+    policy: Policy,
+    (i, of): (usize, usize),
+    spec: &WorkloadSpec,
+    opts: &StackOptions,
+    warmup_s: f64,
+    extra: &CompareOptions,
+) -> Result<(String, RunReport)> {
     spec.validate()?;
     let prewarm = WorkloadGen::new(spec)?.prewarm_bodies();
     let n_pods = if opts.groups.is_empty() {
@@ -548,100 +767,97 @@ pub async fn compare(
     } else {
         opts.groups.iter().map(|g| g.pods).sum()
     };
-    let mut rows = Vec::with_capacity(policies.len());
-    for (i, &policy) in policies.iter().enumerate() {
-        let t0 = Instant::now();
-        let tag = format!(
-            "[{}/{}] {} seed {} — {}",
-            i + 1,
-            policies.len(),
-            spec.workload.name(),
-            spec.seed,
-            policy.label()
-        );
-        match policy {
-            Policy::Peer(p) => eprintln!(
-                "{tag}: starting {n_pods} pods and {} (--policy {})…",
-                p.router.name(),
-                p.policy_flag()
-            ),
-            _ if opts.replicas > 1 => eprintln!(
-                "{tag}: starting {n_pods} pods and {} Envoys ({} workers each)…",
-                opts.replicas, opts.workers
-            ),
-            _ => eprintln!(
-                "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
-                opts.workers
-            ),
-        }
-        let stack = Front::start(policy, opts).await?;
-        prewarm_pods(stack.pods(), spec.api, &prewarm).await?;
-        eprintln!(
-            "{tag}: ready in {:.1} s; sending for {} s simulated ({:.1} s wall) and draining…",
-            t0.elapsed().as_secs_f64(),
-            spec.duration_s,
-            spec.duration_s * opts.time_scale
-        );
-        let objective = match policy {
-            Policy::Oracle => Some(OracleObjective::OwnTtft),
-            Policy::OracleTotal => Some(OracleObjective::TotalWait),
-            _ => None,
-        };
-        let router = match objective {
-            Some(o) => Some(ClientRouter::oracle(
-                stack.pods().to_vec(),
-                opts.time_scale,
-                o,
-            )),
-            None if opts.shadow_probe && policy == Policy::Kvroute => {
-                Some(ClientRouter::shadow(stack.pods().to_vec()))
-            }
-            None => None,
-        };
-        let drive = driver::DriveOptions {
-            router: router.map(Arc::new),
-            other_gateways: stack.other_urls(),
-        };
-        let report = run_after_warmup_with(
-            &stack.url(),
-            stack.pods(),
-            spec,
-            opts.time_scale,
-            warmup_s,
-            &drive,
-        )
-        .await
-        .with_context(|| format!("running {} with {}", spec.workload.name(), policy.label()))?;
-        drop(stack);
-        let extra = match &drive.router {
-            Some(r) => {
-                let c: Vec<String> = r
-                    .counters()
-                    .snapshot()
-                    .into_iter()
-                    .filter(|(_, v)| *v > 0)
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect();
-                format!(" (client router: {})", c.join(", "))
-            }
-            None => String::new(),
-        };
-        eprintln!(
-            "{tag}: {} requests measured, {} ok, {:.1} s wall in all{extra}",
-            report.requests,
-            report.ok,
-            t0.elapsed().as_secs_f64()
-        );
-        let label = match opts.replicas {
-            0 | 1 => policy.label().to_owned(),
-            n if policy == Policy::Kvroute && !opts.replica_sync => {
-                format!("{}-unshared ×{n}", policy.label())
-            }
-            n => format!("{} ×{n}", policy.label()),
-        };
-        rows.push((label, report));
+    let t0 = Instant::now();
+    let tag = format!(
+        "[{}/{}] {} seed {} — {}",
+        i,
+        of,
+        spec.workload.name(),
+        spec.seed,
+        policy.label()
+    );
+    match policy {
+        Policy::Peer(p) => eprintln!(
+            "{tag}: starting {n_pods} pods and {} (--policy {})…",
+            p.router.name(),
+            p.policy_flag()
+        ),
+        _ if opts.replicas > 1 => eprintln!(
+            "{tag}: starting {n_pods} pods and {} Envoys ({} workers each)…",
+            opts.replicas, opts.workers
+        ),
+        _ => eprintln!(
+            "{tag}: starting {n_pods} pods and Envoy ({} workers)…",
+            opts.workers
+        ),
     }
-    Ok(rows)
+    let stack = Front::start(policy, opts).await?;
+    prewarm_pods(stack.pods(), spec.api, &prewarm).await?;
+    eprintln!(
+        "{tag}: ready in {:.1} s; sending for {} s simulated ({:.1} s wall) and draining…",
+        t0.elapsed().as_secs_f64(),
+        spec.duration_s,
+        spec.duration_s * opts.time_scale
+    );
+    let objective = match policy {
+        Policy::Oracle => Some(OracleObjective::OwnTtft),
+        Policy::OracleTotal => Some(OracleObjective::TotalWait),
+        _ => None,
+    };
+    let router = match objective {
+        Some(o) => Some(ClientRouter::oracle(
+            stack.pods().to_vec(),
+            opts.time_scale,
+            o,
+        )),
+        None if opts.shadow_probe && policy == Policy::Kvroute => {
+            Some(ClientRouter::shadow(stack.pods().to_vec()))
+        }
+        None => None,
+    };
+    let drive = driver::DriveOptions {
+        router: router.map(Arc::new),
+        other_gateways: stack.other_urls(),
+        reset_caches_at_s: extra.reset_caches_at_s,
+    };
+    let report = run_after_warmup_with(
+        &stack.url(),
+        stack.pods(),
+        spec,
+        opts.time_scale,
+        warmup_s,
+        &drive,
+    )
+    .await
+    .with_context(|| format!("running {} with {}", spec.workload.name(), policy.label()))?;
+    drop(stack);
+    let client_router = match &drive.router {
+        Some(r) => {
+            let c: Vec<String> = r
+                .counters()
+                .snapshot()
+                .into_iter()
+                .filter(|(_, v)| *v > 0)
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            format!(" (client router: {})", c.join(", "))
+        }
+        None => String::new(),
+    };
+    eprintln!(
+        "{tag}: {} requests measured, {} ok, {:.1} s wall in all{client_router}",
+        report.requests,
+        report.ok,
+        t0.elapsed().as_secs_f64()
+    );
+    let label = match opts.replicas {
+        0 | 1 => policy.label().to_owned(),
+        n if policy.is_kvroute() && !opts.replica_sync => {
+            format!("{}-unshared ×{n}", policy.label())
+        }
+        n => format!("{} ×{n}", policy.label()),
+    };
+    Ok((label, report))
 }
 
 /// What `kvbench compare` runs a workload with when no flag says otherwise: the load, the sending
@@ -924,6 +1140,13 @@ pub fn render_text(rows: &[(String, RunReport)], warmup_s: f64) -> String {
         if let Some(shadow) = &report.shadow {
             text.push('\n');
             text.push_str(&shadow.describe(label));
+            text.push('\n');
+        }
+    }
+    for (label, report) in rows {
+        if let Some(reset) = &report.cache_reset {
+            text.push('\n');
+            text.push_str(&reset.describe(label));
             text.push('\n');
         }
     }

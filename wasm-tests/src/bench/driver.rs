@@ -51,6 +51,12 @@ pub struct DriveOptions {
     /// of gateways, as clients behind a layer-4 balancer would spread (a session's turns land on
     /// different replicas).
     pub other_gateways: Vec<String>,
+    /// Simulated seconds into the run at which every pod's prefix cache is emptied
+    /// (`POST /sim/reset`); the report then has the hit ratio around it
+    /// ([`CacheReset`](super::report::CacheReset)). Done by
+    /// [`run_after_warmup_with`](super::compare::run_after_warmup_with), which knows the pods;
+    /// the driver itself only sends.
+    pub reset_caches_at_s: Option<f64>,
 }
 
 /// Longest wall-clock wait the driver will schedule (30 days).

@@ -24,6 +24,7 @@ pub mod compare_pd;
 pub mod compare_plots;
 pub mod demo;
 pub mod driver;
+pub mod matrix;
 pub mod metrics;
 pub mod overhead;
 pub mod peers;

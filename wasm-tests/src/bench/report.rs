@@ -231,6 +231,151 @@ pub struct RunReport {
     /// Per-request records in simulated seconds, when `spec.keep_records`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<RequestRecord>,
+    /// With `kvbench compare --reset-caches-at`: every pod's cache emptied during the run, and
+    /// the hit ratio in windows around it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_reset: Option<CacheReset>,
+}
+
+/// How far the hit ratio may be below its steady level and count as back
+/// ([`CacheReset::recovered_after_s`]).
+pub const RECOVERY_TOLERANCE: f64 = 0.05;
+
+/// Simulated seconds per window of [`CacheReset::windows`].
+pub const RESET_WINDOW_S: f64 = 10.0;
+
+/// One window of a run with a cache reset: the requests started in it and their hit ratio.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HitWindow {
+    /// Simulated seconds from the start of the run (warm-up included).
+    pub start_s: f64,
+    /// Successful requests started in the window that reported their prompt's tokens.
+    pub requests: usize,
+    /// Σ cached_tokens / Σ prompt_tokens of those requests (their responses' usage); `None`
+    /// without any.
+    pub hit_ratio: Option<f64>,
+}
+
+/// Every pod's prefix cache emptied (`POST /sim/reset` to each pod) `reset_at_s` simulated
+/// seconds into the run, and how the hit ratio came back: per [`RESET_WINDOW_S`] window of request
+/// start times, from the responses' `cached_tokens` (the pods' counters cover the whole run only).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CacheReset {
+    /// Simulated seconds from the start of the run (warm-up included).
+    pub reset_at_s: f64,
+    /// Pods that answered the reset.
+    pub pods_reset: usize,
+    /// Pods that did not, with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// The hit ratio of the requests started from the end of the warm-up to the reset: the level
+    /// to come back to.
+    pub steady_hit_ratio: Option<f64>,
+    /// Simulated seconds from the reset to the end of the first window after it whose hit ratio
+    /// is within [`RECOVERY_TOLERANCE`] of the steady level; `None`: never, in this run.
+    pub recovered_after_s: Option<f64>,
+    /// Every window from the start of the run.
+    pub windows: Vec<HitWindow>,
+}
+
+impl CacheReset {
+    /// From the driver's wall-clock `records` (start times from the start of the run): the
+    /// windows, the steady level over `[warmup_s, reset_at_s)` and the recovery. Times in
+    /// simulated seconds.
+    pub fn of(
+        records: &[RequestRecord],
+        time_scale: f64,
+        warmup_s: f64,
+        reset_at_s: f64,
+        pods_reset: usize,
+        errors: Vec<String>,
+    ) -> Self {
+        // (simulated start, cached, prompt) of each successful request that reported both.
+        let tokens: Vec<(f64, u64, u64)> = records
+            .iter()
+            .filter(|r| r.sent && r.ok)
+            .filter_map(|r| match (r.cached_tokens, r.prompt_tokens) {
+                (Some(c), Some(p)) if p > 0 => Some((r.start_s / time_scale, c.min(p), p)),
+                _ => None,
+            })
+            .collect();
+        let ratio_in = |from: f64, to: f64| {
+            let (n, c, p) = tokens
+                .iter()
+                .filter(|(t, _, _)| *t >= from && *t < to)
+                .fold((0, 0u64, 0u64), |(n, c, p), (_, ci, pi)| {
+                    (n + 1, c + ci, p + pi)
+                });
+            (n, (p > 0).then(|| c as f64 / p as f64))
+        };
+        let last = tokens.iter().map(|t| t.0).fold(0.0, f64::max);
+        let mut windows = Vec::new();
+        let mut start = 0.0;
+        while start <= last {
+            let (requests, hit_ratio) = ratio_in(start, start + RESET_WINDOW_S);
+            windows.push(HitWindow {
+                start_s: start,
+                requests,
+                hit_ratio,
+            });
+            start += RESET_WINDOW_S;
+        }
+        let steady_hit_ratio = ratio_in(warmup_s.min(reset_at_s), reset_at_s).1;
+        let recovered_after_s = steady_hit_ratio.and_then(|steady| {
+            windows
+                .iter()
+                .filter(|w| w.start_s >= reset_at_s)
+                .find(|w| {
+                    w.hit_ratio
+                        .is_some_and(|h| h >= steady - RECOVERY_TOLERANCE)
+                })
+                .map(|w| w.start_s + RESET_WINDOW_S - reset_at_s)
+        });
+        Self {
+            reset_at_s,
+            pods_reset,
+            errors,
+            steady_hit_ratio,
+            recovered_after_s,
+            windows,
+        }
+    }
+
+    /// One paragraph for the run's text report.
+    pub fn describe(&self, label: &str) -> String {
+        let pct = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{:.0}%", x * 100.0));
+        let windows: Vec<String> = self
+            .windows
+            .iter()
+            .map(|w| {
+                let mark = if w.start_s >= self.reset_at_s
+                    && w.start_s < self.reset_at_s + RESET_WINDOW_S
+                {
+                    "|"
+                } else {
+                    ""
+                };
+                format!("{mark}{}", pct(w.hit_ratio))
+            })
+            .collect();
+        let back = match self.recovered_after_s {
+            Some(s) => format!("back within {RECOVERY_TOLERANCE} of it {s:.0} s after the reset"),
+            None => format!("not back within {RECOVERY_TOLERANCE} of it by the end of the run"),
+        };
+        let errors = if self.errors.is_empty() {
+            String::new()
+        } else {
+            format!(" (not reset: {})", self.errors.join("; "))
+        };
+        format!(
+            "{label}: every pod's cache emptied at {} s ({} pods{errors}); hit ratio of the requests started in each {} s window from the start (responses' cached tokens; | = the reset): {}\n  steady level {} (from the end of the warm-up to the reset), {back}",
+            trim_float(self.reset_at_s),
+            self.pods_reset,
+            trim_float(RESET_WINDOW_S),
+            windows.join(" "),
+            pct(self.steady_hit_ratio),
+        )
+    }
 }
 
 impl RunReport {
@@ -319,6 +464,7 @@ impl RunReport {
             } else {
                 Vec::new()
             },
+            cache_reset: None,
         }
     }
 }
@@ -511,6 +657,55 @@ mod tests {
             sent: true,
             ..RequestRecord::default()
         }
+    }
+
+    /// A successful request started at `start_s` (wall) with `cached` of its 100 prompt tokens.
+    fn cached(start_s: f64, cached: u64) -> RequestRecord {
+        RequestRecord {
+            start_s,
+            prompt_tokens: Some(100),
+            cached_tokens: Some(cached),
+            ok: true,
+            sent: true,
+            ..RequestRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_cache_reset_reads_the_hit_ratio_per_window_and_its_recovery() {
+        // Time scale 0.5: wall 5 s = simulated 10 s. Steady 90% from the warm-up (20 s) to the
+        // reset (60 s), 0% in the window after it, 50% in the next, 88% in the one after.
+        let mut records = vec![cached(0.0, 0), cached(6.0, 50)];
+        for t in [10.0, 15.0, 20.0, 25.0] {
+            records.push(cached(t, 90));
+        }
+        records.push(cached(31.0, 0));
+        records.push(cached(36.0, 50));
+        records.push(cached(41.0, 88));
+        // Failed requests and ones without usage do not count.
+        records.push(RequestRecord {
+            ok: false,
+            ..cached(42.0, 0)
+        });
+        records.push(RequestRecord {
+            prompt_tokens: None,
+            ..cached(43.0, 0)
+        });
+        let r = CacheReset::of(&records, 0.5, 20.0, 60.0, 4, Vec::new());
+        assert_eq!(r.steady_hit_ratio, Some(0.9));
+        assert_eq!(r.windows.len(), 9, "0–90 s: {:?}", r.windows);
+        assert_eq!(r.windows[6].hit_ratio, Some(0.0));
+        assert_eq!(r.windows[7].hit_ratio, Some(0.5));
+        assert_eq!(r.windows[8].requests, 1);
+        assert_eq!(r.recovered_after_s, Some(30.0), "88% ≥ 90% − 5% in 80–90 s");
+        let text = r.describe("kvroute");
+        assert!(text.contains("emptied at 60 s (4 pods)"), "{text}");
+        assert!(text.contains("|0%"), "{text}");
+        assert!(text.contains("30 s after the reset"), "{text}");
+        let never = CacheReset::of(&records[..8], 0.5, 20.0, 60.0, 4, vec!["x: 500".into()]);
+        assert_eq!(never.recovered_after_s, None);
+        assert!(never.describe("kvroute").contains("not back"));
+        assert!(never.describe("kvroute").contains("not reset: x: 500"));
     }
 
     #[test]

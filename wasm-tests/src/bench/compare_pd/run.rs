@@ -133,6 +133,7 @@ pub async fn run_scenario(scenario: &Scenario, opts: &PdStackOptions) -> Result<
                 _ => None,
             },
             other_gateways: Vec::new(),
+            ..DriveOptions::default()
         };
         let mut report = run_after_warmup_with(
             &stack.url(),

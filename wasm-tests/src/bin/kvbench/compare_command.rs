@@ -53,6 +53,8 @@ impl CompareWorkload {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum PolicyArg {
     Kvroute,
+    /// kvroute with the previous version's module (--previous-wasm; `make previous-module`)
+    KvroutePrevious,
     RoundRobin,
     LeastRequest,
     /// The client probes every simulated pod and sends each request to the earliest first token
@@ -81,6 +83,7 @@ impl From<PolicyArg> for Policy {
     fn from(p: PolicyArg) -> Self {
         match p {
             PolicyArg::Kvroute => Policy::Kvroute,
+            PolicyArg::KvroutePrevious => Policy::KvroutePrevious,
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
             PolicyArg::PerfectKnowledge => Policy::Oracle,
@@ -102,9 +105,29 @@ impl From<PolicyArg> for Policy {
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("load").args(["rate", "concurrency"])))]
 pub(crate) struct CompareArgs {
-    /// Policies to compare, in this order
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kvroute", "round-robin", "least-request", "perfect-knowledge"])]
+    /// Policies to compare, in this order. The verdict judges kvroute against round-robin, the
+    /// peer routers' cache-aware policies, kvroute-previous and perfect-knowledge-total (those not
+    /// run are "not measured"), and least-request where it ran
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kvroute", "round-robin", "least-request", "perfect-knowledge-total"])]
     pub(crate) policies: Vec<PolicyArg>,
+    /// The module kvroute-previous runs [default: target/previous/<commit>/kvroute.wasm, the
+    /// commit pinned in bench/previous-version, which `make previous-module` builds]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) previous_wasm: Option<PathBuf>,
+    /// How often kvroute (and kvroute-previous) polls the pods, wall-clock ms; pods are stale
+    /// after ten polls missed
+    #[arg(long, default_value_t = compare::BENCH_POLL_INTERVAL_MS)]
+    pub(crate) poll_interval_ms: u64,
+    /// Empty every pod's prefix cache (POST /sim/reset) this many simulated seconds into each run
+    /// (warm-up included); each run's text and JSON then give the hit ratio of the requests
+    /// started in every 10 s window and how long it took to come back within 0.05 of its level
+    /// before the reset
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) reset_caches_at: Option<f64>,
+    /// A policy that fails to start or run is reported and left out (its checks "not measured")
+    /// instead of ending the comparison
+    #[arg(long)]
+    pub(crate) keep_going: bool,
     /// Simulated pods (fresh ones for every policy) [default: the workload's; with several kvsim
     /// processes, this sets the first one's]
     #[arg(long)]
@@ -157,7 +180,58 @@ pub(crate) struct CompareArgs {
     pub(crate) spec: SpecArgs,
 }
 
+/// One workload (or matrix cell) of a comparison, over every seed.
+pub(crate) struct CaseResult {
+    /// The workload's name, or the cell's.
+    pub(crate) name: String,
+    pub(crate) summaries: Vec<summary::PolicySummary>,
+    pub(crate) verdict: summary::Verdict,
+    /// Policies that failed (with --keep-going), per seed: (seed, label, why).
+    pub(crate) failed: Vec<(u64, String, String)>,
+}
+
 pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let results = compare_cases(args, None).await?;
+    let seeds = args.seeds;
+    if results.len() > 1 {
+        println!();
+        println!("== verdicts ({seeds} seeds each) ==");
+        for r in &results {
+            println!("{}", summary::verdict_line(&r.verdict));
+        }
+    }
+    let overview: Vec<(String, Vec<summary::PolicySummary>)> = results
+        .iter()
+        .map(|r| (r.name.clone(), r.summaries.clone()))
+        .collect();
+    if let Some(dir) = &args.out {
+        ComparePlots::new().overview(dir, &overview);
+    }
+    let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
+    // Every workload and policy in one table (what `make bench-peers` reports).
+    if overview.len() > 1 || policies.iter().any(|p| matches!(p, Policy::Peer(_))) {
+        let text = summary::render_overview(&overview);
+        println!();
+        print!("{text}");
+        if let Some(dir) = &args.out {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("overview.txt"), &text)?;
+            eprintln!("wrote {}/overview.txt", dir.display());
+        }
+    }
+    eprintln!("compare: {:.0} s wall in all", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs every workload of `args` over every seed and policy, printing each run's table and each
+/// workload's summary and verdict (and writing them under `--out`); returns the workloads'
+/// results. `name`: what the verdict and files are called instead of the workload's name (a
+/// matrix cell's).
+pub(crate) async fn compare_cases(
+    args: &CompareArgs,
+    name: Option<&str>,
+) -> anyhow::Result<Vec<CaseResult>> {
     anyhow::ensure!(
         args.time_scale.is_finite() && args.time_scale > 0.0,
         "time scale must be > 0"
@@ -195,21 +269,47 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
     let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
     anyhow::ensure!(!policies.is_empty(), "no policies given");
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.spec.seed + i).collect();
-    let t0 = std::time::Instant::now();
-    let mut verdicts = Vec::new();
-    let mut overview = Vec::new();
+    if policies.contains(&Policy::KvroutePrevious) && !args.keep_going {
+        // Fail before the first run rather than after the others of the first seed.
+        compare::resolve_previous_wasm(args.previous_wasm.as_deref())?;
+    }
+    if let Some(at) = args.reset_caches_at {
+        for (w, spec, _, _) in &cases {
+            anyhow::ensure!(
+                at.is_finite() && at > 0.0 && at < spec.duration_s,
+                "{}: --reset-caches-at ({at} s) must fall inside the run (0–{} s)",
+                w.name(),
+                spec.duration_s
+            );
+        }
+    }
+    let extra = compare::CompareOptions {
+        reset_caches_at_s: args.reset_caches_at,
+        keep_going: args.keep_going,
+    };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
+    let mut results = Vec::new();
     for (w, spec, warmup, groups) in &cases {
+        let case = name.unwrap_or(w.name());
         let opts = StackOptions {
             groups: groups.clone(),
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
+            plugin_extra: compare::bench_plugin_extra_polling(args.poll_interval_ms),
+            previous_wasm: args.previous_wasm.clone(),
             replica_sync: !args.no_replica_sync,
             shadow_probe: args.shadow_probe,
             ..StackOptions::default()
         };
-        let pool = compare::describe_groups(groups);
+        let mut pool = compare::describe_groups(groups);
+        if !args.sim_args.trim().is_empty() {
+            pool = format!("{pool}; every pod also: {}", args.sim_args.trim());
+        }
+        if args.poll_interval_ms != compare::BENCH_POLL_INTERVAL_MS {
+            pool = format!("{pool}; kvroute polls every {} ms", args.poll_interval_ms);
+        }
         let mut runs = Vec::new();
+        let mut failed = Vec::new();
         for &seed in &seeds {
             let mut spec = spec.clone();
             spec.seed = seed;
@@ -219,20 +319,22 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
                     replicas,
                     ..opts.clone()
                 };
-                rows.extend(compare::compare(&policies, &spec, &opts, *warmup).await?);
+                let compared =
+                    compare::compare_with(&policies, &spec, &opts, *warmup, &extra).await?;
+                rows.extend(compared.rows);
+                failed.extend(compared.failed.into_iter().map(|(l, e)| (seed, l, e)));
             }
             println!();
-            if args.sim_args.trim().is_empty() {
-                println!("pool: {pool}");
-            } else {
-                println!("pool: {pool}; every pod also: {}", args.sim_args.trim());
-            }
+            println!("pool: {pool}");
             print!("{}", compare::render_text(&rows, *warmup));
+            for (s, label, why) in failed.iter().filter(|f| f.0 == seed) {
+                println!("{label} FAILED on seed {s}: {why}");
+            }
             if let Some(dir) = &args.out {
                 let stem = if seeds.len() == 1 {
-                    w.name().to_owned()
+                    case.to_owned()
                 } else {
-                    format!("{}-seed{seed}", w.name())
+                    format!("{case}-seed{seed}")
                 };
                 compare::write_outputs(dir, &stem, &rows, *warmup)?;
                 eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
@@ -240,23 +342,31 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             runs.push(rows);
         }
         let summaries = summary::summarize(&runs);
-        let verdict = summary::verdict(w.name(), &runs, &summaries);
-        let text = format!(
+        let verdict = summary::verdict(case, &runs, &summaries);
+        let mut text = format!(
             "pool: {pool}\n{}",
-            summary::render_summary(w.name(), &summaries, &verdict)
+            summary::render_summary(case, &summaries, &verdict)
         );
+        for (seed, label, why) in &failed {
+            text.push_str(&format!("{label} FAILED on seed {seed}: {why}\n"));
+        }
         println!();
         print!("{text}");
         if let Some(dir) = &args.out {
             std::fs::create_dir_all(dir)?;
-            let stem = format!("{}-summary", w.name());
+            let stem = format!("{case}-summary");
             let doc = serde_json::json!({
                 "workload": w.name(),
+                "name": case,
                 "pool": groups,
+                "sim_args": args.sim_args.trim(),
+                "poll_interval_ms": args.poll_interval_ms,
+                "reset_caches_at_s": args.reset_caches_at,
                 "seeds": seeds,
                 "warmup_s": warmup,
                 "policies": summaries,
                 "verdict": verdict,
+                "failed": failed,
             });
             std::fs::write(
                 dir.join(format!("{stem}.json")),
@@ -265,33 +375,15 @@ pub(crate) async fn compare_main(args: &CompareArgs) -> anyhow::Result<()> {
             std::fs::write(dir.join(format!("{stem}.txt")), &text)?;
             eprintln!("wrote {0}/{1}.json and {0}/{1}.txt", dir.display(), stem);
             if let Some(plots) = &plots {
-                plots.workload(dir, w.name(), &runs, &summaries);
+                plots.workload(dir, case, &runs, &summaries);
             }
         }
-        verdicts.push(verdict);
-        overview.push((w.name().to_owned(), summaries));
+        results.push(CaseResult {
+            name: case.to_owned(),
+            summaries,
+            verdict,
+            failed,
+        });
     }
-    if verdicts.len() > 1 {
-        println!();
-        println!("== verdicts ({} seeds each) ==", seeds.len());
-        for v in &verdicts {
-            println!("{}", summary::verdict_line(v));
-        }
-    }
-    if let (Some(dir), Some(plots)) = (&args.out, &plots) {
-        plots.overview(dir, &overview);
-    }
-    // Every workload and policy in one table (what `make bench-peers` reports).
-    if overview.len() > 1 || policies.iter().any(|p| matches!(p, Policy::Peer(_))) {
-        let text = summary::render_overview(&overview);
-        println!();
-        print!("{text}");
-        if let Some(dir) = &args.out {
-            std::fs::create_dir_all(dir)?;
-            std::fs::write(dir.join("overview.txt"), &text)?;
-            eprintln!("wrote {}/overview.txt", dir.display());
-        }
-    }
-    eprintln!("compare: {:.0} s wall in all", t0.elapsed().as_secs_f64());
-    Ok(())
+    Ok(results)
 }

@@ -3,7 +3,7 @@
 //!
 //! A thin command line over `wasm_tests::bench`: `run` drives one workload at a running target;
 //! `compare` starts fresh pods and Envoy per load-balancing policy and runs the same seeded workload
-//! through each; `compare-pd` runs aggregated pods against prefill/decode pools on the same number of
+//! through each; `matrix` runs `compare` over a matrix of workloads with every policy of the verdict; `compare-pd` runs aggregated pods against prefill/decode pools on the same number of
 //! simulated GPUs (interference and agent scenarios); `overhead` measures kvroute's own cost per request
 //! and memory (Envoy with the filter against the same Envoy without it); `demo` shows three requests
 //! through kvroute and through round-robin; `up` runs Envoy with kvroute in the foreground in front of
@@ -14,6 +14,7 @@
 mod compare_command;
 mod compare_pd_command;
 mod local_commands;
+mod matrix_command;
 mod overhead_command;
 mod run_command;
 
@@ -39,6 +40,11 @@ enum Command {
     /// Start fresh simulated pods and Envoy per policy, run the same seeded workload through each,
     /// print one table and kvroute's ratios against round-robin.
     Compare(Box<CompareArgs>),
+    /// `compare` over a matrix of workloads ("cells": `--list` shows them), every policy of the
+    /// verdict (kvroute, the previous version's module, round-robin, least-request, the peer
+    /// routers, the bound) over several seeds: one overview table of p90 TTFT, hit ratio,
+    /// prediction error and each cell's verdict.
+    Matrix(Box<MatrixArgs>),
     /// Aggregated pods against prefill/decode pools on the same number of simulated GPUs, kvroute
     /// routing both, the same seeded workloads: the interference and agent scenarios.
     ComparePd(Box<ComparePdArgs>),
@@ -103,6 +109,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Compare(args) => compare_main(&args).await?,
+        Command::Matrix(args) => matrix_main(&args).await?,
         Command::ComparePd(args) => compare_pd_main(&args).await?,
         Command::Overhead(args) => overhead_main(&args).await?,
         Command::Soak(args) => {
@@ -172,5 +179,6 @@ async fn interrupted() -> &'static str {
 pub(crate) use compare_command::*;
 pub(crate) use compare_pd_command::*;
 pub(crate) use local_commands::*;
+pub(crate) use matrix_command::*;
 pub(crate) use overhead_command::*;
 pub(crate) use run_command::*;
