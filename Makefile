@@ -162,12 +162,71 @@ up: build build-tools
 	target/release/kvbench up --via-make $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
 	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE))
 
+# The previous version's module, kvbench's `kvroute-previous` policy in make bench and make
+# bench-matrix: the commit pinned in bench/previous-version (PREVIOUS_COMMIT= another, e.g.
+# $(PREVIOUS_MAIN_COMMIT), main before the scheduler ranked by what a request costs the pool), its
+# tree taken with `git archive` into target/previous/<commit>/src and built there with a target
+# directory of its own (target/previous/build: the main build is not disturbed) into
+# target/previous/<commit>/kvroute.wasm. A few minutes on 2 cores (1.5 here), once: skipped while the file
+# exists. The commit must be in the clone: a shallow clone (CI's default) lacks it.
+PREVIOUS_COMMIT      ?= $(shell sed -n '/^[0-9a-f]\{40\}/{s/[[:space:]].*//;p;q;}' bench/previous-version)
+PREVIOUS_MAIN_COMMIT := 661bce9ca931b75149f8aafa88a18e442420361b
+PREVIOUS_DIR         := target/previous/$(PREVIOUS_COMMIT)
+PREVIOUS_WASM        := $(PREVIOUS_DIR)/kvroute.wasm
+.PHONY: previous-module bench-matrix bench-matrix-short
+previous-module: $(PREVIOUS_WASM)
+$(PREVIOUS_WASM):
+	@test -n "$(PREVIOUS_COMMIT)" || { echo "previous-module: bench/previous-version names no commit" >&2; exit 2; }
+	@git cat-file -e '$(PREVIOUS_COMMIT)^{commit}' 2>/dev/null || { \
+	  echo "previous-module: commit $(PREVIOUS_COMMIT) (bench/previous-version) is not in this clone;" \
+	       "a shallow clone lacks it: run 'git fetch --unshallow' (CI: actions/checkout with fetch-depth: 0)" >&2; exit 2; }
+	@echo "building the previous version's module ($(PREVIOUS_COMMIT)) into $@ (about 4 minutes, once)…"
+	rm -rf $(PREVIOUS_DIR)/src && mkdir -p $(PREVIOUS_DIR)/src
+	git archive --format=tar $(PREVIOUS_COMMIT) | tar -x -C $(PREVIOUS_DIR)/src
+	cd $(PREVIOUS_DIR)/src && \
+	  CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="--remap-path-prefix=$(CURDIR)/$(PREVIOUS_DIR)/src=/kvroute --remap-path-prefix=$(CARGO_HOME_DIR)=/cargo" \
+	  $(CARGO) build --release --target wasm32-wasip1 -p kvroute --target-dir $(CURDIR)/target/previous/build
+	cp target/previous/build/wasm32-wasip1/release/kvroute.wasm $@.tmp && mv $@.tmp $@
+	rm -rf $(PREVIOUS_DIR)/src
+	@ls -l $@ | awk '{printf "%s: %d bytes\n", $$9, $$5}'
+
 # Every workload (the three prefix-heavy ones, shared-agent, long-unique, multi-tenant-stall and the
-# unequal pool) over SEEDS seeds, kvroute against round-robin, least-request and the perfect-knowledge
-# bound: medians, spreads and one verdict line per workload (about 30 min of wall time with 3 seeds).
+# unequal pool) over SEEDS seeds, each with every policy of the verdict on the same fresh pods and
+# seeds: kvroute, the previous version's module, round-robin, least-request, the peer routers'
+# cache-aware policies and the perfect-knowledge-total bound. Medians, spreads and one verdict line
+# per workload: p90 TTFT ≤ 1.1× the best peer's (round-robin and the peer routers), hit ratio ≥ the
+# best peer's − 0.02, p90 no worse than the previous module's by more than the spread between seeds,
+# ≤ round-robin's and least-request's, ≤ 1.25× the bound's, prediction error ≤ 0.2 (see kvbench's
+# summary::verdict). A policy that fails is reported and its checks read "not measured". About an
+# hour of wall time with 3 seeds.
 SEEDS ?= 3
-bench: build build-tools fonts
-	target/release/kvbench compare --workload all --seeds $(SEEDS) --time-scale $(TIME_SCALE) --out bench-out
+BENCH_POLICIES ?= kvroute,kvroute-previous,round-robin,least-request,sglang-router,smg,vllm-router,perfect-knowledge-total
+bench: build build-tools fonts peers previous-module
+	target/release/kvbench compare --workload all --seeds $(SEEDS) --time-scale $(TIME_SCALE) \
+	  --policies $(BENCH_POLICIES) --previous-wasm $(PREVIOUS_WASM) --keep-going --out bench-out
+
+# The same judgement over a matrix of workloads (`target/release/kvbench matrix --list`): the
+# thrashing tenants-stall pool (2,000-block pods whose whole prefills stall decodes), the same
+# tenants with chunked prefill, 64 Zipf-skewed tenants, chat and heavier chat, short prompts, light
+# load, tenants-stall at time scales 0.05 and 0.25 and with 500 ms polls, tenants-stall with every
+# pod's cache emptied half-way (the hit ratio per 10 s window and how soon it is back), and make
+# bench's shared-agent, agent, long-unique and unequal-pool. Every cell with BENCH_POLICIES over
+# MATRIX_SEEDS seeds at MATRIX_TIME_SCALE (a cell may set its own): one overview table of median p90
+# TTFT [min–max], hit%, kvroute's prediction error and each cell's verdict in
+# bench-out/matrix/matrix.txt (and .json; each cell's runs under bench-out/matrix/<cell>/). 15 cells
+# × 3 seeds × 8 policies: about 4 hours of wall time on 2 cores.
+# bench-matrix-short: the short matrix (tenants-stall and chat, MATRIX_SHORT_SEEDS seed), about 10
+# minutes.
+MATRIX_SEEDS       ?= 3
+MATRIX_SHORT_SEEDS ?= 1
+MATRIX_TIME_SCALE  ?= 0.1
+MATRIX_CELLS       ?= all
+bench-matrix: build build-tools fonts peers previous-module
+	target/release/kvbench matrix --cells $(MATRIX_CELLS) --seeds $(MATRIX_SEEDS) --time-scale $(MATRIX_TIME_SCALE) \
+	  --policies $(BENCH_POLICIES) --previous-wasm $(PREVIOUS_WASM) --out bench-out/matrix
+bench-matrix-short: build build-tools fonts peers previous-module
+	target/release/kvbench matrix --cells short --seeds $(MATRIX_SHORT_SEEDS) --time-scale $(MATRIX_TIME_SCALE) \
+	  --policies $(BENCH_POLICIES) --previous-wasm $(PREVIOUS_WASM) --out bench-out/matrix-short
 
 # The routers users would pick instead (PyPI wheels of Rust binaries, pinned with their
 # dependencies in tools/peers/<name>.txt), each in its own venv .tools/peers/<name>/ (sglang-router
