@@ -197,8 +197,8 @@ $(PREVIOUS_WASM):
 # per workload: p90 TTFT ≤ 1.1× the best peer's (round-robin and the peer routers), hit ratio ≥ the
 # best peer's − 0.02, p90 no worse than the previous module's by more than the spread between seeds,
 # ≤ round-robin's and least-request's, ≤ 1.25× the bound's, prediction error ≤ 0.2 (see kvbench's
-# summary::verdict). A policy that fails is reported and its checks read "not measured". About an
-# hour of wall time with 3 seeds.
+# summary::verdict). A policy that fails is reported and its checks read "not measured". About 70
+# minutes of wall time with 3 seeds.
 SEEDS ?= 3
 BENCH_POLICIES ?= kvroute,kvroute-previous,round-robin,least-request,sglang-router,smg,vllm-router,perfect-knowledge-total
 bench: build build-tools fonts peers previous-module
@@ -214,9 +214,10 @@ bench: build build-tools fonts peers previous-module
 # MATRIX_SEEDS seeds at MATRIX_TIME_SCALE (a cell may set its own): one overview table of median p90
 # TTFT [min–max], hit%, kvroute's prediction error and each cell's verdict in
 # bench-out/matrix/matrix.txt (and .json; each cell's runs under bench-out/matrix/<cell>/). 15 cells
-# × 3 seeds × 8 policies: about 4 hours of wall time on 2 cores.
-# bench-matrix-short: the short matrix (tenants-stall and chat, MATRIX_SHORT_SEEDS seed), about 10
-# minutes.
+# × 3 seeds × 8 policies: about 3½ hours of wall time on 2 cores (a cell takes 3–5 minutes a seed,
+# tenants-stall-ts0.25 about 10).
+# bench-matrix-short: the short matrix (tenants-stall and chat, MATRIX_SHORT_SEEDS seed): 7 minutes
+# on 2 cores.
 MATRIX_SEEDS       ?= 3
 MATRIX_SHORT_SEEDS ?= 1
 MATRIX_TIME_SCALE  ?= 0.1

@@ -447,20 +447,23 @@ fn previous_check(
     }
 }
 
+/// A check's value: two decimals, three below 1 in size (a hit-ratio difference of −0.024 is not
+/// −0.02).
+fn fmt_value(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.abs() < 1.0 => format!("{x:.3}"),
+        Some(x) => format!("{x:.2}"),
+        None => "-".to_owned(),
+    }
+}
+
 /// The verdict's one line: `VERDICT multi-tenant: met` (or `not met: …`, or `incomplete: …`).
 pub fn verdict_line(v: &Verdict) -> String {
     let failed: Vec<String> = v
         .checks
         .iter()
         .filter(|c| c.met == Some(false))
-        .map(|c| {
-            format!(
-                "{} = {} (target {})",
-                c.what,
-                c.value.map_or("-".to_owned(), |x| format!("{x:.2}")),
-                c.target
-            )
-        })
+        .map(|c| format!("{} = {} (target {})", c.what, fmt_value(c.value), c.target))
         .collect();
     let unmeasured: Vec<&str> = v
         .checks
@@ -560,9 +563,9 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
     for c in &verdict.checks {
         let _ = writeln!(
             out,
-            "  {:<52} {:>6}  per seed {:<18} target {:<6} {}",
+            "  {:<52} {:>6}  per seed {:<18} target {:<8} {}",
             c.what,
-            c.value.map_or("-".to_owned(), |x| format!("{x:.2}")),
+            fmt_value(c.value),
             c.per_seed.render(2, 1.0),
             c.target,
             match c.met {
