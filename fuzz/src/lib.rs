@@ -702,7 +702,10 @@ pub fn inline_prefill(data: &[u8]) {
     match inline::answer(status, answer, original) {
         Answer::Refused { status: s, body } => {
             assert!((400..500).contains(&status) && s == status && body == answer);
-            assert!(status != 401 && status != 403, "the pod refusing kvroute's call");
+            assert!(
+                status != 401 && status != 403,
+                "the pod refusing kvroute's call"
+            );
         }
         Answer::Unauthorized => assert!(status == 401 || status == 403),
         Answer::Decode(body) => {
