@@ -338,7 +338,7 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
         }
         notes.push((rows.len(), note));
     }
-    write_table_with_notes(&mut out, &rows, 2, &notes);
+    super::summary::write_table_with_notes(&mut out, &rows, 2, &notes);
     let _ = writeln!(out);
     let _ = writeln!(out, "== verdicts ==");
     for r in results {
@@ -352,47 +352,6 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
         }
     }
     out
-}
-
-/// Aligned columns (the first `left` left-aligned), the header underlined, and after row `n`
-/// (counting the header as row 1) each note whose index is `n`.
-fn write_table_with_notes(
-    out: &mut String,
-    rows: &[Vec<String>],
-    left: usize,
-    notes: &[(usize, String)],
-) {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .map(|r| r.get(c).map_or(0, |x| x.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for (i, row) in rows.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (s, &w))| {
-                if c < left {
-                    format!("{s:<w$}")
-                } else {
-                    format!("{s:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
-        for (_, note) in notes.iter().filter(|(n, _)| *n == i + 1) {
-            let _ = writeln!(out, "{note}");
-        }
-    }
 }
 
 #[cfg(test)]

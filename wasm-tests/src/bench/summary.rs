@@ -582,6 +582,17 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
 /// Writes `rows` (the first is the header, underlined) as aligned columns: the first `left`
 /// columns left-aligned, the others right-aligned.
 fn write_table(out: &mut String, rows: &[Vec<String>], left: usize) {
+    write_table_with_notes(out, rows, left, &[]);
+}
+
+/// Aligned columns (the first `left` left-aligned), the header underlined, and after row `n`
+/// (counting the header as row 1) each note whose index is `n`.
+pub(crate) fn write_table_with_notes(
+    out: &mut String,
+    rows: &[Vec<String>],
+    left: usize,
+    notes: &[(usize, String)],
+) {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -608,6 +619,9 @@ fn write_table(out: &mut String, rows: &[Vec<String>], left: usize) {
         if i == 0 {
             let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
             let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+        for (_, note) in notes.iter().filter(|(n, _)| *n == i + 1) {
+            let _ = writeln!(out, "{note}");
         }
     }
 }
