@@ -10,7 +10,7 @@
 //!   holds a few leading blocks of a long prompt gets a few percent of the band, not all of it; pods
 //!   holding the same share keep their order. A holder that truly cannot keep up still spills: its
 //!   queue grows until the band is crossed, or the overload guard below ranks it last.
-//! * **Ties.** Pods whose prediction is within `prediction.tie_band` (relative) of the best, and
+//! * **Ties.** Pods whose cost is within `prediction.tie_band` (relative) of the best, and
 //!   whose load is within `rendezvous_load_slack` requests of the least loaded among them, are
 //!   equal; they are ordered by rendezvous (highest-random-weight) hashing of the request's first
 //!   block hash with the pod address. Gateway replicas share the pods' polled load but not each
@@ -177,7 +177,7 @@ pub fn pick(
             && e.cost <= band
             && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
     }
-    // Unguarded before guarded; ties first, by rendezvous; then the rest by prediction, rendezvous
+    // Unguarded before guarded; ties first, by rendezvous; then the rest by cost, rendezvous
     // breaking exact equality.
     entries.sort_by(|a, b| {
         a.guarded
