@@ -292,6 +292,18 @@ bench-peers: build build-tools fonts peers
 	target/release/kvbench compare --workload $(PEER_WORKLOADS) --seeds $(SEEDS) --policies $(PEER_POLICIES) \
 	  --time-scale $(TIME_SCALE) --out bench-out/peers
 
+# A real engine: the multi-tenant and multi-turn shapes scaled for CPU on fresh llama.cpp pods
+# (llama-server, SmolLM2-135M, one slot and one thread each; `make llama`), kvroute against
+# client-side round-robin and the peer routers' cache_aware policy, REAL_SEEDS seeds each, the load
+# sized from a calibration on one pod; hit ratios from the pods' own cached_tokens and counters
+# (tools/bench_real.py, standard-library Python; about 15 min). Writes bench-out/real/bench-real.{txt,json}.
+# REAL_ARGS: more flags (`python3 tools/bench_real.py --help`), e.g. REAL_ARGS='--policies kvroute,round-robin'.
+REAL_SEEDS ?= 2
+REAL_ARGS  ?=
+.PHONY: bench-real
+bench-real: build build-tools llama peers
+	python3 tools/bench_real.py --seeds $(REAL_SEEDS) --out bench-out/real $(REAL_ARGS)
+
 # Several gateways in front of the same pods, exchanging placements (`peers`), against one gateway
 # with the same total load, then two that share nothing but the pods: cache-hit ratio and TTFT on
 # the prefix-heavy workloads. Slower simulated clock than the other benchmarks: the replicas'
