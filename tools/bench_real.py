@@ -29,9 +29,11 @@ Scaling for CPU. A calibration on one throw-away pod measures the prefill rate, 
 request whose system prompt is cached and of one whose is not, and the size of a saved prompt
 state; the multi-tenant rate is sized for --utilisation of the pool under round-robin. Each pod's
 host prompt cache (llama-server's --cache-ram, which keeps prompts beyond the slot's) is sized to
-keep --cache-prompts tenants' prompts besides its slot's (3 of 6 by default): the pool can hold
-every tenant, one pod cannot, the regime of the multi-tenant shape. llama-server's default
-(8192 MiB) would keep every prompt of the run on every pod (`--cache-ram 8192`).
+keep --cache-prompts tenants' prompts besides its slot's (4 of 6 by default): the pool has room for
+every tenant with a third to spare, one pod does not, the regime of the simulator's multi-tenant
+shape (there 4 pods each hold about 40% of 48 tenants' prompts, room for 1.7 times them all; with
+3 of 6, no room to spare, one uneven placement thrashes a pod). llama-server's default (8192 MiB)
+would keep every prompt of the run on every pod (`--cache-ram 8192`).
 
 kvroute's two settings. llama-server sends a queued request's response headers only when its
 slot takes the request, so kvroute's per-attempt first-byte timeout (health.first_byte_timeout_ms,
@@ -1055,10 +1057,10 @@ def main() -> int:
     ap.add_argument("--think", type=float, default=4.0, help="mean think time between turns, s")
     ap.add_argument("--turn-duration", type=float, default=35.0, help="multi-turn seconds (default 35)")
     ap.add_argument("--turn-warmup", type=float, default=10.0, help="unmeasured multi-turn start (10)")
-    ap.add_argument("--cache-prompts", type=int, default=2,
+    ap.add_argument("--cache-prompts", type=int, default=3,
                     help="size each pod's host prompt cache (--cache-ram) so that it keeps this many "
-                         "tenants' prompts besides the one in its slot (default 2: 3 of 6 tenants "
-                         "per pod)")
+                         "tenants' prompts besides the one in its slot (default 3: 4 of 6 tenants "
+                         "per pod, room for 8 in a pool of 2)")
     ap.add_argument("--cache-ram", type=int, default=None,
                     help="llama-server --cache-ram in MiB, overriding --cache-prompts "
                          "(8192 is llama-server's own default)")
@@ -1155,8 +1157,8 @@ def main() -> int:
             say(f"prompt cache: --cache-ram {cache_ram} MiB has room for {room} saved prompt states; "
                 "llama-server saves the slot's prompt before it looks for the next one, so a pod "
                 f"keeps {held} of the {args.tenants} tenants' system prompts (its slot's and "
-                f"{held - 1} saved): "
-                "the pool holds every tenant, one pod does not (the multi-tenant regime). "
+                f"{held - 1} saved): the pool has room for {held * args.pods} tenants' prompts, one "
+                "pod does not hold all (the multi-tenant regime). "
                 "llama-server's default --cache-ram 8192 would keep every prompt of the run on every "
                 "pod (--cache-ram 8192 to run that)")
         else:
