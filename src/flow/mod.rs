@@ -706,12 +706,12 @@ impl RequestFlow {
                     body,
                 })
             }
-            Answer::Unauthorized | Answer::Fallback => {
+            answer @ (Answer::Unauthorized | Answer::Fallback) => {
                 // The decode pod prefills by itself, so its first byte says nothing of the split;
                 // the prefill pod holds nothing of it. A 401/403 is the prefill pod refusing
                 // kvroute's call (the client's key was not forwarded, or the pool wants another):
                 // counted as the pod's refusal; the decode pod judges the client's own key.
-                if status == 401 || status == 403 {
+                if answer == Answer::Unauthorized {
                     log::warn!("kvroute: prefill pod refused the inline prefill call with {status} (pd.forward_headers, the pool's API key); decoding without it");
                     host.count(Counter::PdPrefillUnauthorized, 1);
                 } else {
