@@ -12,6 +12,7 @@
 //! * `router` — one VM's routing state (index, work, fits) and the plan
 //! * `vm` — one VM's state machine: election, polling, publishing, following
 //! * `state` — what VMs share and its encodings
+//! * `stored_responses` — which pod stored a Responses API answer, for the requests that name it
 //! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
 
 pub mod config;
@@ -25,6 +26,7 @@ pub mod prefix;
 pub mod router;
 pub mod scheduler;
 pub mod state;
+pub mod stored_responses;
 pub mod vm;
 
 #[cfg(any(test, feature = "testing"))]

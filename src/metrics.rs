@@ -181,6 +181,11 @@ pub enum Counter {
     SpoofedHeadersRemoved,
     /// Client-supplied `kv_transfer_params` removed from request bodies.
     ClientKvParamsRemoved,
+    /// Requests naming a stored Responses API answer, sent to the pod that stored it.
+    StoredResponsePinned,
+    /// Requests naming a stored response kvroute could not place (not seen stored, expired, its
+    /// pod gone): routed as if they named none.
+    StoredResponseUnplaced,
     /// Inference requests refused with 413: the body was larger than `max_body_bytes`.
     BodyTooLarge,
     /// Inference requests refused with 413: parsing the body needed more than `max_parse_bytes`.
@@ -284,7 +289,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 32] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -292,6 +297,8 @@ impl Counter {
         Counter::BadPriority,
         Counter::SpoofedHeadersRemoved,
         Counter::ClientKvParamsRemoved,
+        Counter::StoredResponsePinned,
+        Counter::StoredResponseUnplaced,
         Counter::BodyTooLarge,
         Counter::ParseBudgetExceeded,
         Counter::PollFailures,
@@ -327,6 +334,8 @@ impl Counter {
             Counter::BadPriority => "kvroute.bad_priority_total",
             Counter::SpoofedHeadersRemoved => "kvroute.spoofed_headers_removed_total",
             Counter::ClientKvParamsRemoved => "kvroute.spoofed_kv_transfer_params_removed_total",
+            Counter::StoredResponsePinned => "kvroute.stored_response_pinned_total",
+            Counter::StoredResponseUnplaced => "kvroute.stored_response_unplaced_total",
             Counter::BodyTooLarge => "kvroute.body_too_large_total",
             Counter::ParseBudgetExceeded => "kvroute.parse_budget_exceeded_total",
             Counter::PollFailures => "kvroute.poll_failures_total",

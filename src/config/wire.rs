@@ -105,6 +105,9 @@ pub struct WireConfig {
     /// Metrics older than this are stale: the pod is still routed, on the gateway's own view of its
     /// work (see `crate::health`).
     pub stale_after_ms: u64,
+    /// How long kvroute remembers which pod stored a Responses API answer, for the requests that
+    /// name it (`crate::stored_responses`).
+    pub stored_response_ttl_ms: u64,
     /// How often cluster membership is re-read from the admin API.
     pub discovery_interval_ms: u64,
     /// How often each pod's `/v1/models` (aliases, LoRA adapters) is re-read; a new pod's is read
@@ -173,6 +176,7 @@ impl Default for WireConfig {
             poll_interval_ms: 200,
             poll_timeout_ms: 1000,
             stale_after_ms: 2000,
+            stored_response_ttl_ms: 24 * 3600 * 1000,
             discovery_interval_ms: 2000,
             models_poll_interval_ms: 10_000,
             block: BlockConfig::default(),

@@ -25,6 +25,7 @@ pub fn debug_line(
             RouteReason::PrefixHit => "prefix",
             RouteReason::Load => "load",
             RouteReason::Session => "session",
+            RouteReason::StoredResponse => "stored_response",
         },
         primary.matched_blocks,
         blocks.hashes.len(),

@@ -132,6 +132,9 @@ pub enum HeadersOutcome {
     /// An inference request: hold it until its whole body is here.
     WaitForBody,
     Reply(Reply),
+    /// A request about a stored response (`GET /v1/responses/{id}`, its cancel): to the pod
+    /// that stored it (`x-gateway-destination-endpoint`).
+    Route(String),
 }
 
 /// Where the request goes.
@@ -255,6 +258,9 @@ pub struct RequestFlow {
     upstream: Option<String>,
     /// The routed request's metric labels (its primary pod's pool and role, its model).
     labels: RouteLabels,
+    /// A Responses API answer the server stores: its opening bytes, until its id is read and
+    /// noted (`crate::stored_responses`).
+    stored_answer: Option<Vec<u8>>,
 }
 
 /// The `pool`, `role` and `model` labels of a routed request's series (see `crate::metrics`).
@@ -297,6 +303,15 @@ impl RouteLabels {
 
 /// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
 const OWNED_BODY_FIELD: &str = "kv_transfer_params";
+
+/// Whether `addr` is a pod of the pools that is not down (a stored response's pod may have left).
+fn serving(vm: &Vm, now_ms: u64, addr: &str) -> bool {
+    vm.router.load_table().pods.iter().any(|p| {
+        p.addr == addr
+            && crate::health::health_of(p, now_ms, vm.config.stale_after_ms)
+                != crate::health::Health::Down
+    })
+}
 
 fn too_large_reply(vm: &Vm, host: &mut dyn Host) -> Reply {
     host.count(Counter::BodyTooLarge, 1);
@@ -354,6 +369,29 @@ impl RequestFlow {
             let table = vm.router.load_table();
             if let Some(reply) = models::answer(table, &path, now, vm.config.stale_after_ms) {
                 return HeadersOutcome::Reply(reply);
+            }
+        }
+        if let Some(id) = crate::stored_responses::id_in_path(&path) {
+            // Retrieve, delete, input items (GET/DELETE) and cancel (POST): on the storing pod.
+            let cancel = path
+                .split('?')
+                .next()
+                .is_some_and(|p| p.ends_with("/cancel"));
+            if method != "POST" || cancel {
+                let addr =
+                    crate::stored_responses::lookup(host, id, vm.config.stored_response_ttl_ms)
+                        .filter(|addr| serving(vm, host.now_ms(), addr));
+                return match addr {
+                    Some(addr) => {
+                        host.count(Counter::StoredResponsePinned, 1);
+                        HeadersOutcome::Route(addr)
+                    }
+                    None => {
+                        host.count(Counter::StoredResponseUnplaced, 1);
+                        host.count(Counter::Passthrough, 1);
+                        HeadersOutcome::Continue
+                    }
+                };
             }
         }
         let too_large = header("content-length")
@@ -455,6 +493,10 @@ impl RequestFlow {
             vm.router.cache_model(&view.model),
             vm.tokenizer.as_deref(),
         );
+        let stored_at = view.previous_response_id.as_deref().and_then(|id| {
+            crate::stored_responses::lookup(host, id, vm.config.stored_response_ttl_ms)
+        });
+        self.hints.stored_at = stored_at.as_deref().map(crate::stored_responses::addr_key);
         let mut plan = self.plan(vm, &view.model, &blocks, now, inline && !split_inline);
         if matches!(
             plan.decision,
@@ -496,12 +538,27 @@ impl RequestFlow {
             RouteReason::PrefixHit => "prefix_hit",
             RouteReason::Load => "load",
             RouteReason::Session => "session",
+            RouteReason::StoredResponse => "stored_response",
         };
         host.count_in(
             Counter::RequestsRouted,
             &[pool, role, model, (metrics::REASON, reason_label)],
             1,
         );
+        if view.previous_response_id.is_some() {
+            let placed = reason == RouteReason::StoredResponse;
+            host.count(
+                if placed {
+                    Counter::StoredResponsePinned
+                } else {
+                    Counter::StoredResponseUnplaced
+                },
+                1,
+            );
+        }
+        if endpoint == Endpoint::Responses && view.store {
+            self.stored_answer = Some(Vec::new());
+        }
         if observer_suspect {
             host.count(Counter::ObserverSuspect, 1);
         } else if primary.stale {
@@ -827,7 +884,7 @@ impl RequestFlow {
     /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a
     /// chunk out only then.
     pub fn wants_response_bytes(&self) -> bool {
-        self.cache_check.is_some() && self.response_ok
+        (self.cache_check.is_some() || self.stored_answer.is_some()) && self.response_ok
     }
 
     /// A response chunk of `size` bytes (`bytes` when [`Self::wants_response_bytes`] asked).
@@ -844,7 +901,10 @@ impl RequestFlow {
         }
         self.response_complete |= end_of_stream;
         if let Some(bytes) = bytes {
-            self.read_usage(vm, host, bytes);
+            self.note_stored_answer(host, bytes);
+            if self.cache_check.is_some() {
+                self.read_usage(vm, host, bytes);
+            }
         }
         if self.streamed && size > 0 {
             let now = host.now_us();
@@ -962,6 +1022,29 @@ impl RequestFlow {
         }
     }
 
+    /// A stored Responses answer: reads its id from its opening bytes and notes the pod that
+    /// answered as the one storing it.
+    fn note_stored_answer(&mut self, host: &mut dyn Host, chunk: &[u8]) {
+        use crate::stored_responses::{first_id, record, ID_SCAN_BYTES};
+        let Some(opening) = self.stored_answer.as_mut() else {
+            return;
+        };
+        let room = ID_SCAN_BYTES.saturating_sub(opening.len());
+        opening.extend_from_slice(chunk.get(..chunk.len().min(room)).unwrap_or_default());
+        let full = opening.len() >= ID_SCAN_BYTES;
+        let Some(id) = first_id(opening) else {
+            if full {
+                self.stored_answer = None;
+            }
+            return;
+        };
+        let pod = self.upstream.as_deref().or(self.routed_to.as_deref());
+        if let Some(pod) = pod {
+            record(host, id, pod);
+        }
+        self.stored_answer = None;
+    }
+
     /// Looks for the response's `usage` in this chunk (and the end of the last one); once found,
     /// checks the index's expectation against it.
     fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
@@ -1049,5 +1132,6 @@ fn read_hints(
         session,
         priority,
         slo,
+        stored_at: None,
     })
 }

@@ -97,6 +97,10 @@ pub struct RequestView {
     /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` for the Responses API).
     pub max_tokens: Option<u64>,
     pub cache_salt: Option<String>,
+    /// The Responses API: the stored response this one continues, and whether the server is to
+    /// store this one (`store`, default true).
+    pub previous_response_id: Option<String>,
+    pub store: bool,
     /// Canonical prompt bytes (role-tagged for chat).
     pub prompt: Vec<u8>,
 }
@@ -182,6 +186,8 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
                     None => top.max_tokens,
                 },
                 cache_salt: top.cache_salt.map(|s| s.into_owned()),
+                previous_response_id: top.previous_response_id.map(|s| s.into_owned()),
+                store: top.store.unwrap_or(true),
                 prompt: sink.into_bytes(),
             })
         }

@@ -1022,15 +1022,7 @@ fn a_request_a_fallback_served_is_learned_for_the_fallback_not_the_primary() {
 }
 
 fn send_to(c: &mut Cluster, path: &str, body: &[u8]) -> (RequestFlow, BodyOutcome) {
-    let (vm, host) = &mut c.vms[0];
-    let mut flow = RequestFlow::new();
-    let h = headers(&[(":method", "POST"), (":path", path)]);
-    assert_eq!(
-        flow.on_request_headers(vm, host, &h, false),
-        HeadersOutcome::WaitForBody
-    );
-    let outcome = flow.on_request_body(vm, host, Some(body));
-    (flow, outcome)
+    post_on(c, 0, path, body)
 }
 
 #[test]
@@ -1282,5 +1274,89 @@ fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
     assert!(
         after.iter().zip(&before).all(|(a, b)| a.is_some() && a > b),
         "the prefix is touched again and still held: {after:?} against {before:?}"
+    );
+}
+
+/// Headers then body for `path` on VM `i`.
+fn post_on(c: &mut Cluster, i: usize, path: &str, body: &[u8]) -> (RequestFlow, BodyOutcome) {
+    let (vm, host) = &mut c.vms[i];
+    let mut flow = RequestFlow::new();
+    let h = headers(&[(":method", "POST"), (":path", path)]);
+    assert_eq!(
+        flow.on_request_headers(vm, host, &h, false),
+        HeadersOutcome::WaitForBody
+    );
+    let outcome = flow.on_request_body(vm, host, Some(body));
+    (flow, outcome)
+}
+
+#[test]
+fn a_stored_response_is_continued_retrieved_and_cancelled_on_the_pod_that_stored_it() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let first = json!({"model": "m", "input": "tell me a story ".repeat(50)});
+    let (mut flow, outcome) = post_on(&mut c, 0, "/v1/responses", first.to_string().as_bytes());
+    let stored_on = primary_of(&outcome);
+    {
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_headers(vm, host, Some("200"), false);
+        assert!(flow.wants_response_bytes(), "the answer's id is read");
+        // The id comes split over two chunks.
+        let answer = br#"{"id":"resp_7f3a","object":"response","output":[]}"#;
+        flow.on_response_body(vm, host, 9, Some(&answer[..9]), false);
+        flow.on_response_body(vm, host, answer.len() - 9, Some(&answer[9..]), true);
+        flow.on_done(vm, host, None, None);
+    }
+    // Follow-ups with new inputs, from the other VM: prefix routing alone would spread them.
+    for i in 0..8 {
+        let follow_up = json!({"model": "m", "previous_response_id": "resp_7f3a",
+                               "input": format!("question {i} ").repeat(40)});
+        let (_, outcome) = post_on(&mut c, 1, "/v1/responses", follow_up.to_string().as_bytes());
+        assert_eq!(primary_of(&outcome), stored_on, "follow-up {i}");
+    }
+    assert_eq!(c.vms[1].1.counter(Counter::StoredResponsePinned), 8);
+    // Retrieve and cancel, from their headers alone.
+    for (method, path) in [
+        ("GET", "/v1/responses/resp_7f3a"),
+        ("DELETE", "/v1/responses/resp_7f3a"),
+        ("POST", "/v1/responses/resp_7f3a/cancel"),
+    ] {
+        let (vm, host) = &mut c.vms[1];
+        let h = headers(&[(":method", method), (":path", path)]);
+        assert_eq!(
+            RequestFlow::new().on_request_headers(vm, host, &h, false),
+            HeadersOutcome::Route(stored_on.clone()),
+            "{method} {path}"
+        );
+    }
+    // An id never seen stored: routed as if it named none, and counted.
+    let unknown = json!({"model": "m", "previous_response_id": "resp_other", "input": "hi"});
+    let (_, outcome) = post_on(&mut c, 1, "/v1/responses", unknown.to_string().as_bytes());
+    assert!(matches!(outcome, BodyOutcome::Route(_)));
+    let (vm, host) = &mut c.vms[1];
+    let h = headers(&[(":method", "GET"), (":path", "/v1/responses/resp_other")]);
+    assert_eq!(
+        RequestFlow::new().on_request_headers(vm, host, &h, false),
+        HeadersOutcome::Continue
+    );
+    assert_eq!(host.counter(Counter::StoredResponseUnplaced), 2);
+}
+
+#[test]
+fn an_answer_the_server_does_not_store_is_not_remembered() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let body = json!({"model": "m", "store": false, "input": "hello"});
+    let (mut flow, _) = post_on(&mut c, 0, "/v1/responses", body.to_string().as_bytes());
+    let (vm, host) = &mut c.vms[0];
+    flow.on_response_headers(vm, host, Some("200"), false);
+    let answer = br#"{"id":"resp_1","object":"response"}"#;
+    flow.on_response_body(vm, host, answer.len(), Some(answer), true);
+    let h = headers(&[(":method", "GET"), (":path", "/v1/responses/resp_1")]);
+    assert_eq!(
+        RequestFlow::new().on_request_headers(vm, host, &h, false),
+        HeadersOutcome::Continue
     );
 }

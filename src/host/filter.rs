@@ -256,6 +256,12 @@ impl Filter {
                 send(&reply);
                 Action::Pause
             }
+            Some(HeadersOutcome::Route(pod)) => {
+                if !set_request_header(DESTINATION, &pod) {
+                    log::warn!("kvroute: could not set {DESTINATION}; the cluster balances it");
+                }
+                Action::Continue
+            }
             _ => Action::Continue,
         }
     }

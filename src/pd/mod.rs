@@ -163,6 +163,7 @@ pub fn plan_split(
     let prefill_hints = Hints {
         priority: 0,
         session: None,
+        stored_at: None,
         ..hints
     };
     let mut prefill_predictions = Vec::new();

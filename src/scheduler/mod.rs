@@ -114,6 +114,9 @@ pub struct Hints {
     pub priority: i32,
     /// Latency objectives from the SLO headers (see `slo`).
     pub slo: slo::Slo,
+    /// The pod that stored the Responses API answer this request continues
+    /// (`crate::stored_responses::addr_key` of its address): no other pod can serve it.
+    pub stored_at: Option<u64>,
 }
 
 /// Runs filters → (shedding) → predictor → picker.

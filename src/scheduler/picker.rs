@@ -40,6 +40,10 @@
 //!   session id, see `super::session`) unless that pod is guarded or its prediction is more than
 //!   `session.max_slowdown` times the best pod's; the ranking behind it stays as predicted.
 //!
+//! * **Stored response.** A request continuing a stored Responses API answer goes to the pod that
+//!   stored it, whatever its load: anywhere else it is answered 404 (`crate::stored_responses`).
+//!   Where that pod is not a candidate, the ranking stands.
+//!
 //! * **Objectives.** With SLO headers, the pods predicted to meet them go first, most-cached first
 //!   (see `super::slo`); none meeting them: the ranking stands (or a negative priority is shed).
 //!
@@ -70,6 +74,8 @@ pub enum RouteReason {
     Load,
     /// The request's session is pinned to this pod (see `super::session`).
     Session,
+    /// The pod stored the response the request continues (`crate::stored_responses`).
+    StoredResponse,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -221,7 +227,11 @@ pub fn pick(
         let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
         (!e.guarded && !slow && !misses).then_some(i)
     });
-    if let Some(i) = pinned {
+    let stored = request.hints.stored_at.and_then(|key| {
+        pods.iter()
+            .position(|p| crate::stored_responses::addr_key(p.addr) == key)
+    });
+    for i in [pinned, stored].into_iter().flatten() {
         if let Some(at) = entries.iter().position(|e| e.index == i) {
             let entry = entries.remove(at);
             entries.insert(0, entry);
@@ -243,6 +253,7 @@ pub fn pick(
         })
         .collect();
     let reason = match ranked.first() {
+        _ if stored.is_some() => RouteReason::StoredResponse,
         _ if pinned.is_some() => RouteReason::Session,
         Some(c) if c.matched_blocks > 0 => RouteReason::PrefixHit,
         _ => RouteReason::Load,

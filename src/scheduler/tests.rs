@@ -362,6 +362,7 @@ fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> Ro
             session: session.map(session::session_key),
             priority,
             slo: Default::default(),
+            stored_at: None,
         },
         ..request(hashes)
     }
@@ -527,6 +528,7 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
             },
             priority,
             session: None,
+            stored_at: None,
         },
         ..request(&hashes)
     };

@@ -51,6 +51,13 @@ fn view_of(
         .get("cache_salt")
         .and_then(Value::as_str)
         .map(str::to_string);
+    let responses = endpoint == Endpoint::Responses;
+    let previous_response_id = obj
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .filter(|_| responses)
+        .map(str::to_string);
+    let store = !responses || obj.get("store").and_then(Value::as_bool).unwrap_or(true);
     let mut prompt = Vec::with_capacity(body_len);
     match endpoint {
         Endpoint::Completions => render_completion_prompt(obj.get("prompt"), &mut prompt)?,
@@ -61,6 +68,8 @@ fn view_of(
         stream,
         max_tokens,
         cache_salt,
+        previous_response_id,
+        store,
         prompt,
     })
 }

@@ -22,6 +22,9 @@ pub struct Top<'de> {
     pub max_completion_tokens: Option<Option<u64>>,
     pub max_tokens: Option<u64>,
     pub cache_salt: Option<Cow<'de, str>>,
+    /// The Responses API's `previous_response_id` and `store`.
+    pub previous_response_id: Option<Cow<'de, str>>,
+    pub store: Option<bool>,
     /// `kv_transfer_params` was in the body (whatever its value).
     pub owned_field: bool,
     /// The prompt member was there in a routable form (a prompt, non-empty messages, an input).
@@ -35,6 +38,8 @@ enum Field {
     MaxTokens,
     MaxCompletionTokens,
     CacheSalt,
+    PreviousResponseId,
+    Store,
     Prompt,
     Messages,
     Input,
@@ -74,6 +79,8 @@ fn classify(endpoint: Endpoint, key: &str) -> Field {
         },
         (Responses, "input") => Field::Input,
         (Responses, "instructions") => Field::Instructions,
+        (Responses, "previous_response_id") => Field::PreviousResponseId,
+        (Responses, "store") => Field::Store,
         _ => Field::Other,
     }
 }
@@ -190,6 +197,10 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 Field::Model => top.model = map.next_value_seed(StringOrNone { depth })?,
                 Field::CacheSalt => top.cache_salt = map.next_value_seed(StringOrNone { depth })?,
                 Field::Stream => top.stream = map.next_value_seed(BoolOrNone)?,
+                Field::PreviousResponseId => {
+                    top.previous_response_id = map.next_value_seed(StringOrNone { depth })?
+                }
+                Field::Store => top.store = map.next_value_seed(BoolOrNone)?,
                 Field::MaxTokens => top.max_tokens = map.next_value_seed(U64OrNone)?,
                 Field::MaxCompletionTokens => {
                     top.max_completion_tokens = Some(map.next_value_seed(U64OrNone)?);

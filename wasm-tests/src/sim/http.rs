@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -53,6 +53,8 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(retrieve_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/version", get(version))
@@ -128,7 +130,43 @@ async fn chat_completions(
 }
 
 async fn responses(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    // A continuation runs on the conversation this pod stored; a pod without it answers 404.
+    let body = match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(mut obj)) if obj.contains_key("previous_response_id") => {
+            if let Err(id) = pod.stored.continued(&mut obj) {
+                pod.count_arrival(&headers);
+                pod.count_failure();
+                let message = super::responses::not_found_message(&id);
+                return error(StatusCode::NOT_FOUND, "invalid_request_error", &message);
+            }
+            Bytes::from(Value::Object(obj).to_string())
+        }
+        _ => body,
+    };
     inference(pod, Endpoint::Responses, headers, body).await
+}
+
+async fn retrieve_response(State(pod): State<Arc<Pod>>, Path(id): Path<String>) -> Response {
+    stored_response(&pod, &id, false)
+}
+
+async fn cancel_response(State(pod): State<Arc<Pod>>, Path(id): Path<String>) -> Response {
+    stored_response(&pod, &id, true)
+}
+
+fn stored_response(pod: &Pod, id: &str, cancel: bool) -> Response {
+    match pod.stored.retrieve(
+        id,
+        pod.cfg.models.first().map_or("", String::as_str),
+        cancel,
+    ) {
+        Some(object) => Json(object).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &super::responses::not_found_message(id),
+        ),
+    }
 }
 
 async fn inference(pod: Arc<Pod>, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
@@ -235,6 +273,9 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         n: req.n,
     };
     if endpoint == Endpoint::Responses {
+        if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) {
+            pod.stored.begin(&meta.id, &obj);
+        }
         return responses_answer(pod, meta, sequences, req.stream, adapter).await;
     }
     if req.stream {
@@ -444,6 +485,7 @@ async fn responses_answer(
             );
         };
         let u = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+        pod.stored.complete(&id, &text);
         return Json(response(&id, created, &model, Some(&text), u)).into_response();
     }
     let pod = pod.clone();
@@ -489,6 +531,7 @@ async fn responses_answer(
         yield Ok(event("response.output_item.done", next(),
             json!({"output_index": 0, "item": message(&id, Some(&text))})));
         let u = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+        pod.stored.complete(&id, &text);
         yield Ok(event("response.completed", next(),
             json!({"response": response(&id, created, &model, Some(&text), u)})));
     };

@@ -134,6 +134,8 @@ pub(crate) struct Pod {
     siblings: Registry,
     pub created: u64,
     lora: Mutex<LoraActivity>,
+    /// Responses API answers this pod stored (`super::responses::Stored`).
+    pub stored: super::responses::Stored,
 }
 
 /// Bound on the label sets `vllm:lora_requests_info` keeps (prometheus_client keeps every one).
@@ -226,6 +228,7 @@ impl Pod {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             lora: Mutex::new(LoraActivity::default()),
+            stored: Default::default(),
         });
         lock(&pod.lora).stamp();
         lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));

@@ -15,6 +15,8 @@
 //! message answering its `call_id`; `reasoning` items are not rendered.
 
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use super::request::BadRequest;
 
@@ -194,5 +196,98 @@ mod tests {
         assert_eq!(m[2]["tool_call_id"], "c1");
         assert!(to_chat(json!({"input": 3}).as_object().unwrap()).is_err());
         assert!(to_chat(json!({}).as_object().unwrap()).is_err());
+    }
+}
+
+/// Answers this pod stored, as vLLM keeps them in memory (`response_store` and `msg_store`, with
+/// `VLLM_ENABLE_RESPONSES_API_STORE`): id → the conversation so far as input items (without the
+/// instructions) and the answer's text once it is complete. Only this pod knows them: another pod
+/// answers a `previous_response_id` or a retrieval with 404, as vLLM does.
+#[derive(Debug, Default)]
+pub struct Stored {
+    items: Mutex<HashMap<String, StoredResponse>>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredResponse {
+    input: Vec<Value>,
+    answer: Option<String>,
+    cancelled: bool,
+}
+
+/// vLLM's answer for an id it does not hold (`_make_not_found_error`).
+pub fn not_found_message(id: &str) -> String {
+    format!("Response with id '{id}' not found.")
+}
+
+fn input_items(obj: &Map<String, Value>) -> Vec<Value> {
+    match obj.get("input") {
+        Some(Value::String(s)) => vec![json!({"role": "user", "content": s})],
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
+    }
+}
+
+impl Stored {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, StoredResponse>> {
+        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The request as the engine runs it: a `previous_response_id` puts the stored conversation
+    /// and its answer before the new input (vLLM's `construct_input_messages`). `Err(id)`: this
+    /// pod does not hold that response.
+    pub fn continued(&self, obj: &mut Map<String, Value>) -> Result<(), String> {
+        let Some(previous) = obj.get("previous_response_id").and_then(Value::as_str) else {
+            return Ok(());
+        };
+        let previous = previous.to_string();
+        let stored = self.lock().get(&previous).cloned();
+        let Some(stored) = stored else {
+            return Err(previous);
+        };
+        let mut items = stored.input;
+        if let Some(answer) = stored.answer {
+            items.push(json!({"role": "assistant", "content": answer}));
+        }
+        items.extend(input_items(obj));
+        obj.insert("input".into(), Value::Array(items));
+        Ok(())
+    }
+
+    /// Stores the (continued) request under `id` unless it says `store: false`.
+    pub fn begin(&self, id: &str, obj: &Map<String, Value>) {
+        if obj.get("store").and_then(Value::as_bool) == Some(false) {
+            return;
+        }
+        let input = input_items(obj);
+        self.lock().insert(
+            id.to_string(),
+            StoredResponse {
+                input,
+                answer: None,
+                cancelled: false,
+            },
+        );
+    }
+
+    pub fn complete(&self, id: &str, text: &str) {
+        if let Some(r) = self.lock().get_mut(id) {
+            r.answer = Some(text.to_string());
+        }
+    }
+
+    /// `GET /v1/responses/{id}` (and `cancel`): the stored response object, if this pod holds it.
+    pub fn retrieve(&self, id: &str, model: &str, cancel: bool) -> Option<Value> {
+        let mut items = self.lock();
+        let r = items.get_mut(id)?;
+        r.cancelled |= cancel && r.answer.is_none();
+        let mut object = response(id, 0, model, r.answer.as_deref(), Value::Null);
+        let status = match (&r.answer, r.cancelled) {
+            (_, true) => "cancelled",
+            (Some(_), _) => "completed",
+            (None, _) => "in_progress",
+        };
+        object["status"] = json!(status);
+        Some(object)
     }
 }
