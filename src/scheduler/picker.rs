@@ -18,11 +18,15 @@
 //!   so they send it to the same pod without talking, and a pod joining or leaving moves only the
 //!   prefixes it wins. The load slack keeps a tie from landing on a pod already running more
 //!   streams than the others (its prediction differs by one decode step's share, within the band).
-//!   The hashed key is the first block *not every candidate holds* ([`tie_key`]): for a new prefix
-//!   that is its first block, as above; where every pod holds a shared prefix (an agent's tools, a
-//!   common system prompt), it is where the request becomes its own. Keyed on the first block
-//!   instead, every request behind a prefix all pods hold won every tie on the same pod, which ran
-//!   up to a tie band more work than the others.
+//!   The hashed key is the first block *no tied pod holds* ([`tie_key`]): for a new prefix that is
+//!   its first block, as above; where the tied pods hold a shared prefix (an agent's tools, a
+//!   common system prompt, a chat template's opening), it is where the request becomes its own.
+//!   Keyed on the first block instead, every request behind a prefix all pods hold won every tie
+//!   on the same pod, which ran up to a tie band more work than the others; keyed on the first
+//!   block not *every* pod holds, every new tenant whose prompt opens like the others' (`You are
+//!   the support assistant of …`: one 64-character block) went to the same pod once one pod held
+//!   that opening. A hot prefix spilling off its holder still keys on one block of that prefix
+//!   (the holder is not tied with the pods it spills to), so it spills to one pod, not to all.
 //! * **Overload guard.** A pod whose queue (requests not yet started, [`PodView::queue`]) exceeds
 //!   the shortest candidate queue by more than `overload_guard.abs_gap` and by more than `rel_gap`
 //!   times is ranked after every pod that is not. The prediction sees the prefill work queued on a
@@ -91,12 +95,12 @@ pub fn rendezvous_rank(key: u64, addr: &str) -> u64 {
     xxh3_64_with_seed(addr.as_bytes(), key)
 }
 
-/// The rendezvous key of a request among `pods`: the hash of its first block that not every pod
-/// holds, or the request's own key when every pod holds all of it (or it has no full block).
-pub fn tie_key(pods: &[&PodView<'_>], request: &RouteRequest<'_>) -> u64 {
-    let held_by_all = pods.iter().map(|p| p.matched_blocks).min().unwrap_or(0);
-    match request.block_hashes.get(held_by_all) {
-        Some(&hash) if held_by_all > 0 => hash,
+/// The rendezvous key of a request whose tied pods hold at most `held` leading blocks: the hash
+/// of the first block none of them holds, or the request's own key when one holds all of it (or
+/// it has no full block).
+pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
+    match request.block_hashes.get(held) {
+        Some(&hash) if held > 0 => hash,
         _ => request.affinity_key,
     }
 }
@@ -145,7 +149,6 @@ pub fn pick(
     request: &RouteRequest<'_>,
 ) -> Decision {
     let min_queue = pods.iter().map(|p| p.queue()).fold(f64::INFINITY, f64::min);
-    let key = tie_key(pods, request);
     let mut entries: Vec<Entry> = pods
         .iter()
         .zip(predictions)
@@ -154,7 +157,7 @@ pub fn pick(
             index,
             cost: ranking_cost(pod, p, request),
             ttft: p.ttft_ms,
-            rank: rendezvous_rank(key, pod.addr),
+            rank: 0,
             guarded: overloaded(config, pod.queue(), min_queue),
             tied: false,
             meets_slo: request.hints.slo.met_by(p.ttft_ms, pod.itl_ms),
@@ -182,6 +185,16 @@ pub fn pick(
         e.tied = !e.guarded
             && e.cost <= band
             && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
+    }
+    let held_by_tied = entries
+        .iter()
+        .filter(|e| e.tied)
+        .map(|e| e.matched)
+        .max()
+        .unwrap_or(0);
+    let key = tie_key(held_by_tied, request);
+    for e in &mut entries {
+        e.rank = pods.get(e.index).map_or(0, |p| rendezvous_rank(key, p.addr));
     }
     // Unguarded before guarded; ties first, by rendezvous; then the rest by cost, rendezvous
     // breaking exact equality.

@@ -114,6 +114,51 @@ fn behind_a_prefix_every_pod_holds_ties_spread_by_what_follows_it() {
 }
 
 #[test]
+fn new_prompts_that_open_alike_spread_though_one_pod_holds_the_opening() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    // Pod 1 served a first tenant: it holds the opening every tenant's prompt shares (a chat
+    // template and `You are the support assistant of`), two blocks of about four hundred.
+    pods[1].matched_blocks = 2;
+    let mut counts = [0usize; 4];
+    for tenant in 0..400u64 {
+        let mut hashes: Vec<u64> = vec![1, 2];
+        hashes.extend((0..400).map(|i| (tenant * 1000 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        let d = decide(&cfg, &pods, &request(&hashes));
+        assert_eq!(
+            primary(&d),
+            primary(&decide(&cfg, &pods, &request(&hashes))),
+            "a tenant's pod is stable"
+        );
+        let i = ADDRS.iter().position(|a| *a == primary(&d)).unwrap();
+        counts[i] += 1;
+    }
+    for c in counts {
+        assert!((60..=140).contains(&c), "spread over the pool: {counts:?}");
+    }
+}
+
+#[test]
+fn a_hot_prefix_spills_to_one_pod_not_to_all() {
+    let cfg = Config::default();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    // Pod 0 holds the tenant's 100-block prompt but is far behind; the others are idle and cold.
+    pods[0].matched_blocks = 100;
+    pods[0].queued_tokens = 50_000.0;
+    pods[0].queued_requests = 3.0;
+    pods[0].inflight = 3.0;
+    let mut spilled_to = std::collections::HashSet::new();
+    for question in 0..50u64 {
+        let mut hashes: Vec<u64> = (1..=100).collect();
+        hashes.extend((0..5).map(|i| (question * 10 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        let d = decide(&cfg, &pods, &request(&hashes));
+        assert_ne!(primary(&d), ADDRS[0]);
+        spilled_to.insert(primary(&d).to_string());
+    }
+    assert_eq!(spilled_to.len(), 1, "one second home: {spilled_to:?}");
+}
+
+#[test]
 fn the_holder_keeps_a_prefix_until_recomputing_it_elsewhere_is_faster() {
     let cfg = Config::default();
     let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens
