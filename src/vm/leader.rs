@@ -176,6 +176,12 @@ impl Leader {
                     );
                 }
                 record.figures = Some(page.figures);
+                if record.metrics_at_ms > 0 && page.metrics.models != record.metrics.models {
+                    // The pod serves other models now (restarted with other weights, or under
+                    // other names): its model list is stale too, and a name it dropped would
+                    // still be routed to it until the slow interval re-read it. Asked at once.
+                    record.models_asked_ms = 0;
+                }
                 record.metrics = PodMetrics {
                     ours,
                     ..page.metrics
@@ -463,6 +469,37 @@ mod tests {
             l.models_due(&cfg, 1000 + cfg.models_poll_interval_ms).len(),
             2
         );
+    }
+
+    #[test]
+    fn a_pod_whose_metrics_name_other_models_has_its_model_list_read_again_at_once() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1","10.0.0.2:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        assert_eq!(l.models_due(&cfg, 1000).len(), 2);
+        let page = |model: &str| {
+            format!("vllm:num_requests_running{{model_name=\"{model}\"}} 0\nvllm:num_requests_waiting{{model_name=\"{model}\"}} 0\n")
+        };
+        for at in [1000, 1200] {
+            for pod in ["10.0.0.1:1", "10.0.0.2:1"] {
+                let body = page("base");
+                assert!(l.on_poll(
+                    pod,
+                    PollResult::Answered(200, body.as_bytes()),
+                    GatewayShare::default(),
+                    at
+                ));
+            }
+        }
+        assert!(l.models_due(&cfg, 1400).is_empty(), "nothing changed");
+        let body = page("other");
+        assert!(l.on_poll(
+            "10.0.0.2:1",
+            PollResult::Answered(200, body.as_bytes()),
+            GatewayShare::default(),
+            1400
+        ));
+        assert_eq!(l.models_due(&cfg, 1400), vec!["10.0.0.2:1".to_string()]);
+        assert!(l.models_due(&cfg, 1600).is_empty(), "asked once");
     }
 
     #[test]
