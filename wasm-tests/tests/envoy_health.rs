@@ -3,7 +3,8 @@
 //! that refuses connections is avoided within a poll interval; a pod failing half its requests is
 //! ejected, costs the clients nothing, and comes back; a pod that never starts answering a stream
 //! is retried elsewhere instead of hanging it; a pod of an engine kvroute does not know is routed
-//! on the gateway's own view, one whose `/metrics` is an HTML page is not.
+//! on the gateway's own view, one whose `/metrics` is an HTML page is not; a pod restarted with
+//! other weights stops getting the model it dropped within a few polls.
 
 mod common;
 
@@ -389,4 +390,49 @@ async fn a_pod_of_an_unknown_engine_is_routed_and_one_whose_metrics_are_html_is_
         )),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_restarted_with_other_weights_stops_getting_the_model_it_dropped_within_polls() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let switched = sim.pods[1].clone();
+    let mut served_by = HashMap::new();
+    for i in 0..12 {
+        let r = post(
+            &client,
+            &url,
+            &chat(&system_prompt(&format!("before{i}-"), 40), "q", 2, false),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        *served_by.entry(r.pod.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        served_by.len(),
+        2,
+        "both pods serve the model: {served_by:?}"
+    );
+    // Its metrics' model label changes at once; its /v1/models list is re-read on the slow
+    // interval (10 s) unless kvroute notices.
+    sim_fault(&switched, json!({"serve_models": ["other-model"]})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // ten polls
+    for i in 0..20 {
+        let r = post(
+            &client,
+            &url,
+            &chat(&system_prompt(&format!("after{i}-"), 40), "q", 2, false),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert_ne!(r.pod.as_deref(), Some(switched.as_str()), "request {i}");
+    }
+    let other = json!({"model": "other-model", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hello"}]});
+    let r = post(&client, &url, &other, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.pod.as_deref(), Some(switched.as_str()));
 }

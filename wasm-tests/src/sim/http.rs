@@ -192,7 +192,8 @@ struct Meta {
 }
 
 async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[u8]) -> Response {
-    let cfg = &pod.cfg;
+    let cfg_now = pod.config_now();
+    let cfg = &*cfg_now;
     if pod.roll_failure() {
         let status = StatusCode::from_u16(pod.faults().fail_status)
             .ok()
@@ -660,8 +661,9 @@ fn stream_response(
 /// LoRA adapter with its path as `root` and the first served name as `parent` (the simulator has
 /// no model path: the first served name stands for it).
 async fn models(State(pod): State<Arc<Pod>>) -> Json<Value> {
-    let owner = pod.cfg.engine.as_str();
-    let base = pod.cfg.models.first().cloned().unwrap_or_default();
+    let cfg = pod.config_now();
+    let owner = cfg.engine.as_str();
+    let base = cfg.models.first().cloned().unwrap_or_default();
     let card = |id: &str, root: &str, parent: Value, max_model_len: Value| {
         json!({
             "id": id,
@@ -674,15 +676,13 @@ async fn models(State(pod): State<Arc<Pod>>) -> Json<Value> {
             "permission": [],
         })
     };
-    let mut data: Vec<Value> = pod
-        .cfg
+    let mut data: Vec<Value> = cfg
         .models
         .iter()
-        .map(|m| card(m, &base, Value::Null, json!(pod.cfg.max_model_len)))
+        .map(|m| card(m, &base, Value::Null, json!(cfg.max_model_len)))
         .collect();
     data.extend(
-        pod.cfg
-            .lora_modules
+        cfg.lora_modules
             .iter()
             .map(|l| card(&l.name, &l.path, json!(base), Value::Null)),
     );
@@ -752,7 +752,7 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
     let text = if faults.garbage_metrics {
         GARBAGE_METRICS.to_string()
     } else {
-        let mut text = metrics::render(&pod.cfg, &pod.engine.snapshot());
+        let mut text = metrics::render(&pod.config_now(), &pod.engine.snapshot());
         text.push_str(&pod.lora_metrics());
         lie(text, &faults.metrics_lie)
     };
@@ -821,6 +821,8 @@ struct FaultRequest {
     #[serde(default)]
     metrics_lie: String,
     #[serde(default)]
+    serve_models: Vec<String>,
+    #[serde(default)]
     refuse_ms: Option<u64>,
     #[serde(default)]
     pod: Option<String>,
@@ -887,6 +889,7 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
         metrics_delay_ms: req.metrics_delay_ms,
         die_mid_stream: req.die_mid_stream,
         metrics_lie: req.metrics_lie,
+        serve_models: req.serve_models,
     };
     target
         .apply_faults(faults.clone(), req.refuse_ms.map(Duration::from_millis))

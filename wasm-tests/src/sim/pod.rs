@@ -51,6 +51,9 @@ pub struct Faults {
     pub die_mid_stream: bool,
     /// `/metrics` parses but lies: `nan`, `negative` or `absurd` (1e300) load figures.
     pub metrics_lie: String,
+    /// Serve these model names instead of the configured ones (the pod was restarted with other
+    /// weights): requests, `/v1/models` and the metrics' `model_name` label follow them.
+    pub serve_models: Vec<String>,
 }
 
 /// What `/sim/stats` returns.
@@ -272,6 +275,18 @@ impl Pod {
 
     pub fn faults(&self) -> Faults {
         lock(&self.faults).clone()
+    }
+
+    /// The configuration as the pod serves now: the configured one, with the model names of a
+    /// `serve_models` fault.
+    pub fn config_now(&self) -> std::borrow::Cow<'_, SimConfig> {
+        let models = lock(&self.faults).serve_models.clone();
+        if models.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.cfg);
+        }
+        let mut cfg = self.cfg.clone();
+        cfg.models = models;
+        std::borrow::Cow::Owned(cfg)
     }
 
     /// Replaces the pod's faults. With `refuse_for`, `refuse` clears itself after that wall time.
