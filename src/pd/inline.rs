@@ -3,8 +3,10 @@
 //! The prefill request is the client's own, asked for one token, not streamed, with the
 //! NixlConnector's "prefill for a remote decoder" parameters; the answer's `kv_transfer_params`
 //! are written into the client's body for the decode pod. What the answer means for the request:
-//! a 4xx is the request's own fault and goes back to the client as is; anything else without a
-//! KV handle (a failure, a timeout: the host answers 503/504) falls back to decode-only.
+//! a 4xx is the request's own fault and goes back to the client as is, but for 401/403 (kvroute's
+//! call lacked a credential) and 429 (the prefill pod is busy, which says nothing of the request);
+//! anything else without a KV handle (a failure, a timeout: the host answers 503/504) falls back to
+//! decode-only.
 
 use crate::flow::body::{edit, Change};
 use crate::headers::DESTINATION;
@@ -86,7 +88,8 @@ pub enum Answer {
     /// reach it, which is the deployment's fault, not the client's. The decode pod prefills by
     /// itself and judges the client's own credentials.
     Unauthorized,
-    /// No KV to hand over: the decode pod prefills by itself.
+    /// No KV to hand over (the prefill pod failed, timed out or was too busy): the decode pod
+    /// prefills by itself.
     Fallback,
 }
 
@@ -94,7 +97,7 @@ pub fn answer(status: u32, body: &[u8], original: &[u8]) -> Answer {
     if status == 401 || status == 403 {
         return Answer::Unauthorized;
     }
-    if (400..500).contains(&status) {
+    if (400..500).contains(&status) && status != 429 {
         return Answer::Refused {
             status,
             body: body.to_vec(),
@@ -152,6 +155,11 @@ mod tests {
             }
         );
         assert_eq!(answer(504, b"", original), Answer::Fallback, "timed out");
+        assert_eq!(
+            answer(429, b"busy", original),
+            Answer::Fallback,
+            "a busy prefill pod: the decode pod serves the request"
+        );
         assert_eq!(answer(200, b"{}", original), Answer::Fallback, "no handle");
         assert_eq!(answer(401, b"no key", original), Answer::Unauthorized);
         assert_eq!(answer(403, b"", original), Answer::Unauthorized);

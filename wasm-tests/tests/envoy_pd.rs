@@ -235,6 +235,39 @@ async fn inline_mode_returns_a_prefill_pods_4xx_as_is() {
     drop(s.decode);
 }
 
+/// A prefill pod answering 429 (too busy, as a rate-limiting proxy in front of it would) says
+/// nothing of the request: it is served decode-only, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_serves_decode_only_when_a_prefill_pod_is_too_busy() {
+    let s = pd_stack("inline").await;
+    let client = fresh_client();
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({"fail_ratio": 1.0, "fail_status": 429})).await;
+    }
+    for i in 0..4 {
+        let system = system_prompt(&format!("busy-prefill-{i}-"), 2000);
+        let r = post(
+            &client,
+            &s.envoy.url("/v1/chat/completions"),
+            &chat(&system, "q", 4, false),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(s.decode.pods.contains(&r.pod.clone().unwrap()));
+    }
+    assert!(
+        sum_stat(&s.prefill.pods, "requests_failed").await >= 1,
+        "the prefill pods were asked"
+    );
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.kvroute.pd.prefill_rejected_total")
+            .await,
+        0
+    );
+}
+
 /// Pods behind an API key (vLLM's `--api-key`): a client with the key gets its split request
 /// served, the prefill call carrying the client's key; the leader's own calls carry the pool's
 /// configured key (no pod ever refuses them); a client without the key is refused by the decode
