@@ -194,7 +194,9 @@ pub fn pick(
         .unwrap_or(0);
     let key = tie_key(held_by_tied, request);
     for e in &mut entries {
-        e.rank = pods.get(e.index).map_or(0, |p| rendezvous_rank(key, p.addr));
+        e.rank = pods
+            .get(e.index)
+            .map_or(0, |p| rendezvous_rank(key, p.addr));
     }
     // Unguarded before guarded; ties first, by rendezvous; then the rest by cost, rendezvous
     // breaking exact equality.
