@@ -1,0 +1,313 @@
+//! kvroute's routing decision in Envoy's own access log, through real Envoy: each routed request's
+//! line names the chosen pod (the pod that served it), the reason, the predicted TTFT, the cached
+//! tokens expected (more than zero for a repeated prompt) and the P/D outcome, read from the
+//! filter state the plugin sets (`%FILTER_STATE(wasm.kvroute_*:PLAIN)%`); the debug header goes
+//! only to a request carrying the trusted token, and no trigger header reaches a pod.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use wasm_tests::harness::{
+    envoy_config, plugin_config, wait_for, wasm_path, Envoy, EnvoyOptions, Lb, Sim,
+};
+
+/// The fields of each access-log line, as the shipped configurations log them.
+fn log_format() -> Value {
+    json!({
+        "id": "%REQ(x-test-id)%",
+        "pod": "%FILTER_STATE(wasm.kvroute_pod:PLAIN)%",
+        "reason": "%FILTER_STATE(wasm.kvroute_reason:PLAIN)%",
+        "predicted_ttft_ms": "%FILTER_STATE(wasm.kvroute_predicted_ttft_ms:PLAIN)%",
+        "expected_cached_tokens": "%FILTER_STATE(wasm.kvroute_expected_cached_tokens:PLAIN)%",
+        "pd": "%FILTER_STATE(wasm.kvroute_pd:PLAIN)%",
+        "prefill_pod": "%FILTER_STATE(wasm.kvroute_prefill_pod:PLAIN)%",
+        // Without `:PLAIN`, Envoy prints the state as a protobuf `BytesValue`, base64-encoded.
+        "pod_unformatted": "%FILTER_STATE(wasm.kvroute_pod)%",
+        "upstream_host": "%UPSTREAM_HOST%",
+        "served_by": "%RESP(x-kvsim-pod)%",
+        "trigger_upstream": "%REQ(x-kvroute-debug-token)%",
+        "status": "%RESPONSE_CODE%"
+    })
+}
+
+/// Envoy with kvroute (`plugin`) in front of `pods`, logging every request to `access.log`.
+async fn logged_envoy(pods: &[String], plugin: String) -> (Envoy, PathBuf) {
+    let options = EnvoyOptions::new(pods, Lb::OverrideHost, Some(plugin));
+    let dir = wasm_tests::harness::scratch_dir("decision-log").unwrap();
+    let log = dir.join("access.log");
+    let mut config = envoy_config(&options, &wasm_path().unwrap(), 0);
+    config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["access_log"] = json!([{"name": "envoy.access_loggers.file", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": log.display().to_string(),
+            "log_format": {"json_format": log_format()}}}]);
+    let envoy = Envoy::start_with_config(&config.to_string(), options.concurrency)
+        .await
+        .unwrap();
+    (envoy, log)
+}
+
+/// The access-log line of the request sent with `x-test-id: id`, once Envoy has written it.
+async fn line_of(log: &Path, id: &str) -> Value {
+    let mut found = Value::Null;
+    let written = wait_for(Duration::from_secs(10), "the access-log line", || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["id"] == id)
+            .unwrap_or(Value::Null);
+        let done = !found.is_null();
+        async move { done }
+    })
+    .await;
+    if let Err(e) = written {
+        panic!("{e}: {}", std::fs::read_to_string(log).unwrap_or_default());
+    }
+    found
+}
+
+/// The token a trusted client sends to get the debug header.
+const TOKEN: &str = "trusted-operator-token-0123456789";
+const TRIGGER: &str = "x-kvroute-debug-token";
+
+fn trusted_only() -> Value {
+    json!({"debug_header": {"trigger_header": TRIGGER, "token": TOKEN}})
+}
+
+fn text(line: &Value, field: &str) -> String {
+    line[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("`{field}` is not logged: {line}"))
+        .to_string()
+}
+
+fn number(line: &Value, field: &str) -> f64 {
+    text(line, field)
+        .parse()
+        .unwrap_or_else(|_| panic!("`{field}` is not a number: {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_routed_request_logs_the_pod_that_served_it_why_and_what_was_predicted() {
+    let sim = Sim::start(3, &["--time-scale", TIME_SCALE]).unwrap();
+    let (envoy, log) = logged_envoy(&sim.pods, plugin_config(&sim.pods, trusted_only())).await;
+    wait_healthy(&envoy, 3).await;
+    // Every worker VM adopts the leader's first complete table on its next tick.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt("logged-tenant-", 800);
+
+    let first = post(
+        &client,
+        &url,
+        &chat(&system, "q", 2, false),
+        &[("x-test-id", "first")],
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.debug, None, "no token, no debug header");
+    let line = line_of(&log, "first").await;
+    let served = first.pod.clone().unwrap();
+    assert_eq!(text(&line, "pod"), served, "{line}");
+    assert_eq!(text(&line, "upstream_host"), served, "{line}");
+    assert_eq!(text(&line, "served_by"), served, "{line}");
+    assert_eq!(text(&line, "reason"), "load", "nothing cached yet: {line}");
+    assert!(number(&line, "predicted_ttft_ms") > 0.0, "{line}");
+    assert_eq!(text(&line, "expected_cached_tokens"), "0", "{line}");
+    assert_eq!(text(&line, "pd"), "none", "no decode pool: {line}");
+    assert!(line["prefill_pod"].is_null(), "not split: {line}");
+    assert_eq!(
+        line["pod_unformatted"]["@type"], "type.googleapis.com/google.protobuf.BytesValue",
+        "{line}"
+    );
+
+    // The same prompt from a trusted client: its holder, expected to be cached, and the debug
+    // header agrees with the log line.
+    let trusted = post(
+        &client,
+        &url,
+        &chat(&system, "q", 2, false),
+        &[("x-test-id", "trusted"), (TRIGGER, TOKEN)],
+    )
+    .await;
+    assert_eq!(trusted.status, 200, "{}", trusted.body);
+    let line = line_of(&log, "trusted").await;
+    assert_eq!(trusted.pod.as_deref(), Some(served.as_str()));
+    assert_eq!(text(&line, "pod"), served, "{line}");
+    assert_eq!(text(&line, "upstream_host"), served, "{line}");
+    assert_eq!(text(&line, "reason"), "prefix_hit", "{line}");
+    let expected = number(&line, "expected_cached_tokens");
+    let prompt = trusted.json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(
+        expected > 0.0 && expected <= prompt,
+        "0 < {expected} <= the prompt's {prompt} tokens: {line}"
+    );
+    let reported = trusted.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(reported > 0, "the pod did hold it: {}", trusted.body);
+    assert!(
+        number(&line, "predicted_ttft_ms")
+            < number(&line_of(&log, "first").await, "predicted_ttft_ms"),
+        "a cached prompt is predicted faster"
+    );
+    let debug = trusted
+        .debug
+        .as_deref()
+        .expect("the trusted client gets the debug header");
+    assert_eq!(
+        trusted.debug_field("pod").as_deref(),
+        Some(served.as_str()),
+        "{debug}"
+    );
+    assert_eq!(
+        trusted.debug_field("predicted_ttft_ms").as_deref(),
+        Some(text(&line, "predicted_ttft_ms").as_str()),
+        "{debug}"
+    );
+    assert!(
+        line["trigger_upstream"].is_null(),
+        "the trigger was removed before forwarding: {line}"
+    );
+    assert_eq!(
+        sim_stats(&served).await["requests_total"].as_u64(),
+        Some(2),
+        "both requests reached the pod the log names"
+    );
+
+    // A wrong token (and a prefix of the right one) gets nothing, and is removed all the same.
+    for (id, token) in [
+        ("wrong", "trusted-operator-token-0123456788"),
+        ("prefix", &TOKEN[..20]),
+    ] {
+        let r = post(
+            &client,
+            &url,
+            &chat(&system, "q", 2, false),
+            &[("x-test-id", id), (TRIGGER, token)],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.debug, None, "{id}: no debug header without the token");
+        let line = line_of(&log, id).await;
+        assert!(line["trigger_upstream"].is_null(), "{line}");
+        assert_eq!(text(&line, "pod"), r.pod.unwrap(), "{line}");
+    }
+
+    // A request kvroute does not route carries no decision (none left over from another).
+    let other = post(
+        &client,
+        &envoy.url("/v1/embeddings"),
+        &json!({"model": MODEL, "input": "x"}),
+        &[("x-test-id", "passed-through")],
+    )
+    .await;
+    let line = line_of(&log, "passed-through").await;
+    assert!(
+        line["pod"].is_null() && line["reason"].is_null(),
+        "{} {line}",
+        other.status
+    );
+    drop(sim);
+}
+
+/// A prefill and a decode pool (two pods each) behind a logged Envoy, P/D in `mode`.
+async fn logged_pd_stack(mode: &str) -> (Sim, Sim, Envoy, PathBuf) {
+    let args = |role: &'static str| vec!["--time-scale", TIME_SCALE, "--role", role];
+    let prefill = Sim::start(2, &args("prefill")).unwrap();
+    let decode = Sim::start(2, &args("decode")).unwrap();
+    let settings = json!({
+        "pools": [
+            {"name": "prefill", "role": "prefill", "endpoints": prefill.pods},
+            {"name": "decode", "role": "decode", "endpoints": decode.pods}
+        ],
+        "pd": {"mode": mode, "prefill_timeout_ms": 5000}
+    });
+    // Requests go to the decode pods; prefill pods are reached by kvroute's call or the sidecar.
+    let (envoy, log) = logged_envoy(&decode.pods, plugin_config(&decode.pods, settings)).await;
+    wait_healthy(&envoy, 4).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (prefill, decode, envoy, log)
+}
+
+async fn the_pd_outcome_is_logged(mode: &str) {
+    let (mut prefill, decode, envoy, log) = logged_pd_stack(mode).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt(&format!("logged-pd-{mode}-"), 3000);
+
+    let long = post(
+        &client,
+        &url,
+        &chat(&system, "first", 4, false),
+        &[("x-test-id", "long")],
+    )
+    .await;
+    assert_eq!(long.status, 200, "{}", long.body);
+    let line = line_of(&log, "long").await;
+    assert_eq!(text(&line, "pd"), format!("split_{mode}"), "{line}");
+    let decode_pod = long.pod.clone().unwrap();
+    assert_eq!(text(&line, "pod"), decode_pod, "{line}");
+    assert_eq!(text(&line, "upstream_host"), decode_pod, "{line}");
+    let prefill_pod = text(&line, "prefill_pod");
+    assert!(prefill.pods.contains(&prefill_pod), "{line}");
+    assert_eq!(
+        sim_stats(&prefill_pod).await["prefills_for_remote_decode"],
+        1,
+        "the logged prefill pod made the prefill"
+    );
+    assert!(number(&line, "predicted_ttft_ms") > 0.0, "{line}");
+
+    // Held by the decode pod now: no split.
+    let cached = post(
+        &client,
+        &url,
+        &chat(&system, "second", 4, false),
+        &[("x-test-id", "cached")],
+    )
+    .await;
+    assert_eq!(cached.status, 200, "{}", cached.body);
+    let line = line_of(&log, "cached").await;
+    assert_eq!(text(&line, "pd"), "decode_only", "{line}");
+    assert_eq!(text(&line, "pod"), decode_pod, "{line}");
+    assert!(number(&line, "expected_cached_tokens") > 0.0, "{line}");
+    assert!(line["prefill_pod"].is_null(), "{line}");
+
+    if mode == "inline" {
+        // The prefill pool dies; kvroute still believes it healthy and splits, the call fails and
+        // the decode pod prefills: the log says so.
+        prefill.proc.kill();
+        let fresh = system_prompt("logged-pd-after-", 3000);
+        let r = post(
+            &client,
+            &url,
+            &chat(&fresh, "q", 4, false),
+            &[("x-test-id", "fallback")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let line = line_of(&log, "fallback").await;
+        assert_eq!(text(&line, "pd"), "decode_only_fallback", "{line}");
+        assert_eq!(text(&line, "pod"), r.pod.unwrap(), "{line}");
+        assert!(
+            decode.pods.contains(&text(&line, "upstream_host")),
+            "{line}"
+        );
+    }
+    drop(decode);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_split_its_prefill_pod_and_a_fallback_are_logged() {
+    the_pd_outcome_is_logged("inline").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_split_and_its_prefill_pod_are_logged() {
+    the_pd_outcome_is_logged("sidecar").await;
+}
