@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use wasm_tests::harness::{
-    envoy_config, plugin_config, wait_for, wasm_path, Envoy, EnvoyOptions, Lb, Sim,
+    envoy_config, plugin_config, repo_root, wait_for, wasm_path, Envoy, EnvoyOptions, Lb, Sim,
 };
 
 /// The fields of each access-log line, as the shipped configurations log them.
@@ -33,7 +33,32 @@ fn log_format() -> Value {
     })
 }
 
-/// Envoy with kvroute (`plugin`) in front of `pods`, logging every request to `access.log`.
+/// The access log `envoy/kvroute.yaml` ships (a text line to stdout), written to `path` instead,
+/// each line led by `id=` and the request's `x-test-id`.
+fn shipped_access_log(path: &Path) -> Value {
+    let file = repo_root().join("envoy/kvroute.yaml");
+    let config: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let mut log = hcm["access_log"][0].clone();
+    let format = &mut log["typed_config"]["log_format"]["text_format_source"]["inline_string"];
+    let shipped = format
+        .as_str()
+        .expect("envoy/kvroute.yaml ships an access-log format");
+    assert!(
+        shipped.contains("%FILTER_STATE(wasm.kvroute_pod:PLAIN)%"),
+        "{shipped}"
+    );
+    *format = json!(format!("id=%REQ(x-test-id)% {shipped}"));
+    log["name"] = json!("envoy.access_loggers.file");
+    log["typed_config"]["@type"] =
+        json!("type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog");
+    log["typed_config"]["path"] = json!(path.display().to_string());
+    log
+}
+
+/// Envoy with kvroute (`plugin`) in front of `pods`, logging every request to `access.log` (the
+/// fields above, as JSON) and to `shipped.log` (the shipped format).
 async fn logged_envoy(pods: &[String], plugin: String) -> (Envoy, PathBuf) {
     let options = EnvoyOptions::new(pods, Lb::OverrideHost, Some(plugin));
     let dir = wasm_tests::harness::scratch_dir("decision-log").unwrap();
@@ -43,11 +68,26 @@ async fn logged_envoy(pods: &[String], plugin: String) -> (Envoy, PathBuf) {
         ["access_log"] = json!([{"name": "envoy.access_loggers.file", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
             "path": log.display().to_string(),
-            "log_format": {"json_format": log_format()}}}]);
+            "log_format": {"json_format": log_format()}}},
+            shipped_access_log(&dir.join("shipped.log"))]);
     let envoy = Envoy::start_with_config(&config.to_string(), options.concurrency)
         .await
         .unwrap();
     (envoy, log)
+}
+
+/// The `key=value` fields of the shipped format's line for the request sent with `x-test-id: id`
+/// (written with the JSON line [`line_of`] waited for).
+fn shipped_line_of(json_log: &Path, id: &str) -> std::collections::HashMap<String, String> {
+    let text = std::fs::read_to_string(json_log.with_file_name("shipped.log")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("id={id} ")))
+        .unwrap_or_else(|| panic!("no shipped line for {id}: {text}"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The access-log line of the request sent with `x-test-id: id`, once Envoy has written it.
@@ -173,6 +213,26 @@ async fn each_routed_request_logs_the_pod_that_served_it_why_and_what_was_predic
     assert!(
         line["trigger_upstream"].is_null(),
         "the trigger was removed before forwarding: {line}"
+    );
+    // The shipped format says the same.
+    let shipped = shipped_line_of(&log, "trusted");
+    for (key, field) in [
+        ("upstream", "upstream_host"),
+        ("kvroute_pod", "pod"),
+        ("kvroute_reason", "reason"),
+        ("kvroute_predicted_ttft_ms", "predicted_ttft_ms"),
+        ("kvroute_expected_cached_tokens", "expected_cached_tokens"),
+        ("kvroute_pd", "pd"),
+    ] {
+        assert_eq!(
+            shipped.get(key),
+            Some(&text(&line, field)),
+            "{key}: {shipped:?}"
+        );
+    }
+    assert_eq!(
+        shipped.get("kvroute_prefill_pod").map(String::as_str),
+        Some("-")
     );
     assert_eq!(
         sim_stats(&served).await["requests_total"].as_u64(),
