@@ -371,3 +371,112 @@ async fn an_inline_split_its_prefill_pod_and_a_fallback_are_logged() {
 async fn a_sidecar_split_and_its_prefill_pod_are_logged() {
     the_pd_outcome_is_logged("sidecar").await;
 }
+
+/// The tracing tags that carry the decision (the README's example): each reads the filter state
+/// the access log reads.
+fn decision_tags() -> Value {
+    let tag = |tag: &str, key: &str| json!({"tag": tag, "value": format!("%FILTER_STATE(wasm.{key}:PLAIN)%")});
+    json!([
+        tag("kvroute.pod", "kvroute_pod"),
+        tag("kvroute.reason", "kvroute_reason"),
+        tag("kvroute.predicted_ttft_ms", "kvroute_predicted_ttft_ms"),
+        tag(
+            "kvroute.expected_cached_tokens",
+            "kvroute_expected_cached_tokens"
+        ),
+        tag("kvroute.pd", "kvroute_pd"),
+    ])
+}
+
+/// A Zipkin collector on a free port: every span Envoy reports, as JSON.
+async fn zipkin_collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::{routing::post, Json, Router};
+    let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = spans.clone();
+    let app = Router::new().route(
+        "/api/v2/spans",
+        post(move |Json(batch): Json<Vec<Value>>| async move {
+            kept.lock().unwrap().extend(batch);
+            axum::http::StatusCode::ACCEPTED
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, spans)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_requests_span_carries_the_decision_as_tags() {
+    let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();
+    let (collector, spans) = zipkin_collector().await;
+    let options = EnvoyOptions::new(
+        &sim.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&sim.pods, json!({"debug_header": false}))),
+    );
+    let mut config = envoy_config(&options, &wasm_path().unwrap(), 0);
+    config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["tracing"] = json!({
+            "random_sampling": {"value": 100},
+            "custom_tags": decision_tags(),
+            "provider": {"name": "envoy.tracers.zipkin", "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.ZipkinConfig",
+                "collector_cluster": "zipkin",
+                "collector_endpoint": "/api/v2/spans",
+                "collector_endpoint_version": "HTTP_JSON"}}});
+    let (host, port) = collector.rsplit_once(':').unwrap();
+    config["static_resources"]["clusters"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "zipkin", "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "zipkin", "endpoints": [{"lb_endpoints": [{"endpoint": {
+                "address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}}]}]}}));
+    // Each span is reported as soon as it ends (the default waits for 5 spans or 5 s).
+    config["layered_runtime"] = json!({"layers": [{"name": "static", "static_layer": {
+        "tracing.zipkin.min_flush_spans": 1}}]});
+    let envoy = Envoy::start_with_config(&config.to_string(), options.concurrency)
+        .await
+        .unwrap();
+    wait_healthy(&envoy, 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let system = system_prompt("traced-", 600);
+    let r = post(
+        &fresh_client(),
+        &envoy.url("/v1/chat/completions"),
+        &chat(&system, "q", 2, false),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let served = r.pod.unwrap();
+    let mut span = Value::Null;
+    let reported = wait_for(Duration::from_secs(10), "the request's span", || {
+        span = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s["tags"]["kvroute.pod"].is_string())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let done = !span.is_null();
+        async move { done }
+    })
+    .await;
+    if let Err(e) = reported {
+        panic!("{e}: {:?}", spans.lock().unwrap());
+    }
+    let tags = &span["tags"];
+    assert_eq!(tags["kvroute.pod"], served.as_str(), "{span}");
+    assert_eq!(tags["kvroute.reason"], "load", "{span}");
+    assert_eq!(tags["kvroute.expected_cached_tokens"], "0", "{span}");
+    assert_eq!(tags["kvroute.pd"], "none", "{span}");
+    let predicted: f64 = tags["kvroute.predicted_ttft_ms"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(predicted > 0.0, "{span}");
+    drop(sim);
+}
