@@ -2,9 +2,10 @@
 //! P/D outcome), and the debug header given only to requests carrying the trusted token.
 
 use super::explain::{EXPECTED_CACHED_TOKENS, PD, POD, PREDICTED_TTFT_MS, PREFILL_POD, REASON};
-use super::tests::{chat_body, pd_cluster, send};
+use super::tests::{chat_body, headers, pd_cluster, send};
 use super::*;
 use crate::vm::tests::{config, Cluster, PODS};
+use serde_json::json;
 
 fn field(c: &Cluster, name: &str) -> Option<String> {
     c.vms[0].1.decision_field(name).map(str::to_string)
@@ -130,4 +131,31 @@ fn with_a_trigger_only_requests_carrying_its_token_get_the_debug_header() {
     let mut off = Cluster::new(&config(""), 1);
     off.ready();
     assert!(!gets_debug(&mut off, &[("x-kvroute-debug-token", TOKEN)]));
+}
+
+#[test]
+fn a_request_continuing_or_retrieving_a_stored_response_logs_its_pod_and_why() {
+    let mut c = Cluster::new(&config(""), 1);
+    c.ready();
+    let (vm, host) = &mut c.vms[0];
+    assert!(crate::stored_responses::record(host, "resp_log", PODS[1]));
+    let follow_up = json!({"model": "m", "previous_response_id": "resp_log", "input": "more"});
+    let mut flow = RequestFlow::new();
+    let post = headers(&[(":method", "POST"), (":path", "/v1/responses")]);
+    flow.on_request_headers(vm, host, &post, false);
+    let outcome = flow.on_request_body(vm, host, Some(follow_up.to_string().as_bytes()));
+    assert_eq!(primary(&outcome), PODS[1]);
+    assert_eq!(field(&c, POD).as_deref(), Some(PODS[1]));
+    assert_eq!(field(&c, REASON).as_deref(), Some("stored_response"));
+
+    let (vm, host) = &mut c.vms[0];
+    host.decision.clear();
+    let get = headers(&[(":method", "GET"), (":path", "/v1/responses/resp_log")]);
+    assert_eq!(
+        RequestFlow::new().on_request_headers(vm, host, &get, true),
+        HeadersOutcome::Route(PODS[1].to_string())
+    );
+    assert_eq!(field(&c, POD).as_deref(), Some(PODS[1]));
+    assert_eq!(field(&c, REASON).as_deref(), Some("stored_response"));
+    assert_eq!(field(&c, PREDICTED_TTFT_MS), None, "nothing was predicted");
 }

@@ -390,6 +390,12 @@ impl RequestFlow {
                 return match addr {
                     Some(addr) => {
                         host.count(Counter::StoredResponsePinned, 1);
+                        // Routed from the headers: no prediction, no prompt, no split to log.
+                        host.export_decision_field(explain::POD, &addr);
+                        host.export_decision_field(
+                            explain::REASON,
+                            explain::reason_name(RouteReason::StoredResponse),
+                        );
                         HeadersOutcome::Route(addr)
                     }
                     None => {
