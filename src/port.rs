@@ -48,6 +48,11 @@ pub trait Host {
     /// with the returned token.
     fn http_call(&mut self, call: &HttpCall) -> Option<u32>;
 
+    /// Records one field of the current request's routing decision where the proxy's access logs
+    /// and traces can read it (Envoy: filter state `wasm.<name>`); a later call with the same name
+    /// replaces the value. Only meaningful inside a request's callbacks.
+    fn export_decision_field(&mut self, name: &str, value: &str);
+
     /// Adds to the series of `counter` with these labels (in the order of `counter.labels()`).
     fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64);
     fn gauge_in(&mut self, gauge: Gauge, labels: &Labels<'_>, value: u64);

@@ -29,6 +29,8 @@ pub struct FakeHost {
     pub counters: HashMap<Series, u64>,
     pub gauges: HashMap<Series, u64>,
     pub histograms: HashMap<Series, Vec<u64>>,
+    /// The decision fields exported for the proxy's logs, by name: the last value written.
+    pub decision: HashMap<String, String>,
 }
 
 /// One series: the metric's name and its labels, in order.
@@ -56,6 +58,7 @@ impl FakeHost {
             counters: HashMap::new(),
             gauges: HashMap::new(),
             histograms: HashMap::new(),
+            decision: HashMap::new(),
         }
     }
 
@@ -105,6 +108,11 @@ impl FakeHost {
             .filter(|((name, _), _)| *name == h.name())
             .flat_map(|(_, v)| v.iter().copied())
             .collect()
+    }
+
+    /// A decision field as last exported (`None`: never).
+    pub fn decision_field(&self, name: &str) -> Option<&str> {
+        self.decision.get(name).map(String::as_str)
     }
 
     /// Takes the recorded calls (token, call).
@@ -184,6 +192,10 @@ impl Host for FakeHost {
         self.next_call += 1;
         self.calls.push((self.next_call, call.clone()));
         Some(self.next_call)
+    }
+
+    fn export_decision_field(&mut self, name: &str, value: &str) {
+        self.decision.insert(name.to_string(), value.to_string());
     }
 
     fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64) {

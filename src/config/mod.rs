@@ -6,6 +6,7 @@
 //! the reason (`ConfigError`); the host glue prints it in Envoy's log and rejects the configuration.
 //! Each component checks its own section (`crate::pd`, `crate::health`, `crate::scheduler::*`).
 
+pub mod debug;
 mod header_name;
 pub mod wire;
 
@@ -90,7 +91,10 @@ pub struct Config {
     pub max_index_blocks: u32,
     pub max_endpoints_in_header: usize,
     pub on_no_endpoint: NoEndpointPolicy,
+    /// The debug line is built: for every request, or with `debug_trigger` only for requests
+    /// carrying its token.
     pub debug_header: bool,
+    pub debug_trigger: Option<debug::DebugTrigger>,
     pub phase_timing: bool,
     pub max_body_bytes: usize,
     /// The parse budget: `max_parse_bytes`, or `max_body_bytes` when not set.
@@ -116,6 +120,19 @@ pub struct Secret(String);
 impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    /// Whether `candidate` is this secret, in a time that depends on the lengths only: a client
+    /// timing its guesses learns nothing of how many leading bytes it got right.
+    pub fn matches(&self, candidate: &str) -> bool {
+        let (secret, candidate) = (self.0.as_bytes(), candidate.as_bytes());
+        let mut difference = secret.len() ^ candidate.len();
+        for i in 0..secret.len().max(candidate.len()) {
+            let a = secret.get(i).copied().unwrap_or(0);
+            let b = candidate.get(i).copied().unwrap_or(0);
+            difference |= usize::from(a ^ b);
+        }
+        std::hint::black_box(difference) == 0
     }
 }
 
@@ -277,6 +294,7 @@ impl Config {
         if w.max_parse_bytes == Some(0) {
             return Err(err("max_parse_bytes", "must be positive"));
         }
+        let (debug_header, debug_trigger) = debug::compile(&w.debug_header)?;
         Ok(Config {
             pools,
             poll_cluster: w.poll_cluster.clone(),
@@ -296,7 +314,8 @@ impl Config {
             max_index_blocks: w.max_index_blocks,
             max_endpoints_in_header: w.max_endpoints_in_header,
             on_no_endpoint: w.on_no_endpoint,
-            debug_header: w.debug_header,
+            debug_header,
+            debug_trigger,
             phase_timing: w.phase_timing,
             max_body_bytes: w.max_body_bytes,
             max_parse_bytes: w.max_parse_bytes.unwrap_or(w.max_body_bytes),

@@ -130,8 +130,9 @@ pub struct WireConfig {
     /// How many hosts `x-gateway-destination-endpoint` carries (primary + fallbacks).
     pub max_endpoints_in_header: usize,
     pub on_no_endpoint: NoEndpointPolicy,
-    /// Adds `x-kvroute-debug` to responses: chosen pod, matched prefix, scores.
-    pub debug_header: bool,
+    /// Adds `x-kvroute-debug` to responses (chosen pod, matched prefix, scores): to every
+    /// response, or only to trusted requests carrying a token (`super::debug`).
+    pub debug_header: super::debug::DebugHeaderWire,
     /// Time every filter callback into the `kvroute_phase_*_microseconds` histograms (two clock
     /// reads per callback): where the filter's cost goes inside Envoy.
     pub phase_timing: bool,
@@ -190,7 +191,7 @@ impl Default for WireConfig {
             max_index_blocks: 1 << 20,
             max_endpoints_in_header: 3,
             on_no_endpoint: NoEndpointPolicy::Reject,
-            debug_header: false,
+            debug_header: Default::default(),
             phase_timing: false,
             max_body_bytes: 8 * 1024 * 1024,
             max_parse_bytes: None,

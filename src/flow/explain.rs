@@ -1,9 +1,117 @@
-//! The `x-kvroute-debug` line: why this pod, in `key=value; …` form (opt-in, `debug_header`).
+//! What a routing decision tells the outside: the decision fields exported to the proxy for every
+//! routed request (Envoy filter state, read by access logs and tracing tags), and the
+//! `x-kvroute-debug` line, why this pod in `key=value; …` form (opt-in, `debug_header`).
 
 use crate::pd::{PdOutcome, PdPlan};
+use crate::port::Host;
 use crate::router::Blocks;
 use crate::scheduler::{Choice, RouteReason};
 use crate::vm::Vm;
+
+/// The exported fields' names (Envoy: `%FILTER_STATE(wasm.<name>:PLAIN)%`).
+pub const POD: &str = "kvroute_pod";
+pub const REASON: &str = "kvroute_reason";
+pub const PREDICTED_TTFT_MS: &str = "kvroute_predicted_ttft_ms";
+pub const EXPECTED_CACHED_TOKENS: &str = "kvroute_expected_cached_tokens";
+pub const PD: &str = "kvroute_pd";
+pub const PREFILL_POD: &str = "kvroute_prefill_pod";
+
+/// The prefill/decode outcome as exported (`kvroute_pd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdExport {
+    /// No decode pool: nothing to split.
+    None,
+    /// Split, the prefill made by kvroute's own call before the decode pod gets the request.
+    SplitInline,
+    /// Split, the prefill made by the decode pod's routing sidecar (`x-prefiller-host-port`).
+    SplitSidecar,
+    /// Decided at routing: the decode pod prefills (cheaper there, no prefill pod, or a request
+    /// shape that cannot be split).
+    DecodeOnly,
+    /// An inline split that failed (not sent, refused with 401/403, an error, a timeout, a body
+    /// that could not be rewritten): the decode pod prefilled after all.
+    DecodeOnlyFallback,
+    /// The prefill pod refused the request itself (4xx): the client got that answer.
+    PrefillRefused,
+}
+
+impl PdExport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdExport::None => "none",
+            PdExport::SplitInline => "split_inline",
+            PdExport::SplitSidecar => "split_sidecar",
+            PdExport::DecodeOnly => "decode_only",
+            PdExport::DecodeOnlyFallback => "decode_only_fallback",
+            PdExport::PrefillRefused => "prefill_refused",
+        }
+    }
+}
+
+/// The reason as exported and as the `reason` label of `kvroute_requests_routed_total`.
+pub fn reason_name(reason: RouteReason) -> &'static str {
+    match reason {
+        RouteReason::PrefixHit => "prefix_hit",
+        RouteReason::Load => "load",
+        RouteReason::Session => "session",
+        RouteReason::StoredResponse => "stored_response",
+    }
+}
+
+/// One routed request's decision as the proxy's logs see it. The prediction and the cached
+/// tokens are those of the pod that prefills: the prefill pod of a split, the chosen pod otherwise.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionFields {
+    pub pod: String,
+    pub reason: RouteReason,
+    pub predicted_ttft_ms: f64,
+    /// The prefilling pod's matched blocks × tokens per block, at most the prompt's tokens.
+    pub expected_cached_tokens: u64,
+    pub pd: PdExport,
+    pub prefill_pod: Option<String>,
+}
+
+impl DecisionFields {
+    /// `primary` is the chosen (decode) pod; `prefill` the prefill pod of a split.
+    pub fn of(
+        primary: &Choice,
+        prefill: Option<&Choice>,
+        reason: RouteReason,
+        blocks: &Blocks,
+        tokens_per_block: u32,
+        pd: PdExport,
+    ) -> DecisionFields {
+        let prefilling = prefill.unwrap_or(primary);
+        let matched_tokens =
+            (prefilling.matched_blocks as u64).saturating_mul(u64::from(tokens_per_block));
+        DecisionFields {
+            pod: primary.addr.clone(),
+            reason,
+            predicted_ttft_ms: prefilling.prediction.ttft_ms,
+            expected_cached_tokens: matched_tokens.min(blocks.prompt_tokens),
+            pd,
+            prefill_pod: prefill.map(|c| c.addr.clone()),
+        }
+    }
+
+    /// Hands every field to the proxy (the prefill pod only for a split).
+    pub fn export(&self, host: &mut dyn Host) {
+        host.export_decision_field(POD, &self.pod);
+        host.export_decision_field(REASON, reason_name(self.reason));
+        host.export_decision_field(
+            PREDICTED_TTFT_MS,
+            &format!("{:.1}", self.predicted_ttft_ms.max(0.0)),
+        );
+        host.export_decision_field(
+            EXPECTED_CACHED_TOKENS,
+            &self.expected_cached_tokens.to_string(),
+        );
+        host.export_decision_field(PD, self.pd.as_str());
+        if let Some(prefill) = &self.prefill_pod {
+            host.export_decision_field(PREFILL_POD, prefill);
+        }
+    }
+}
 
 pub fn debug_line(
     vm: &Vm,
@@ -93,4 +201,81 @@ pub fn debug_line(
         }
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::predict::Prediction;
+
+    fn choice(addr: &str, matched_blocks: usize, ttft_ms: f64) -> Choice {
+        Choice {
+            addr: addr.to_string(),
+            matched_blocks,
+            prediction: Prediction {
+                ttft_ms,
+                ..Prediction::default()
+            },
+            guarded: false,
+            meets_slo: None,
+            stale: false,
+        }
+    }
+
+    fn prompt_of(blocks: usize, prompt_tokens: u64) -> Blocks {
+        Blocks {
+            hashes: (0..blocks as u64).collect(),
+            affinity_key: 0,
+            prompt_tokens,
+        }
+    }
+
+    #[test]
+    fn expected_cached_tokens_are_matched_blocks_times_their_tokens_capped_at_the_prompt() {
+        let blocks = prompt_of(10, 150);
+        let of = |matched| {
+            DecisionFields::of(
+                &choice("10.0.0.1:8000", matched, 50.0),
+                None,
+                RouteReason::PrefixHit,
+                &blocks,
+                16,
+                PdExport::None,
+            )
+            .expected_cached_tokens
+        };
+        assert_eq!(of(0), 0);
+        assert_eq!(of(3), 48);
+        assert_eq!(of(9), 144);
+        // The last block is partial: 10 × 16 = 160 exceeds the prompt's 150 tokens.
+        assert_eq!(of(10), 150);
+    }
+
+    #[test]
+    fn a_split_reports_the_prefill_pods_cache_and_prediction_and_every_field_is_exported() {
+        let decode = choice("10.0.0.2:8000", 1, 900.0);
+        let prefill = choice("10.0.0.9:8000", 4, 120.5);
+        let fields = DecisionFields::of(
+            &decode,
+            Some(&prefill),
+            RouteReason::Load,
+            &prompt_of(8, 128),
+            16,
+            PdExport::SplitInline,
+        );
+        let store = std::rc::Rc::new(std::cell::RefCell::new(Default::default()));
+        let mut host = crate::testing::FakeHost::new(&store);
+        fields.export(&mut host);
+        let exported = |name| host.decision_field(name).map(str::to_string);
+        assert_eq!(
+            exported(POD).as_deref(),
+            Some("10.0.0.2:8000"),
+            "the chosen pod"
+        );
+        assert_eq!(exported(PREFILL_POD).as_deref(), Some("10.0.0.9:8000"));
+        assert_eq!(exported(REASON).as_deref(), Some("load"));
+        assert_eq!(exported(PREDICTED_TTFT_MS).as_deref(), Some("120.5"));
+        assert_eq!(exported(EXPECTED_CACHED_TOKENS).as_deref(), Some("64"));
+        assert_eq!(exported(PD).as_deref(), Some("split_inline"));
+    }
 }

@@ -25,6 +25,9 @@
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
 pub mod body;
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod decision_tests;
 mod explain;
 pub mod models;
 pub mod parse;
@@ -47,6 +50,7 @@ use crate::scheduler::slo::{parse_objective, Slo};
 use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
+use explain::{DecisionFields, PdExport};
 use parse::{Endpoint, ParseError};
 
 /// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
@@ -223,6 +227,8 @@ pub struct RequestFlow {
     path: String,
     hints: Hints,
     routed_to: Option<String>,
+    /// The client asked for the debug header and may have it (`debug_header`).
+    debug_wanted: bool,
     debug: Option<String>,
     /// Inline P/D: the client's body (as sent on, without what kvroute owns), waiting for the
     /// prefill pod's answer, and that pod.
@@ -384,6 +390,12 @@ impl RequestFlow {
                 return match addr {
                     Some(addr) => {
                         host.count(Counter::StoredResponsePinned, 1);
+                        // Routed from the headers: no prediction, no prompt, no split to log.
+                        host.export_decision_field(explain::POD, &addr);
+                        host.export_decision_field(
+                            explain::REASON,
+                            explain::reason_name(RouteReason::StoredResponse),
+                        );
                         HeadersOutcome::Route(addr)
                     }
                     None => {
@@ -412,6 +424,10 @@ impl RequestFlow {
                 }
                 self.endpoint = Some(endpoint);
                 self.path = path;
+                self.debug_wanted = vm.config.debug_header
+                    && vm.config.debug_trigger.as_ref().is_none_or(|trigger| {
+                        trigger.admits(header(trigger.header.as_str()).as_deref())
+                    });
                 if vm.config.pd.mode == PdMode::Inline {
                     self.forwarded = vm
                         .config
@@ -534,15 +550,14 @@ impl RequestFlow {
         };
         self.labels = RouteLabels::of(vm, &primary.addr, &view.model);
         let [pool, role, model] = self.labels.pairs();
-        let reason_label = match reason {
-            RouteReason::PrefixHit => "prefix_hit",
-            RouteReason::Load => "load",
-            RouteReason::Session => "session",
-            RouteReason::StoredResponse => "stored_response",
-        };
         host.count_in(
             Counter::RequestsRouted,
-            &[pool, role, model, (metrics::REASON, reason_label)],
+            &[
+                pool,
+                role,
+                model,
+                (metrics::REASON, explain::reason_name(reason)),
+            ],
             1,
         );
         if view.previous_response_id.is_some() {
@@ -567,7 +582,7 @@ impl RequestFlow {
         if primary.meets_slo == Some(false) {
             host.count(Counter::SloPredictedMiss, 1);
         }
-        if vm.config.debug_header {
+        if self.debug_wanted {
             self.debug = Some(explain::debug_line(
                 vm,
                 &blocks,
@@ -599,6 +614,21 @@ impl RequestFlow {
             .as_ref()
             .and_then(|p| p.prefill.as_ref())
             .map(|c| c.addr.clone());
+        let pd_export = match (&pd, &prefill_pod, vm.config.pd.mode) {
+            (None, _, _) => PdExport::None,
+            (Some(_), None, _) => PdExport::DecodeOnly,
+            (Some(_), Some(_), PdMode::Inline) => PdExport::SplitInline,
+            (Some(_), Some(_), _) => PdExport::SplitSidecar,
+        };
+        DecisionFields::of(
+            primary,
+            pd.as_ref().and_then(|p| p.prefill.as_ref()),
+            reason,
+            &blocks,
+            vm.config.block.tokens_per_block,
+            pd_export,
+        )
+        .export(host);
         // A split request's decode pod reports the pulled KV as cached too: only check the rest.
         if prefill_pod.is_none() {
             self.cache_check =
@@ -733,6 +763,7 @@ impl RequestFlow {
         }
         host.count(Counter::PdPrefillFailures, 1);
         host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+        host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
     }
 
     /// The prefill pod answered (status 503/504 from the host: it failed or timed out).
@@ -756,6 +787,7 @@ impl RequestFlow {
                 // The request itself is at fault: the client gets the prefill pod's own answer,
                 // and neither pod computes its prompt.
                 host.count(Counter::PdPrefillRejected, 1);
+                host.export_decision_field(explain::PD, PdExport::PrefillRefused.as_str());
                 self.provisional.withdraw(vm, host, None);
                 PrefillOutcome::Reply(Reply {
                     status,
@@ -781,6 +813,7 @@ impl RequestFlow {
                 }
                 host.count(Counter::PdPrefillFailures, 1);
                 host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+                host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
                 PrefillOutcome::Resume(None)
             }
         }
@@ -790,6 +823,7 @@ impl RequestFlow {
     pub fn on_body_not_rewritten(&mut self, host: &mut dyn Host) {
         host.count(Counter::PdPrefillFailures, 1);
         host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+        host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
     }
 
     /// The host Envoy sent the request to, as its response headers arrive. Another than the

@@ -4,7 +4,7 @@ use super::*;
 use crate::vm::tests::{config, Cluster, PODS};
 use serde_json::json;
 
-fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+pub(super) fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let owned: Vec<(String, String)> = pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -19,7 +19,7 @@ fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 
 const CHAT: [(&str, &str); 2] = [(":method", "POST"), (":path", "/v1/chat/completions")];
 
-fn chat_body(model: &str, system: &str) -> Vec<u8> {
+pub(super) fn chat_body(model: &str, system: &str) -> Vec<u8> {
     json!({"model": model, "stream": true,
            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]})
     .to_string()
@@ -27,7 +27,7 @@ fn chat_body(model: &str, system: &str) -> Vec<u8> {
 }
 
 /// Headers then body through one flow on VM `i`.
-fn send(
+pub(super) fn send(
     c: &mut Cluster,
     i: usize,
     extra: &[(&str, &str)],
@@ -131,7 +131,7 @@ fn refusals_carry_stable_codes() {
     );
 }
 
-fn pd_cluster(mode: &str) -> Cluster {
+pub(super) fn pd_cluster(mode: &str) -> Cluster {
     let cfg = Config::parse(
         format!(
             r#"{{"pools":[{{"name":"p","role":"prefill","endpoints":["{}"]}},

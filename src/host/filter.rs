@@ -248,6 +248,10 @@ impl Filter {
             if spoofed > 0 {
                 node.host.count(Counter::SpoofedHeadersRemoved, 1);
             }
+            let trigger = node.vm.config.debug_trigger.as_ref();
+            if let Some(trigger) = trigger.filter(|t| header(t.header.as_str()).is_some()) {
+                super::decision::strip_debug_trigger(trigger.header.as_str());
+            }
             flow.on_request_headers(&node.vm, &mut node.host, &header, end_of_stream)
         });
         match outcome {

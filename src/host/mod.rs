@@ -3,6 +3,7 @@
 //! Nothing here decides anything: the callbacks read what a core step needs, call it, and carry
 //! out what it returns. Every host call's error is handled, never unwrapped.
 
+mod decision;
 mod filter;
 mod root;
 mod stats;
@@ -89,6 +90,10 @@ impl Host for ProxyHost {
             Duration::from_millis(call.timeout_ms),
         )
         .ok()
+    }
+
+    fn export_decision_field(&mut self, name: &str, value: &str) {
+        decision::set_filter_state(name, value);
     }
 
     fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64) {

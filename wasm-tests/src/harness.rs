@@ -635,6 +635,9 @@ impl Envoy {
                 "1",
                 "--drain-strategy",
                 "immediate",
+                // File access logs reach their file within 100 ms (Envoy's default: 10 s).
+                "--file-flush-interval-msec",
+                "100",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

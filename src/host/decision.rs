@@ -1,0 +1,24 @@
+//! The routing decision handed to Envoy for its access logs and traces, and the per-request
+//! debug trigger header removed before the request goes upstream.
+//!
+//! Wasm reaches Envoy's per-request state only through `set_property`, which Envoy stores as
+//! filter state under `wasm.<name>` (a `CelState` of bytes: `%FILTER_STATE(wasm.<name>:PLAIN)%`
+//! prints it as text). Proxy-wasm has no call that writes dynamic metadata, so
+//! `%DYNAMIC_METADATA(...)%` cannot carry kvroute's decision.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MapType;
+
+/// Stores `value` as the stream's filter state `wasm.<name>`. A refusal (a callback outside a
+/// request) costs the access log one field, never the request.
+pub(super) fn set_filter_state(name: &str, value: &str) {
+    if hostcalls::set_property(vec![name], Some(value.as_bytes())).is_err() {
+        log::debug!("kvroute: Envoy refused filter state wasm.{name}");
+    }
+}
+
+/// Removes the client's debug trigger header (`debug_header.trigger_header`), token right or
+/// wrong, so no token reaches a pod.
+pub(super) fn strip_debug_trigger(name: &str) {
+    let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, None);
+}
