@@ -34,6 +34,14 @@
 //!   burst beyond it waits for decodes to finish, which no prefill term shows, and those requests
 //!   pile up unstarted. Measured in the real-Envoy test
 //!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
+//!   A pod whose queued prefill work is at least what the request would recompute elsewhere (the
+//!   tokens of the prompt it holds) is not guarded: that queue is work the prediction sees, and
+//!   the pool cost already prices waiting behind it against moving (the guard is for a queue the
+//!   prediction cannot see, whose requests carry little prefill). Guarded by count alone, a holder
+//!   whose queue filled with a cold start's whole-prompt prefills was ranked last and its
+//!   tenants moved to pods without their prompts, each move another whole prefill
+//!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 10 misses in one seed's
+//!   measured window were moves off a holder predicted sooner than the pod chosen).
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
@@ -105,11 +113,19 @@ pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
     }
 }
 
-/// The overload guard (see the module header): `queue` is a pod's [`PodView::queue`], `min_queue`
-/// the shortest among the candidates.
-pub fn overloaded(config: &Config, queue: f64, min_queue: f64) -> bool {
+/// The overload guard (see the module header): `min_queue` is the shortest [`PodView::queue`]
+/// among the candidates.
+pub fn overloaded(
+    config: &Config,
+    pod: &PodView<'_>,
+    request: &RouteRequest<'_>,
+    min_queue: f64,
+) -> bool {
     let guard = &config.overload_guard;
-    queue - min_queue > guard.abs_gap && queue > guard.rel_gap * min_queue
+    let queue = pod.queue();
+    let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
+    let queue_is_prefill_work = held_tokens > 0.0 && pod.queued_tokens >= held_tokens;
+    queue - min_queue > guard.abs_gap && queue > guard.rel_gap * min_queue && !queue_is_prefill_work
 }
 
 /// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's
@@ -158,7 +174,7 @@ pub fn pick(
             cost: ranking_cost(pod, p, request),
             ttft: p.ttft_ms,
             rank: 0,
-            guarded: overloaded(config, pod.queue(), min_queue),
+            guarded: overloaded(config, pod, request, min_queue),
             tied: false,
             meets_slo: request.hints.slo.met_by(p.ttft_ms, pod.itl_ms),
             matched: pod.matched_blocks,

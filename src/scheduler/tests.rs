@@ -139,6 +139,31 @@ fn new_prompts_that_open_alike_spread_though_one_pod_holds_the_opening() {
 }
 
 #[test]
+fn a_holder_queued_behind_prefill_work_is_priced_not_guarded() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=400).collect(); // 6,400 tokens, all held by pod 0
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    pods[0].matched_blocks = 400;
+    // Ten requests wait on pod 0, two of them whole prompts: prefill work the prediction sees,
+    // less than recomputing 6,400 tokens elsewhere with the pool this busy.
+    pods[0].queued_requests = 10.0;
+    pods[0].inflight = 10.0;
+    pods[0].queued_tokens = 13_000.0;
+    for p in &mut pods[1..] {
+        p.queued_requests = 1.0;
+        p.inflight = 1.0;
+        p.queued_tokens = 6_400.0;
+    }
+    let d = decide(&cfg, &pods, &request(&hashes));
+    assert_eq!(primary(&d), ADDRS[0]);
+    // The same count of requests carrying little prefill (held back by a cap on running
+    // sequences, which no prefill term shows): guarded, the request goes elsewhere.
+    pods[0].queued_tokens = 500.0;
+    let d = decide(&cfg, &pods, &request(&hashes));
+    assert_ne!(primary(&d), ADDRS[0]);
+}
+
+#[test]
 fn a_hot_prefix_spills_to_one_pod_not_to_all() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
