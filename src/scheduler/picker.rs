@@ -40,8 +40,9 @@
 //!   prediction cannot see, whose requests carry little prefill). Guarded by count alone, a holder
 //!   whose queue filled with a cold start's whole-prompt prefills was ranked last and its
 //!   tenants moved to pods without their prompts, each move another whole prefill
-//!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 10 misses in one seed's
-//!   measured window were moves off a holder predicted sooner than the pod chosen).
+//!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
+//!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
+//!   a holder predicted sooner than the pod chosen; README "A matrix of workloads").
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
