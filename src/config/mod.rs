@@ -125,15 +125,21 @@ impl Secret {
     /// Whether `candidate` is this secret, in a time that depends on the lengths only: a client
     /// timing its guesses learns nothing of how many leading bytes it got right.
     pub fn matches(&self, candidate: &str) -> bool {
-        let (secret, candidate) = (self.0.as_bytes(), candidate.as_bytes());
-        let mut difference = secret.len() ^ candidate.len();
-        for i in 0..secret.len().max(candidate.len()) {
-            let a = secret.get(i).copied().unwrap_or(0);
-            let b = candidate.get(i).copied().unwrap_or(0);
-            difference |= usize::from(a ^ b);
-        }
-        std::hint::black_box(difference) == 0
+        same_secret(&self.0, candidate)
     }
+}
+
+/// Whether `candidate` equals `secret`, in a time that depends on the lengths only (see
+/// [`Secret::matches`]); for tokens kept as plain strings (the replicas' `peers.token`).
+pub fn same_secret(secret: &str, candidate: &str) -> bool {
+    let (secret, candidate) = (secret.as_bytes(), candidate.as_bytes());
+    let mut difference = secret.len() ^ candidate.len();
+    for i in 0..secret.len().max(candidate.len()) {
+        let a = secret.get(i).copied().unwrap_or(0);
+        let b = candidate.get(i).copied().unwrap_or(0);
+        difference |= usize::from(a ^ b);
+    }
+    std::hint::black_box(difference) == 0
 }
 
 impl std::fmt::Debug for Secret {

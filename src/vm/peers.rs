@@ -158,7 +158,10 @@ impl PeersConfig {
 
     /// Whether the request may be answered (`token` is the request's token header).
     pub fn admits(&self, token: Option<&str>) -> bool {
-        self.token.as_deref().is_none_or(|t| token == Some(t))
+        // Compared in constant time: a replica's token guards the index of every prefix placed.
+        self.token
+            .as_deref()
+            .is_none_or(|t| token.is_some_and(|c| crate::config::same_secret(t, c)))
     }
 }
 
