@@ -62,7 +62,11 @@ enum MetricsAnswer {
 enum InferenceAnswer {
     /// A 200's headers, then a TCP reset.
     ResetMidAnswer,
+    /// A chat completion whose `usage` claims 10^18 cached tokens of a 651-token prompt.
+    AbsurdCachedTokens,
 }
+
+const ABSURD_CACHED: u64 = 1_000_000_000_000_000_000;
 
 const OVERSIZE_BYTES: usize = 48 << 20;
 
@@ -197,6 +201,18 @@ async fn serve(
                 InferenceAnswer::ResetMidAnswer => {
                     let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n{\"id\":";
                     return reset_after(stream, head).await;
+                }
+                InferenceAnswer::AbsurdCachedTokens => {
+                    let body = json!({
+                        "id": "chatcmpl-hostile", "object": "chat.completion", "model": MODEL,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "ok"}}],
+                        "usage": {"prompt_tokens": 651, "completion_tokens": 1, "total_tokens": 652,
+                                  "prompt_tokens_details": {"cached_tokens": ABSURD_CACHED}}
+                    });
+                    stream
+                        .write_all(&reply("application/json", body.to_string().as_bytes()))
+                        .await?
                 }
             },
             _ => {
@@ -378,6 +394,11 @@ async fn polls_envoy_ends_with_a_reset_or_an_overflow_leave_the_leader_routing()
         served += 1;
     }
     assert!(served > 0);
+    println!(
+        "{served} requests served in 3 s beside {} reset and {} oversize polls",
+        reset.hits("GET /metrics"),
+        oversize.hits("GET /metrics")
+    );
     // Both kinds of poll reached kvroute's answer callback many times.
     let (cut, overflowed) = (reset.hits("GET /metrics"), oversize.hits("GET /metrics"));
     assert!(
@@ -424,6 +445,7 @@ async fn an_inline_prefill_pod_that_resets_is_answered_decode_only_at_once() {
         let started = Instant::now();
         let r = post(&client, &url, &chat(&system, "hello", 4, false), &[]).await;
         let took = started.elapsed();
+        println!("prefill pod reset: answered decode-only in {took:?}");
         assert_eq!(r.status, 200, "{}", r.body);
         assert!(decode.pods.contains(r.pod.as_ref().unwrap()), "{r:?}");
         assert_eq!(
@@ -447,4 +469,65 @@ async fn an_inline_prefill_pod_that_resets_is_answered_decode_only_at_once() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_reporting_impossible_cached_tokens_moves_no_counter() {
+    let liar = HostilePod::start(MetricsAnswer::Good, InferenceAnswer::AbsurdCachedTokens).await;
+    let pods = vec![liar.addr.clone()];
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&pods, json!({}))),
+    ))
+    .await
+    .unwrap();
+    wait_healthy(&envoy, 1).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt("liar-", 400);
+    // The first request teaches the index the prompt; the next two are expected to hit it, so
+    // kvroute reads their `usage` (it reads none where it expected nothing cached).
+    for _ in 0..3 {
+        let r = post(&client, &url, &chat(&system, "hello", 1, false), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+            ABSURD_CACHED,
+            "the client gets the pod's answer untouched"
+        );
+        // Every worker VM adopts what the leader learned (its tick is 25 ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The old module added 10^18 per answer here.
+    assert_eq!(
+        envoy
+            .stat("wasmcustom.kvroute.cache.reported_tokens_total")
+            .await,
+        0
+    );
+    let counted = wait_for(
+        Duration::from_secs(2),
+        "implausible reports counted",
+        || async {
+            envoy
+                .stat("wasmcustom.kvroute.pod.reported_implausible_total")
+                .await
+                == 2
+        },
+    )
+    .await;
+    if let Err(e) = counted {
+        panic!("{e}; stats: {:?}", envoy.stats().await);
+    }
+    assert_eq!(
+        envoy
+            .stat_where(
+                "wasmcustom.kvroute.pod.reported_implausible_total",
+                "pod",
+                &liar.addr
+            )
+            .await,
+        2
+    );
 }
