@@ -31,14 +31,17 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<Header<'_>>> {
         return None;
     }
     let mut data = count.checked_mul(8)?.checked_add(4)?;
+    // The field of `len` bytes at `data`, which its NUL must follow; the next one's start.
+    let field = |data: usize, len: usize| -> Option<(&[u8], usize)> {
+        let end = data.checked_add(len)?;
+        (bytes.get(end) == Some(&0)).then_some((bytes.get(data..end)?, end + 1))
+    };
     let mut headers = Vec::with_capacity(count);
     for n in 0..count {
         let sizes = 4 + n * 8;
-        let (name_len, value_len) = (u32_at(sizes)?, u32_at(sizes + 4)?);
-        let name = bytes.get(data..data.checked_add(name_len)?)?;
-        data = data.checked_add(name_len)?.checked_add(1)?;
-        let value = bytes.get(data..data.checked_add(value_len)?)?;
-        data = data.checked_add(value_len)?.checked_add(1)?;
+        let (name, next) = field(data, u32_at(sizes)?)?;
+        let (value, next) = field(next, u32_at(sizes + 4)?)?;
+        data = next;
         headers.push((name, value));
     }
     Some(headers)
@@ -126,6 +129,14 @@ mod tests {
     fn sizes_that_lie_are_refused() {
         assert_eq!(decode(b""), Some(vec![]));
         assert_eq!(decode(b"\x01\x00"), None);
+        // A value without the NUL that ends it.
+        let mut raw = 1u32.to_le_bytes().to_vec();
+        raw.extend_from_slice(&1u32.to_le_bytes());
+        raw.extend_from_slice(&1u32.to_le_bytes());
+        raw.extend_from_slice(b"a\0b");
+        assert_eq!(decode(&raw), None);
+        raw.push(0);
+        assert_eq!(decode(&raw), Some(vec![(&b"a"[..], &b"b"[..])]));
         // One header of a 4 GiB name.
         let mut raw = 1u32.to_le_bytes().to_vec();
         raw.extend_from_slice(&u32::MAX.to_le_bytes());
