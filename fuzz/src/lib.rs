@@ -840,6 +840,9 @@ pub fn header_bytes(data: &[u8]) {
             }
         }
         HeadersOutcome::Reply(reply) => assert!(reply.status >= 200),
+        HeadersOutcome::Route(pod) => {
+            assert!(PODS.contains(&pod.as_str()), "a stored response on `{pod}`")
+        }
         HeadersOutcome::Continue => {}
     }
     flow.on_done(vm, host, None, None);
