@@ -14,9 +14,11 @@
 //! * `state` — what VMs share and its encodings
 //! * `stored_responses` — which pod stored a Responses API answer, for the requests that name it
 //! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
+//! * `headermap` — header bytes from the host, read without trusting them (values that are not UTF-8)
 
 pub mod config;
 pub mod flow;
+pub mod headermap;
 pub mod headers;
 pub mod health;
 pub mod metrics;

@@ -237,6 +237,10 @@ pub enum Counter {
     PeerBlocksLearned,
     /// Asks for a gateway replica's placements that failed (refused, timed out, unreadable).
     PeerSyncFailures,
+    /// Numbers a pod reported that cannot be true (per pod): a response's `usage` with more
+    /// cached than prompt tokens or a prompt longer than any model takes (ignored), a `/metrics`
+    /// sample beyond what an engine holds (clamped to that bound).
+    PodReportedImplausible,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -289,7 +293,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 32] = [
+    pub const ALL: [Counter; 33] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -322,6 +326,7 @@ impl Counter {
         Counter::ObservationsWithdrawn,
         Counter::PeerBlocksLearned,
         Counter::PeerSyncFailures,
+        Counter::PodReportedImplausible,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -359,6 +364,7 @@ impl Counter {
             Counter::ObservationsWithdrawn => "kvroute.cache.observations_withdrawn_total",
             Counter::PeerBlocksLearned => "kvroute.replicas.blocks_learned_total",
             Counter::PeerSyncFailures => "kvroute.replicas.sync_failures_total",
+            Counter::PodReportedImplausible => "kvroute.pod.reported_implausible_total",
         }
     }
 
@@ -371,6 +377,7 @@ impl Counter {
             | Counter::PdDecodeOnly
             | Counter::CachePredictedTokens
             | Counter::CacheReportedTokens => POOL_ROLE_MODEL,
+            Counter::PodReportedImplausible => &[POOL, ROLE, POD],
             _ => &[],
         }
     }

@@ -9,7 +9,9 @@
 //! * the plugin configurations shipped in `envoy/` and `deploy/kustomize/`;
 //! * every shared-data value and queue message, as VMs on the fake host write them while routing
 //!   those requests (lease, load table, work and fits boards, pages, snapshot, observations,
-//!   evictions, capacity hints).
+//!   evictions, capacity hints);
+//! * request headers with bytes that are not UTF-8, as the host serialises them, and the shapes of
+//!   answer Envoy hands back for a dispatched call (none, its own 503/504, a refusal, an answer).
 //!
 //! Run from the repository root: `cargo run --manifest-path fuzz/Cargo.toml --example seeds`
 //! (`make fuzz-seeds`). Deterministic: the same samples give the same files.
@@ -36,6 +38,22 @@ impl Corpus {
         fs::write(dir.join(name), bytes).unwrap();
         self.written += 1;
     }
+}
+
+/// A header map in the Proxy-Wasm ABI's serialised form, from raw bytes (values need not be UTF-8).
+fn raw_header_map(headers: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut out = (headers.len() as u32).to_le_bytes().to_vec();
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in headers {
+        out.extend_from_slice(name);
+        out.push(0);
+        out.extend_from_slice(value);
+        out.push(0);
+    }
+    out
 }
 
 fn read_dir_sorted(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -180,6 +198,73 @@ fn main() {
             input.push(0xff);
             input.extend_from_slice(response);
             c.put("inline_prefill", &format!("{name}-{tag}"), &input);
+        }
+    }
+
+    // Request headers as the host serialises them, with bytes that are not UTF-8 where kvroute
+    // reads (session, priority, SLO, its own routing headers) and where it does not.
+    let post: [(&[u8], &[u8]); 4] = [
+        (b":method", b"POST"),
+        (b":path", b"/v1/chat/completions"),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"64"),
+    ];
+    let hostile: [(&str, &[u8]); 7] = [
+        ("plain", b""),
+        ("session-latin1", b"x-session-id\0caf\xe9"),
+        ("priority-ff", b"x-kvroute-priority\0\xff\xfe"),
+        ("slo-80", b"x-slo-ttft-ms\0\x80"),
+        (
+            "spoofed-destination",
+            b"x-gateway-destination-endpoint\0\xc3\x28",
+        ),
+        ("authorization", b"authorization\0Bearer \xa0"),
+        ("user-agent", b"user-agent\0\xff\xfe"),
+    ];
+    for (name, extra) in hostile {
+        let mut headers: Vec<(&[u8], &[u8])> = post.to_vec();
+        if let Some(nul) = extra.iter().position(|b| *b == 0) {
+            headers.push((&extra[..nul], &extra[nul + 1..]));
+        }
+        for flags in [0u8, 1] {
+            let mut input = vec![flags];
+            input.extend_from_slice(&raw_header_map(&headers));
+            c.put("header_bytes", &format!("{name}-{flags}"), &input);
+        }
+    }
+    let get: [(&[u8], &[u8]); 3] = [
+        (b":method", b"GET"),
+        (b":path", b"/health"),
+        (b"user-agent", b"\xff\xfe"),
+    ];
+    c.put(
+        "header_bytes",
+        "get-user-agent",
+        &[&[0][..], &raw_header_map(&get)].concat(),
+    );
+
+    // Call answers: the leader's calls and an inline prefill call, each without an answer (a
+    // reset), with Envoy's 503 and 504, a refusal, and answered.
+    for (kind, flags) in [("leader", 0u8), ("prefill", 1)] {
+        let answered = if flags == 1 {
+            prefill.clone()
+        } else {
+            sample("vllm-metrics-idle")
+        };
+        for (tag, status, body) in [
+            ("reset", 0u8, &b""[..]),
+            ("ok", 1, &answered[..]),
+            (
+                "503",
+                2,
+                b"upstream connect error or disconnect/reset before headers",
+            ),
+            ("504", 3, b"upstream request timeout"),
+            ("401", 4, br#"{"error":"unauthorized"}"#),
+        ] {
+            let mut input = vec![flags, status];
+            input.extend_from_slice(body);
+            c.put("call_answers", &format!("{kind}-{tag}"), &input);
         }
     }
 

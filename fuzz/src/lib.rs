@@ -17,6 +17,8 @@
 //! | `fits_board`     | shared data `kvroute.fits`          | linear memory; encode ∘ decode idempotent; adopted fits give finite predictions |
 //! | `inline_prefill` | the prefill pod's answer            | the decode body is the client's with only the pod's `kv_transfer_params`; 4xx passed back as is |
 //! | `usage`          | a pod's response (`usage`)          | no allocation at all; the numbers found are the digits after the last key |
+//! | `header_bytes`   | a request's headers, as the host serialises them | linear memory; sizes that lie refused; only UTF-8 values read, the first of a repeated name; the request's path through a VM ends with no work left |
+//! | `call_answers`   | what Envoy hands back for a dispatched call | any status (0: reset, overflow) and body on every poll, model list and admin call leaves the leader leading, a failed poll counted; an inline prefill answered so is resumed or answered, never left paused, and a status 0 is decode-only |
 
 pub mod alloc;
 pub mod gen;
@@ -27,7 +29,9 @@ use gen::Gen;
 use harness::{aggregated_config, inline_pd_config, Gateway, PODS};
 use kvroute::config::{is_host_port, Config, Role, MAX_PODS};
 use kvroute::flow::parse::{self, Endpoint};
-use kvroute::flow::BodyOutcome;
+use kvroute::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, RequestFlow};
+use kvroute::headermap;
+use kvroute::metrics::Counter;
 use kvroute::pd::inline::{self, Answer};
 use kvroute::port::Host;
 use kvroute::router::Router;
@@ -767,6 +771,192 @@ pub fn usage(data: &[u8]) {
 pub type Check = fn(&[u8]);
 
 /// Every target by name, for the corpus replay.
+/// `header_bytes`: a flags byte (bit 0: the inline P/D configuration), then a request's headers in
+/// the Proxy-Wasm ABI's serialised form (what Envoy hands the filter, bytes 0x80–0xFF included).
+pub fn header_bytes(data: &[u8]) {
+    let Some((flags, map)) = data.split_first() else {
+        return;
+    };
+    let (decoded, peak) = peak_during(|| headermap::decode(map));
+    assert_bounded("headermap::decode", peak, map.len(), DECODE_FACTOR);
+    let Some(headers) = decoded else {
+        return;
+    };
+    let held: usize = headers.iter().map(|(n, v)| 10 + n.len() + v.len()).sum();
+    // An empty input is an empty map; any other holds its count, sizes and fields.
+    assert!(
+        map.is_empty() || 4 + held <= map.len(),
+        "more decoded than the input holds"
+    );
+    for (name, _) in &headers {
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        let first = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| *v);
+        assert!(headermap::has(&headers, name));
+        assert_eq!(
+            headermap::find(&headers, name),
+            first.and_then(|v| std::str::from_utf8(v).ok()),
+            "`{name}`: read otherwise than its first value as UTF-8"
+        );
+    }
+    let text: Option<Vec<(&str, &str)>> = headers
+        .iter()
+        .map(|(n, v)| Some((std::str::from_utf8(n).ok()?, std::str::from_utf8(v).ok()?)))
+        .collect();
+    if let Some(text) = text {
+        let again = headermap::encode(&text);
+        assert_eq!(
+            headermap::decode(&again).as_deref(),
+            Some(&headers[..]),
+            "encode ∘ decode"
+        );
+    }
+
+    // The request as the filter hands it to the core: its headers, a body, a prefill call Envoy
+    // ends without an answer, the response.
+    let config = if flags & 1 == 1 {
+        inline_pd_config()
+    } else {
+        aggregated_config()
+    };
+    let mut g = Gateway::ready(&config, 1);
+    let Some((vm, host)) = g.vms.get_mut(0) else {
+        return;
+    };
+    let mut flow = RequestFlow::new();
+    let header = |name: &str| headermap::find(&headers, name).map(str::to_string);
+    match flow.on_request_headers(vm, host, &header, false) {
+        HeadersOutcome::WaitForBody => {
+            let body = long_chat_body();
+            if let BodyOutcome::Route(route) = flow.on_request_body(vm, host, Some(&body)) {
+                if route.prefill_call.is_some() {
+                    let _ = flow.on_prefill_answer(vm, host, 0, b"");
+                }
+                let _ = flow.on_response_headers(vm, host, Some("200"), true);
+            }
+        }
+        HeadersOutcome::Reply(reply) => assert!(reply.status >= 200),
+        HeadersOutcome::Route(pod) => {
+            assert!(PODS.contains(&pod.as_str()), "a stored response on `{pod}`")
+        }
+        HeadersOutcome::Continue => {}
+    }
+    flow.on_done(vm, host, None, None);
+    assert_eq!(g.leftover_work(), 0, "a finished request still counted");
+}
+
+/// A chat body long enough for the inline P/D configuration to split it.
+fn long_chat_body() -> Vec<u8> {
+    let prompt: String = (0..1500).map(|i| format!("w{} ", i % 97)).collect();
+    serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// The status Envoy hands back for a dispatched call, from one byte: none (0: a reset, an answer
+/// past the async client's buffer), its own 503 and 504, a pod's, or any.
+fn call_status(g: &mut Gen<'_>) -> u32 {
+    match g.u8() % 6 {
+        0 => 0,
+        1 => 200,
+        2 => 503,
+        3 => 504,
+        4 => 401,
+        _ => g.u32() % 1000,
+    }
+}
+
+/// `call_answers`: a flags byte (bit 0: an inline prefill call, else the leader's calls), a
+/// status byte (and four more for "any"), then the answer's body.
+pub fn call_answers(data: &[u8]) {
+    let mut g = Gen::new(data);
+    let flags = g.u8();
+    let status = call_status(&mut g);
+    let body = g.rest();
+    if flags & 1 == 0 {
+        let config = aggregated_config();
+        let mut gateway = Gateway::ready(&config, 1);
+        // Past every interval: polls, model lists and the admin API are all due.
+        gateway.advance_ms(60_000);
+        let Some((vm, host)) = gateway.vms.get_mut(0) else {
+            return;
+        };
+        let now = host.now_ms();
+        vm.tick(host, now);
+        let calls = host.take_calls();
+        let polls = calls.iter().filter(|(_, c)| c.path == "/metrics").count() as u64;
+        assert!(polls > 0, "no poll due");
+        let failures = host.counter(Counter::PollFailures);
+        for (token, _) in &calls {
+            vm.on_call_response(host, *token, status, body, now + 1);
+        }
+        assert!(vm.is_leader(), "the answers cost the VM its leadership");
+        if status == 0 {
+            assert_eq!(
+                host.counter(Counter::PollFailures),
+                failures + polls,
+                "a poll without an answer is a failed poll"
+            );
+        }
+        // The leader still publishes and routes.
+        gateway.advance_ms(100);
+        gateway.tick();
+        let Some((vm, _)) = gateway.vms.first() else {
+            return;
+        };
+        let _ = route_some_prompt(&vm.router, &config, now);
+        return;
+    }
+    let config = inline_pd_config();
+    let mut gateway = Gateway::ready(&config, 1);
+    let Some((vm, host)) = gateway.vms.get_mut(0) else {
+        return;
+    };
+    let mut flow = RequestFlow::new();
+    let header = |name: &str| match name {
+        ":method" => Some("POST".to_string()),
+        ":path" => Some("/v1/chat/completions".to_string()),
+        _ => None,
+    };
+    assert_eq!(
+        flow.on_request_headers(vm, host, &header, false),
+        HeadersOutcome::WaitForBody
+    );
+    let BodyOutcome::Route(route) = flow.on_request_body(vm, host, Some(&long_chat_body())) else {
+        panic!("a long chat request is routed");
+    };
+    assert!(route.prefill_call.is_some(), "a long new prompt is split");
+    let decode_only = host.counter(Counter::PdDecodeOnly);
+    match flow.on_prefill_answer(vm, host, status, body) {
+        PrefillOutcome::Reply(reply) => {
+            assert!((400..500).contains(&status) && status != 401 && status != 403);
+            assert_eq!(reply.status, status);
+        }
+        PrefillOutcome::Resume(Some(_)) => assert_eq!(status, 200),
+        PrefillOutcome::Resume(None) => {
+            assert_eq!(host.counter(Counter::PdDecodeOnly), decode_only + 1);
+        }
+    }
+    if status == 0 {
+        assert_eq!(
+            host.counter(Counter::PdDecodeOnly),
+            decode_only + 1,
+            "no answer: decode-only"
+        );
+    }
+    let _ = flow.on_response_headers(vm, host, Some("200"), true);
+    flow.on_done(vm, host, None, None);
+    assert_eq!(
+        gateway.leftover_work(),
+        0,
+        "a finished request still counted"
+    );
+}
+
 pub const TARGETS: &[(&str, Check)] = &[
     ("request_body", request_body),
     ("prom", prom),
@@ -780,4 +970,6 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("fits_board", fits_board),
     ("inline_prefill", inline_prefill),
     ("usage", usage),
+    ("header_bytes", header_bytes),
+    ("call_answers", call_answers),
 ];

@@ -1092,6 +1092,19 @@ impl RequestFlow {
         let Some(expected) = self.cache_check.take() else {
             return;
         };
+        if !crate::flow::usage::plausible(cached, prompt) {
+            let pod = expected.addr.as_str();
+            log::debug!(
+                "kvroute: {pod} reported {cached} of {prompt} tokens cached: impossible, ignored"
+            );
+            let labels = [
+                (metrics::POOL, self.labels.pool.as_str()),
+                (metrics::ROLE, self.labels.role),
+                (metrics::POD, pod),
+            ];
+            host.count_in(Counter::PodReportedImplausible, &labels, 1);
+            return;
+        }
         let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
         let labels = self.labels.pairs();
         host.count_in(

@@ -7,6 +7,10 @@
 //! Scanned, not parsed: the filter looks at response chunks as they pass (it never buffers or
 //! changes them), so this finds the two numbers by their keys in whatever bytes it is given. A
 //! body without them, or with a value that is not a plain integer, yields `None`.
+//!
+//! A report is only believed when it is possible ([`plausible`]): a pod's numbers are outside
+//! bytes, and one `cached_tokens: 1e18` would otherwise outweigh every honest report in
+//! `kvroute_cache_reported_tokens_total` and teach the index an eviction that did not happen.
 
 /// `(cached_tokens, prompt_tokens)` when both appear in `bytes`.
 pub fn cache_report(bytes: &[u8]) -> Option<(u64, u64)> {
@@ -14,6 +18,16 @@ pub fn cache_report(bytes: &[u8]) -> Option<(u64, u64)> {
     let prompt = number_after(bytes, b"\"prompt_tokens\"")
         .or_else(|| number_after(bytes, b"\"input_tokens\""))?;
     Some((cached, prompt))
+}
+
+/// More prompt tokens than any model's context window (the longest are about 10^7): a report
+/// claiming more is not a real prompt.
+pub const MAX_PROMPT_TOKENS: u64 = 1 << 24;
+
+/// Whether a `(cached_tokens, prompt_tokens)` report can be true: no more cached than prompt
+/// tokens, and a prompt some model could take. The caller counts and ignores any other.
+pub fn plausible(cached: u64, prompt: u64) -> bool {
+    cached <= prompt && prompt <= MAX_PROMPT_TOKENS
 }
 
 /// The integer after the last `key` `:` in `bytes` (the usage chunk comes last).
@@ -47,6 +61,17 @@ mod tests {
         assert_eq!(cache_report(chunk), Some((0, 12)));
         let responses = b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":328,\"input_tokens_details\":{\"cached_tokens\":320},\"output_tokens\":8,\"total_tokens\":336}}}\n\n";
         assert_eq!(cache_report(responses), Some((320, 328)));
+    }
+
+    #[test]
+    fn only_possible_reports_are_plausible() {
+        assert!(plausible(0, 0));
+        assert!(plausible(640, 651));
+        assert!(plausible(651, 651));
+        assert!(!plausible(652, 651));
+        assert!(!plausible(1_000_000_000_000_000_000, 651));
+        assert!(plausible(MAX_PROMPT_TOKENS, MAX_PROMPT_TOKENS));
+        assert!(!plausible(0, MAX_PROMPT_TOKENS + 1));
     }
 
     #[test]

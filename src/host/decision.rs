@@ -6,13 +6,13 @@
 //! prints it as text). Proxy-wasm has no call that writes dynamic metadata, so
 //! `%DYNAMIC_METADATA(...)%` cannot carry kvroute's decision.
 
-use proxy_wasm::hostcalls;
+use super::abi;
 use proxy_wasm::types::MapType;
 
 /// Stores `value` as the stream's filter state `wasm.<name>`. A refusal (a callback outside a
 /// request) costs the access log one field, never the request.
 pub(super) fn set_filter_state(name: &str, value: &str) {
-    if hostcalls::set_property(vec![name], Some(value.as_bytes())).is_err() {
+    if !abi::set_property(&[name], value.as_bytes()) {
         log::debug!("kvroute: Envoy refused filter state wasm.{name}");
     }
 }
@@ -20,5 +20,5 @@ pub(super) fn set_filter_state(name: &str, value: &str) {
 /// Removes the client's debug trigger header (`debug_header.trigger_header`), token right or
 /// wrong, so no token reaches a pod.
 pub(super) fn strip_debug_trigger(name: &str) {
-    let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, None);
+    abi::remove_header(MapType::HttpRequestHeaders, name);
 }

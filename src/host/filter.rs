@@ -2,12 +2,12 @@
 //! request to `crate::flow::RequestFlow` and carry out what it returns (pause or continue, a local
 //! reply, the destination and prefiller headers, the inline prefill call and the rewritten body).
 
+use super::abi;
 use super::root::Node;
 use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
 use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
 use crate::metrics::{Counter, Histogram};
 use crate::port::Host;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 use std::cell::RefCell;
@@ -21,20 +21,13 @@ pub struct Filter {
     body_len: usize,
 }
 
-fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-        .ok()
-        .flatten()
-}
-
 fn set_request_header(name: &str, value: &str) -> bool {
-    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
+    abi::set_header(MapType::HttpRequestHeaders, name, value)
 }
 
 /// A string attribute of the stream (Envoy's `upstream.address`, `response.code_details`).
 fn property(path: &[&str]) -> Option<String> {
-    let bytes = hostcalls::get_property(path.to_vec()).ok().flatten()?;
-    String::from_utf8(bytes).ok()
+    String::from_utf8(abi::property(path)?).ok()
 }
 
 fn send(reply: &Reply) {
@@ -43,7 +36,15 @@ fn send(reply: &Reply) {
         .iter()
         .map(|(k, v)| (*k, v.as_str()))
         .collect();
-    let _ = hostcalls::send_http_response(reply.status, headers, Some(&reply.body));
+    if !abi::send_response(reply.status, &headers, &reply.body) {
+        log::warn!("kvroute: Envoy refused the local reply {}", reply.status);
+    }
+}
+
+fn resume() {
+    if !abi::resume_request() {
+        log::warn!("kvroute: Envoy refused to resume a paused request");
+    }
 }
 
 impl Filter {
@@ -64,10 +65,7 @@ impl Filter {
             let started_us = host.now_us();
             // Oversize bodies are never copied out of the host.
             let body = (body_size <= vm.config.max_body_bytes).then(|| {
-                hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default()
+                abi::buffer(BufferType::HttpRequestBody, 0, body_size).unwrap_or_default()
             });
             let outcome = flow.on_request_body(vm, host, body.as_deref());
             let spent_us = host.now_us().saturating_sub(started_us);
@@ -115,11 +113,10 @@ impl Filter {
 
     /// Replaces the buffered request body (and its `content-length`, when it has one).
     fn write_body(&mut self, body: &[u8]) -> bool {
-        let written =
-            hostcalls::set_buffer(BufferType::HttpRequestBody, 0, self.body_len, body).is_ok();
+        let written = abi::set_buffer(BufferType::HttpRequestBody, 0, self.body_len, body);
         if written {
             self.body_len = body.len();
-            if request_header("content-length").is_some() {
+            if abi::header(MapType::HttpRequestHeaders, "content-length").is_some() {
                 set_request_header("content-length", &body.len().to_string());
             }
         }
@@ -174,11 +171,10 @@ impl Context for Filter {
                 if !self.write_body(&body) {
                     self.with_node(|flow, node| flow.on_body_not_rewritten(&mut node.host));
                 }
-                let _ = hostcalls::resume_http_request();
+                resume();
             }
-            _ => {
-                let _ = hostcalls::resume_http_request();
-            }
+            // A busy or unconfigured VM (`None`) must not leave the request paused either.
+            _ => resume(),
         }
     }
 }
@@ -232,17 +228,14 @@ impl Filter {
         // All of them in one host call, then looked up here: kvroute reads up to a dozen names
         // (its own four to strip, method, path, length, the hint headers), and a host call per
         // name made this phase ~5 µs slower at p50 (`make bench-phases`: 32 against 27 µs).
-        let headers = hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default();
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.clone())
-        };
+        // Values are bytes; one that is not UTF-8 reads as absent (`crate::headermap`).
+        let serialised = abi::header_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        let headers = crate::headermap::decode(&serialised).unwrap_or_default();
+        let header = |name: &str| crate::headermap::find(&headers, name).map(str::to_string);
         let spoofed = OWNED_REQUEST_HEADERS
             .iter()
-            .filter(|h| header(h).is_some())
-            .filter(|h| hostcalls::set_map_value(MapType::HttpRequestHeaders, h, None).is_ok())
+            .filter(|h| crate::headermap::has(&headers, h))
+            .filter(|h| abi::remove_header(MapType::HttpRequestHeaders, h))
             .count();
         let outcome = self.with_node(|flow, node| {
             if spoofed > 0 {
@@ -271,9 +264,8 @@ impl Filter {
     }
 
     fn response_headers(&mut self, end_of_stream: bool) -> Action {
-        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
-            .ok()
-            .flatten();
+        let status = abi::header(MapType::HttpResponseHeaders, ":status")
+            .and_then(|s| String::from_utf8(s).ok());
         // The host that answered, after Envoy's retries (absent for a local reply).
         let upstream = property(&["upstream", "address"]);
         let debug = self
@@ -286,18 +278,14 @@ impl Filter {
             })
             .flatten();
         if let Some((name, value)) = debug {
-            let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value));
+            abi::set_header(MapType::HttpResponseHeaders, name, &value);
         }
         Action::Continue
     }
 
     fn response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let bytes = (self.flow.wants_response_bytes() && body_size > 0)
-            .then(|| {
-                hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
-                    .ok()
-                    .flatten()
-            })
+            .then(|| abi::buffer(BufferType::HttpResponseBody, 0, body_size))
             .flatten();
         self.with_node(|flow, node| {
             let Node { vm, host } = node;

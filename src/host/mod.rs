@@ -1,8 +1,11 @@
 //! The proxy binding, the only module that imports proxy_wasm: Envoy's callbacks in (`root`,
 //! `filter`), the host port out (`ProxyHost` below: shared data, queues, calls, the clock, stats).
 //! Nothing here decides anything: the callbacks read what a core step needs, call it, and carry
-//! out what it returns. Every host call's error is handled, never unwrapped.
+//! out what it returns. Every host call's error is handled, never unwrapped; headers, bodies,
+//! properties and local replies go through `abi`, since proxy-wasm's own wrappers for them panic
+//! on statuses Envoy does return and on header bytes that are not UTF-8.
 
+mod abi;
 mod decision;
 mod filter;
 mod root;
@@ -109,17 +112,18 @@ impl Host for ProxyHost {
     }
 }
 
-/// The status (0 when the host gives none) and body of a `dispatch_http_call` answer; a connection
-/// failure or timeout arrives as 503/504 from the host.
+/// The status and body of a `dispatch_http_call` answer. A refused connection or a timeout
+/// arrives as Envoy's own 503/504; a call Envoy ended itself (the pod reset the connection
+/// mid-answer, the answer overflowed the async client's buffer) has no answer at all: status 0,
+/// which every caller reads as a failed call.
 fn call_response(body_size: usize) -> (u32, Vec<u8>) {
-    let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-        .ok()
-        .flatten()
-        .and_then(|s| s.parse::<u32>().ok())
-        .unwrap_or(0);
-    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let status = crate::headermap::status(
+        abi::header(MapType::HttpCallResponseHeaders, ":status").as_deref(),
+    );
+    let body = if status == 0 {
+        Vec::new()
+    } else {
+        abi::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default()
+    };
     (status, body)
 }

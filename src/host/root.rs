@@ -59,10 +59,8 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let bytes =
+            super::abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX).unwrap_or_default();
         let config = match Config::parse(&bytes) {
             Ok(c) => c,
             Err(e) => {

@@ -24,6 +24,8 @@ struct PodRecord {
     /// The pod's `/v1/models` list as last read, and when it was last asked for (0 = never).
     served: Vec<ServedModel>,
     models_asked_ms: u64,
+    /// Samples of its last page that could not be true (`prom::Page::implausible`).
+    implausible: u32,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +90,7 @@ impl Leader {
                 figures: None,
                 served: Vec::new(),
                 models_asked_ms: 0,
+                implausible: 0,
             });
             record.role = role;
             if record.pool != *pool {
@@ -168,8 +171,10 @@ impl Leader {
             _ => None,
         };
         record.late = false;
+        record.implausible = 0;
         match read {
             Some(Ok(page)) => {
+                record.implausible = page.implausible;
                 if page.figures == Figures::Unknown && record.figures != Some(Figures::Unknown) {
                     log::info!(
                         "kvroute: pod {addr}'s /metrics names no load gauge kvroute reads (vLLM, SGLang, TRT-LLM, llama.cpp, TGI): routed on this gateway's own count of its requests"
@@ -205,6 +210,13 @@ impl Leader {
                 false
             }
         }
+    }
+
+    /// The pod's pool and role and how many samples of its last page could not be true, when
+    /// some could not (the caller counts them: `kvroute.pod.reported_implausible`).
+    pub fn implausible(&self, addr: &str) -> Option<(&str, Role, u32)> {
+        let record = self.pods.get(addr)?;
+        (record.implausible > 0).then_some((record.pool.as_str(), record.role, record.implausible))
     }
 
     /// The pods whose model list is due: never read (a pod just configured or discovered), or

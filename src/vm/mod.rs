@@ -883,6 +883,14 @@ impl Vm {
             };
             let late = matches!(result, PollResult::TimedOut);
             let fresh = st.book.on_poll(&addr, result, ours, now);
+            if let Some((pool, role, n)) = st.book.implausible(&addr) {
+                let labels = [
+                    (metrics::POOL, pool),
+                    (metrics::ROLE, metrics::role_label(role)),
+                    (metrics::POD, addr.as_str()),
+                ];
+                host.count_in(Counter::PodReportedImplausible, &labels, u64::from(n));
+            }
             if late {
                 host.count(Counter::PollsLate, 1);
                 log::debug!("kvroute: poll of {addr} timed out: its figures are stale");

@@ -93,7 +93,21 @@ pub enum Figures {
 pub struct Page {
     pub metrics: PodMetrics,
     pub figures: Figures,
+    /// Samples that cannot be true, clamped or ignored ([`MAX_POD_REQUESTS`], KV use above 1,
+    /// [`MAX_BLOCK_TOKENS`], [`MAX_GPU_BLOCKS`]); the leader counts them.
+    pub implausible: u32,
 }
+
+/// More requests waiting or running than any engine holds (vLLM's queue lives in host memory; a
+/// pod with a million queued requests is a broken exporter). A larger figure is clamped to this:
+/// the pod still looks full and is ranked last, as it asked, without a number that outweighs every
+/// other pod's by hundreds of orders of magnitude.
+pub const MAX_POD_REQUESTS: f64 = 1e6;
+/// Tokens per KV block beyond any engine's (vLLM's largest block is 256 tokens, SGLang's pages are
+/// smaller): a larger `block_size` is ignored.
+pub const MAX_BLOCK_TOKENS: u32 = 1 << 16;
+/// KV blocks beyond any accelerator's memory (10^12 blocks of a few KiB each): ignored.
+pub const MAX_GPU_BLOCKS: u64 = 1 << 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromError {
@@ -162,6 +176,7 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
     let mut names_load = false;
     let (mut well_formed, mut evidence) = (true, false);
     let mut newest_lora = f64::NEG_INFINITY;
+    let mut implausible = 0u32;
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() {
@@ -185,6 +200,15 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         if !value.is_finite() || value < 0.0 {
             continue;
         }
+        let bound = match sig {
+            Signal::Waiting | Signal::Running => MAX_POD_REQUESTS,
+            Signal::KvUsage => 1.0,
+            Signal::CacheInfo | Signal::LoraInfo => f64::INFINITY,
+        };
+        if value > bound {
+            implausible = implausible.saturating_add(1);
+        }
+        let value = value.min(bound);
         let labels = sample.labels;
         if let Some(model) = label(labels, "model_name") {
             if !m.models.iter().any(|x| x == model) {
@@ -201,12 +225,17 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
                 m.running += value;
                 saw_running = true;
             }
-            Signal::KvUsage => m.kv_usage = m.kv_usage.max(value.min(1.0)),
+            Signal::KvUsage => m.kv_usage = m.kv_usage.max(value),
             Signal::CacheInfo => {
                 let block = label(labels, "block_size").or_else(|| label(labels, "page_size"));
                 let blocks = label(labels, "num_gpu_blocks").or_else(|| label(labels, "num_pages"));
-                m.block_size = block.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
-                m.num_gpu_blocks = blocks.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
+                let block: Option<u32> = block.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
+                let blocks: Option<u64> = blocks.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
+                m.block_size = block.filter(|v| *v <= MAX_BLOCK_TOKENS);
+                m.num_gpu_blocks = blocks.filter(|v| *v <= MAX_GPU_BLOCKS);
+                let ignored = usize::from(block.is_some() && m.block_size.is_none())
+                    + usize::from(blocks.is_some() && m.num_gpu_blocks.is_none());
+                implausible = implausible.saturating_add(ignored as u32);
             }
             Signal::LoraInfo if value > newest_lora => {
                 newest_lora = value;
@@ -230,9 +259,13 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could
         // not carry it (JSON has no infinity) and no worker would read the table.
         if saw_waiting && saw_running && m.waiting.is_finite() && m.running.is_finite() {
+            // Several label sets of clamped samples still add up to no more than one pod holds.
+            m.waiting = m.waiting.min(MAX_POD_REQUESTS);
+            m.running = m.running.min(MAX_POD_REQUESTS);
             return Ok(Page {
                 metrics: m,
                 figures: Figures::Reported,
+                implausible,
             });
         }
         return Err(PromError::BadLoadMetrics);
@@ -252,6 +285,7 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
             ..m
         },
         figures: Figures::Unknown,
+        implausible,
     })
 }
 
@@ -387,15 +421,31 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
     }
 
     #[test]
+    fn impossible_figures_are_clamped_or_ignored_and_counted() {
+        // Samples that once added up to infinity (found by fuzzing `prom`) are each a full pod.
+        let page = read(b"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc 43.75\n").unwrap();
+        assert_eq!(page.figures, Figures::Reported);
+        let m = &page.metrics;
+        assert_eq!((m.running, m.waiting), (MAX_POD_REQUESTS, MAX_POD_REQUESTS));
+        assert_eq!(m.kv_usage, 1.0);
+        assert_eq!(page.implausible, 4);
+        let page = read(b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:cache_config_info{block_size=\"4294967295\",num_gpu_blocks=\"18446744073709551615\"} 1\n").unwrap();
+        assert_eq!(
+            (page.metrics.block_size, page.metrics.num_gpu_blocks),
+            (None, None)
+        );
+        assert_eq!(page.implausible, 2);
+        // What an engine really reports is not counted.
+        let page = read(VLLM.as_bytes()).unwrap();
+        assert_eq!(page.implausible, 0);
+        assert_eq!(page.metrics.num_gpu_blocks, Some(27042));
+    }
+
+    #[test]
     fn broken_known_gauges_are_rejected_not_read_as_idle() {
         assert_eq!(
             parse(b"vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n"),
             Err(PromError::BadLoadMetrics)
-        );
-        assert_eq!(
-            parse(b"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 0\n"),
-            Err(PromError::BadLoadMetrics),
-            "samples adding up to infinity"
         );
         assert_eq!(
             parse(b"tgi_queue_size 3\nprocess_cpu_seconds_total 1.5\n"),

@@ -457,3 +457,52 @@ fn a_poll_is_read_against_the_requests_on_the_pod_when_it_was_sent() {
         assert_eq!(ours(PODS[1]), Some(Default::default()));
     }
 }
+
+#[test]
+fn impossible_gauges_are_clamped_and_counted_per_pod() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.extra_metrics = "vllm:num_requests_waiting{model_name=\"m\"} 1e300\n".to_string();
+    c.ready();
+    let (vm, host) = &c.vms[0];
+    for pod in PODS {
+        let counted = host.counter_where(Counter::PodReportedImplausible, metrics::POD, pod);
+        assert!(counted >= 1, "{pod}: {counted}");
+        let table = vm.router.load_table();
+        let waiting = table
+            .pods
+            .iter()
+            .find(|p| p.addr == pod)
+            .map(|p| p.metrics.waiting);
+        assert_eq!(
+            waiting,
+            Some(prom::MAX_POD_REQUESTS),
+            "{pod}: still the fullest pod"
+        );
+    }
+}
+
+#[test]
+fn a_poll_envoy_ended_without_an_answer_is_a_failed_poll() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    c.advance_ms(cfg.poll_interval_ms);
+    let (vm, host) = &mut c.vms[0];
+    let now = host.now_ms();
+    vm.tick(host, now);
+    let polls: Vec<u32> = host
+        .take_calls()
+        .into_iter()
+        .filter(|(_, call)| call.path == "/metrics")
+        .map(|(token, _)| token)
+        .collect();
+    assert_eq!(polls.len(), 2);
+    let failures = host.counter(Counter::PollFailures);
+    // Status 0, no body: the host's word for a reset or an answer past its buffer.
+    for token in polls {
+        vm.on_call_response(host, token, 0, b"", now + 1);
+    }
+    assert_eq!(host.counter(Counter::PollFailures), failures + 2);
+    assert!(vm.is_leader());
+}
