@@ -99,6 +99,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// The parse budget: `max_parse_bytes`, or `max_body_bytes` when not set.
     pub max_parse_bytes: usize,
+    pub api_path_prefix: String,
     pub trust_client_kv_transfer_params: bool,
     pub leader_lease_ms: u64,
     pub singleton: bool,
@@ -301,6 +302,17 @@ impl Config {
             return Err(err("max_parse_bytes", "must be positive"));
         }
         let (debug_header, debug_trigger) = debug::compile(&w.debug_header)?;
+        let prefix = &w.api_path_prefix;
+        if !prefix.is_empty()
+            && (!prefix.starts_with('/')
+                || prefix.ends_with('/')
+                || prefix.contains(['?', '#', ' ']))
+        {
+            return Err(err(
+                "api_path_prefix",
+                "must be empty or a path such as `/openai`: starting with `/`, not ending with one, without `?`, `#` or spaces",
+            ));
+        }
         Ok(Config {
             pools,
             poll_cluster: w.poll_cluster.clone(),
@@ -325,6 +337,7 @@ impl Config {
             phase_timing: w.phase_timing,
             max_body_bytes: w.max_body_bytes,
             max_parse_bytes: w.max_parse_bytes.unwrap_or(w.max_body_bytes),
+            api_path_prefix: w.api_path_prefix.clone(),
             trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,
             leader_lease_ms: w.leader_lease_ms,
             singleton: w.singleton,

@@ -143,6 +143,9 @@ pub struct WireConfig {
     /// a routable body that needs more is refused with 413 `parse_budget_exceeded`. Absent: as
     /// much as `max_body_bytes` (an ordinary body's prompt is smaller than the body).
     pub max_parse_bytes: Option<usize>,
+    /// A path prefix the inference paths may carry (`/openai`: `/openai/v1/chat/completions` is
+    /// routed as chat); empty for none. The unprefixed paths are routed either way.
+    pub api_path_prefix: String,
     /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
     /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
     pub trust_client_kv_transfer_params: bool,
@@ -195,6 +198,7 @@ impl Default for WireConfig {
             phase_timing: false,
             max_body_bytes: 8 * 1024 * 1024,
             max_parse_bytes: None,
+            api_path_prefix: String::new(),
             trust_client_kv_transfer_params: false,
             leader_lease_ms: 1500,
             singleton: false,

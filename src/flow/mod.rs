@@ -409,7 +409,7 @@ impl RequestFlow {
         let too_large = header("content-length")
             .and_then(|l| l.parse::<usize>().ok())
             .is_some_and(|l| l > vm.config.max_body_bytes);
-        match Endpoint::from_path(&path) {
+        match Endpoint::from_path(&path, &vm.config.api_path_prefix) {
             Some(_) if method == "POST" && too_large => {
                 HeadersOutcome::Reply(too_large_reply(vm, host))
             }
@@ -496,8 +496,8 @@ impl RequestFlow {
             }
         };
         // Inline P/D reads the KV handle from the prefill pod's answer, which vLLM gives for
-        // completions and chat; a Responses request is decoded where it is routed.
-        let split_inline = inline && endpoint != Endpoint::Responses;
+        // completions and chat; any other request is decoded where it is routed.
+        let split_inline = inline && endpoint.splits_inline();
         let original =
             split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);

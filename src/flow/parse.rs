@@ -1,4 +1,4 @@
-//! The view of an OpenAI request that routing needs: which model, and the prefix-relevant prompt
+//! The view of an inference request that routing needs: which model, and the prefix-relevant prompt
 //! rendered canonically.
 //!
 //! The canonical rendering puts everything a chat template puts into the prompt into one byte
@@ -20,7 +20,12 @@
 //! a tool call's `id`, `reasoning_content`. Anything we do not recognise as an inference request is
 //! left for the default load balancer. A Responses API request (`/v1/responses`) renders as the
 //! chat messages vLLM makes of it: `tools`, `instructions` as a system message, then its `input`
-//! (see `responses`), so the same conversation renders alike through either API.
+//! (see `responses`), so the same conversation renders alike through either API. An Anthropic
+//! Messages request (`/v1/messages`) renders as the chat request vLLM makes of it (see
+//! `messages`). SGLang's `/generate` (`text` or `input_ids`) and vLLM's token-in
+//! `/inference/v1/generate` (`token_ids`) render as a completion's prompt does, after what changes
+//! the prompt anywhere (an adapter's `lora_path`, media data, multimodal `features`); they may
+//! name no model.
 //!
 //! **How, and in how much memory.** No JSON tree is built (one costs up to ~100 bytes per byte of
 //! a hostile body: a list of `{"":0}` objects). One pass of serde_json's deserializer reads the
@@ -61,6 +66,8 @@ macro_rules! false_otherwise {
 
 mod chat;
 pub(crate) mod json;
+mod messages;
+mod pyjson;
 #[cfg(any(test, feature = "testing"))]
 pub mod reference;
 mod responses;
@@ -75,26 +82,57 @@ pub enum Endpoint {
     ChatCompletions,
     /// The OpenAI Responses API.
     Responses,
+    /// The Anthropic Messages API, as vLLM serves it.
+    Messages,
+    /// SGLang's native `/generate` (`text` or `input_ids`).
+    Generate,
+    /// vLLM's token-in API, `/inference/v1/generate` (`token_ids`).
+    TokenGenerate,
 }
 
 impl Endpoint {
-    /// Matches the path without its query string.
-    pub fn from_path(path: &str) -> Option<Endpoint> {
+    /// Matches the path without its query string or trailing slash, and without `prefix` (the
+    /// configured `api_path_prefix`, `""` for none) where it starts with it.
+    pub fn from_path(path: &str, prefix: &str) -> Option<Endpoint> {
         let path = path.split('?').next().unwrap_or(path);
-        match path.trim_end_matches('/') {
+        let path = path.trim_end_matches('/');
+        let path = match path.strip_prefix(prefix) {
+            Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
+            _ => path,
+        };
+        match path {
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
             "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/messages" => Some(Endpoint::Messages),
+            "/generate" => Some(Endpoint::Generate),
+            "/inference/v1/generate" => Some(Endpoint::TokenGenerate),
             _ => None,
         }
+    }
+
+    /// Whether inline P/D can split it: the KV handle is read from the prefill pod's answer, which
+    /// vLLM gives for completions and chat only.
+    pub fn splits_inline(self) -> bool {
+        matches!(self, Endpoint::Completions | Endpoint::ChatCompletions)
+    }
+
+    /// Whether the body may name no model: SGLang's `/generate` has no such field and vLLM's
+    /// token-in API makes it optional (the pod serves its one model).
+    fn model_optional(self) -> bool {
+        matches!(self, Endpoint::Generate | Endpoint::TokenGenerate)
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestView {
+    /// Empty when the body names none where it need not ([`Endpoint::TokenGenerate`],
+    /// [`Endpoint::Generate`]): any pod of the pool may serve it.
     pub model: String,
     pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` for the Responses API).
+    /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` for the Responses API,
+    /// `sampling_params.max_new_tokens` for SGLang's `/generate`, `sampling_params.max_tokens` for
+    /// vLLM's token-in API).
     pub max_tokens: Option<u64>,
     pub cache_salt: Option<String>,
     /// The Responses API: the stored response this one continues, and whether the server is to
@@ -123,7 +161,9 @@ impl ParseError {
             ParseError::NotJson => "body is not valid JSON",
             ParseError::NotAnObject => "body is not a JSON object",
             ParseError::MissingModel => "`model` is missing or not a string",
-            ParseError::MissingPrompt => "no `prompt` / `messages` / `input` to route on",
+            ParseError::MissingPrompt => {
+                "no `prompt` / `messages` / `input` / `text` / `input_ids` / `token_ids` to route on"
+            }
             ParseError::OverBudget => {
                 "reading the body for routing needs more than max_parse_bytes"
             }
@@ -170,9 +210,13 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
         }
     };
     let owned_field = top.owned_field;
+    let model = match top.model {
+        None if endpoint.model_optional() => Some(std::borrow::Cow::Borrowed("")),
+        model => model,
+    };
     let view = if !top.object {
         Err(ParseError::NotAnObject)
-    } else if let Some(model) = top.model {
+    } else if let Some(model) = model {
         if !top.prompt {
             Err(ParseError::MissingPrompt)
         } else if sink.over() {
@@ -204,15 +248,56 @@ mod tests {
     #[test]
     fn paths() {
         assert_eq!(
-            Endpoint::from_path("/v1/completions"),
+            Endpoint::from_path("/v1/completions", ""),
             Some(Endpoint::Completions)
         );
         assert_eq!(
-            Endpoint::from_path("/v1/chat/completions?x=1"),
+            Endpoint::from_path("/v1/chat/completions?x=1", ""),
             Some(Endpoint::ChatCompletions)
         );
-        assert_eq!(Endpoint::from_path("/v1/models"), None);
-        assert_eq!(Endpoint::from_path("/metrics"), None);
+        assert_eq!(Endpoint::from_path("/v1/models", ""), None);
+        assert_eq!(Endpoint::from_path("/metrics", ""), None);
+        assert_eq!(
+            Endpoint::from_path("/v1/messages", ""),
+            Some(Endpoint::Messages)
+        );
+        assert_eq!(
+            Endpoint::from_path("/generate/", ""),
+            Some(Endpoint::Generate)
+        );
+        assert_eq!(
+            Endpoint::from_path("/inference/v1/generate", ""),
+            Some(Endpoint::TokenGenerate)
+        );
+    }
+
+    #[test]
+    fn a_configured_prefix_is_stripped_and_nothing_else_is() {
+        let prefix = "/openai";
+        assert_eq!(
+            Endpoint::from_path("/openai/v1/chat/completions?x=1", prefix),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            Endpoint::from_path("/openai/v1/messages/", prefix),
+            Some(Endpoint::Messages)
+        );
+        assert_eq!(
+            Endpoint::from_path("/v1/completions", prefix),
+            Some(Endpoint::Completions),
+            "the unprefixed path still routes"
+        );
+        assert_eq!(
+            Endpoint::from_path("/openaiv1/completions", prefix),
+            None,
+            "a prefix ends at a path segment"
+        );
+        assert_eq!(Endpoint::from_path("/other/v1/completions", prefix), None);
+        assert_eq!(
+            Endpoint::from_path("/openai/v1/completions", ""),
+            None,
+            "no prefix configured"
+        );
     }
 
     #[test]
@@ -511,6 +596,87 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ids.prompt, b"[1,2,3]");
+    }
+
+    #[test]
+    fn sglang_generate_renders_its_text_or_ids_as_a_completion_prompt() {
+        let text = parse(
+            Endpoint::Generate,
+            br#"{"text":"hello there","sampling_params":{"max_new_tokens":9,"temperature":0},"stream":true}"#,
+        )
+        .unwrap();
+        let completion = parse(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"hello there"}"#,
+        )
+        .unwrap();
+        assert_eq!(text.prompt, completion.prompt);
+        assert_eq!(
+            (text.model.as_str(), text.max_tokens, text.stream),
+            ("", Some(9), true),
+            "no model named: any pod of the pool serves it"
+        );
+        let ids = parse(
+            Endpoint::Generate,
+            br#"{"model":"m","input_ids":[1,2,3],"sampling_params":{"max_tokens":4}}"#,
+        )
+        .unwrap();
+        let completion_ids =
+            parse(Endpoint::Completions, br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(ids.prompt, completion_ids.prompt);
+        assert_eq!(ids.model, "m");
+        assert_eq!(ids.max_tokens, None, "SGLang's limit is max_new_tokens");
+        let batch = parse(Endpoint::Generate, br#"{"text":["a","b"]}"#).unwrap();
+        assert_eq!(batch.prompt, b"a\x1eb");
+        // What changes the prompt anywhere leads it: another adapter or image shares nothing.
+        let adapter = |name: &str, image: &str| {
+            let body =
+                serde_json::json!({"text": "hello there", "lora_path": name, "image_data": image});
+            parse(Endpoint::Generate, body.to_string().as_bytes())
+                .unwrap()
+                .prompt
+        };
+        assert_ne!(adapter("sql", "a.png")[0], b'h');
+        assert_ne!(adapter("sql", "a.png"), adapter("chat", "a.png"));
+        assert_ne!(adapter("sql", "a.png"), adapter("sql", "b.png"));
+        assert_eq!(adapter("sql", "a.png"), adapter("sql", "a.png"));
+        assert_eq!(
+            parse(Endpoint::Generate, br#"{"input_embeds":[[0.1]]}"#),
+            Err(ParseError::MissingPrompt)
+        );
+    }
+
+    #[test]
+    fn vllm_token_generate_renders_its_ids_as_a_completion_prompt() {
+        let view = parse(
+            Endpoint::TokenGenerate,
+            br#"{"token_ids":[1,2,3],"sampling_params":{"max_tokens":8,"max_new_tokens":1},"cache_salt":"t","request_id":"r"}"#,
+        )
+        .unwrap();
+        let completion =
+            parse(Endpoint::Completions, br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(view.prompt, completion.prompt);
+        assert_eq!(
+            (
+                view.model.as_str(),
+                view.max_tokens,
+                view.cache_salt.as_deref()
+            ),
+            ("", Some(8), Some("t"))
+        );
+        let named = parse(
+            Endpoint::TokenGenerate,
+            br#"{"model":"m","token_ids":[1,2,3],"sampling_params":{}}"#,
+        )
+        .unwrap();
+        assert_eq!((named.model.as_str(), named.max_tokens), ("m", None));
+        let with_features = parse(
+            Endpoint::TokenGenerate,
+            br#"{"token_ids":[1,2,3],"features":{"mm_hashes":["h1"]}}"#,
+        )
+        .unwrap();
+        assert_ne!(with_features.prompt, view.prompt);
+        assert!(with_features.prompt.ends_with(&view.prompt));
     }
 
     #[test]

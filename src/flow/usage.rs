@@ -2,11 +2,17 @@
 //! OpenAI API) report `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, in a
 //! non-streamed body and in a stream's final usage chunk (`stream_options.include_usage`). The
 //! Responses API names them `usage.input_tokens` and `usage.input_tokens_details.cached_tokens`
-//! (in the response object, and in the stream's `response.completed` event).
+//! (in the response object, and in the stream's `response.completed` event). SGLang's native
+//! `/generate` reports `meta_info.prompt_tokens` and `meta_info.cached_tokens` (in every streamed
+//! chunk). The Anthropic Messages API reports `usage.cache_read_input_tokens` beside
+//! `input_tokens`, which counts only the tokens neither read from nor written to the cache (vLLM
+//! since #40912, as Anthropic does): the prompt is their sum with `cache_creation_input_tokens`;
+//! streamed, in `message_start` (and `message_delta`).
 //!
 //! Scanned, not parsed: the filter looks at response chunks as they pass (it never buffers or
-//! changes them), so this finds the two numbers by their keys in whatever bytes it is given. A
-//! body without them, or with a value that is not a plain integer, yields `None`.
+//! changes them), so this finds the numbers by their keys in whatever bytes it is given. A body
+//! without them, with a value that is not a plain integer, or ending inside the number (the rest
+//! of it may come in the next chunk), yields `None`.
 //!
 //! A report is only believed when it is possible ([`plausible`]): a pod's numbers are outside
 //! bytes, and one `cached_tokens: 1e18` would otherwise outweigh every honest report in
@@ -14,10 +20,15 @@
 
 /// `(cached_tokens, prompt_tokens)` when both appear in `bytes`.
 pub fn cache_report(bytes: &[u8]) -> Option<(u64, u64)> {
-    let cached = number_after(bytes, b"\"cached_tokens\"")?;
-    let prompt = number_after(bytes, b"\"prompt_tokens\"")
-        .or_else(|| number_after(bytes, b"\"input_tokens\""))?;
-    Some((cached, prompt))
+    if let Some(cached) = number_after(bytes, b"\"cached_tokens\"") {
+        let prompt = number_after(bytes, b"\"prompt_tokens\"")
+            .or_else(|| number_after(bytes, b"\"input_tokens\""))?;
+        return Some((cached, prompt));
+    }
+    let read = number_after(bytes, b"\"cache_read_input_tokens\"")?;
+    let uncached = number_after(bytes, b"\"input_tokens\"")?;
+    let written = number_after(bytes, b"\"cache_creation_input_tokens\"").unwrap_or(0);
+    Some((read, uncached.checked_add(read)?.checked_add(written)?))
 }
 
 /// More prompt tokens than any model's context window (the longest are about 10^7): a report
@@ -30,14 +41,15 @@ pub fn plausible(cached: u64, prompt: u64) -> bool {
     cached <= prompt && prompt <= MAX_PROMPT_TOKENS
 }
 
-/// The integer after the last `key` `:` in `bytes` (the usage chunk comes last).
+/// The integer after the last `key` `:` in `bytes` (the usage chunk comes last), when something
+/// follows it.
 fn number_after(bytes: &[u8], key: &[u8]) -> Option<u64> {
     let at = bytes.windows(key.len()).rposition(|w| w == key)?;
     let rest = bytes.get(at + key.len()..)?;
     let rest = skip_spaces(rest);
     let rest = skip_spaces(rest.strip_prefix(b":")?);
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 {
+    if digits == 0 || digits == rest.len() {
         return None;
     }
     // `parse` refuses what overflows; a count of digits would refuse leading zeros too.
@@ -72,6 +84,36 @@ mod tests {
         assert!(!plausible(1_000_000_000_000_000_000, 651));
         assert!(plausible(MAX_PROMPT_TOKENS, MAX_PROMPT_TOKENS));
         assert!(!plausible(0, MAX_PROMPT_TOKENS + 1));
+    }
+
+    #[test]
+    fn finds_anthropic_and_sglang_usage() {
+        // vLLM's /v1/messages answer: input_tokens is what was not read from the cache.
+        let message = br#"{"id":"msg_1","type":"message","usage":{"input_tokens":44,"output_tokens":2,"cache_creation_input_tokens":0,"cache_read_input_tokens":1616}}"#;
+        assert_eq!(cache_report(message), Some((1616, 1660)));
+        let written = br#"{"usage":{"input_tokens":4,"cache_creation_input_tokens":96,"cache_read_input_tokens":0}}"#;
+        assert_eq!(cache_report(written), Some((0, 100)));
+        let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"content\":[],\"usage\":{\"input_tokens\":32,\"cache_read_input_tokens\":1632,\"output_tokens\":0}}}\n\n";
+        assert_eq!(cache_report(start), Some((1632, 1664)));
+        assert_eq!(
+            cache_report(br#"{"usage":{"input_tokens":1660,"output_tokens":2}}"#),
+            None,
+            "without the cache field nothing is known"
+        );
+        let sglang = b"data: {\"text\":\"a b\",\"meta_info\":{\"id\":\"x\",\"prompt_tokens\":390,\"completion_tokens\":2,\"cached_tokens\":374}}\n\n";
+        assert_eq!(cache_report(sglang), Some((374, 390)));
+    }
+
+    #[test]
+    fn a_number_cut_by_the_chunk_end_waits_for_the_rest() {
+        let whole = br#"{"usage":{"input_tokens":32,"cache_read_input_tokens":1632}}"#;
+        let cut = whole.len() - 4; // ends in `16`
+        assert_eq!(cache_report(&whole[..cut]), None);
+        assert_eq!(cache_report(whole), Some((1632, 1664)));
+        assert_eq!(
+            cache_report(br#"{"prompt_tokens":12,"cached_tokens":7"#),
+            None
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Filters: a pod is a candidate when it plays the requested role, is not down (its poll failed
 //! outright, or it was ejected for failing requests: see `crate::health`; a pod whose polls are
-//! merely late stays a candidate), and serves the model (when it reports its models at all).
+//! merely late stays a candidate), and serves the model (when it reports its models at all, and
+//! the request names one: SGLang's `/generate` names none, and any pod serves it).
 
 use super::{PodView, RouteRequest};
 
@@ -63,7 +64,11 @@ pub fn filter<'p, 'a>(
     }
     let serving: Vec<&PodView> = healthy
         .into_iter()
-        .filter(|p| p.models.is_empty() || p.models.iter().any(|m| m == request.model))
+        .filter(|p| {
+            request.model.is_empty()
+                || p.models.is_empty()
+                || p.models.iter().any(|m| m == request.model)
+        })
         .collect();
     if serving.is_empty() {
         return Err(Rejection::UnknownModel);

@@ -369,6 +369,19 @@ fn filters_explain_why_nothing_is_routable() {
         decide(&cfg, &[wrong_model.clone()], &request(&hashes)),
         Decision::NoEndpoint(Rejection::UnknownModel)
     );
+    let nameless = RouteRequest {
+        model: "",
+        ..request(&hashes)
+    };
+    assert_eq!(
+        primary(&decide(
+            &cfg,
+            &[down.clone(), wrong_model.clone()],
+            &nameless
+        )),
+        ADDRS[1],
+        "a request naming no model (SGLang's /generate) may go to any healthy pod"
+    );
     let mut prefill = pod(ADDRS[2]);
     prefill.role = Role::Prefill;
     assert_eq!(

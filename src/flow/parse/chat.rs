@@ -543,7 +543,7 @@ fn member<'de>(raw: &'de RawValue, key: &str) -> Result<Option<&'de RawValue>, s
 }
 
 /// The string in an already checked value, if it is one.
-fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     sub_parse(raw, StringOrNone { depth: 0 }).ok().flatten()
 }
 
@@ -593,7 +593,7 @@ pub fn render_part(
     sub_parse(part, Canonical::json(sink, depth)).map(|_| ())
 }
 
-fn push_media(sink: &mut Sink, kind: &str, source: &str) {
+pub fn push_media(sink: &mut Sink, kind: &str, source: &str) {
     sink.push(FIELD_SEP);
     sink.extend(kind.as_bytes());
     sink.push(ROLE_SEP);

@@ -575,7 +575,7 @@ fn responses_render_as_the_chat_messages_vllm_makes_of_them() {
         Err(ParseError::MissingModel)
     );
     assert_eq!(
-        Endpoint::from_path("/v1/responses?x=1"),
+        Endpoint::from_path("/v1/responses?x=1", ""),
         Some(Endpoint::Responses)
     );
 }

@@ -17,7 +17,8 @@ const TEMPLATE_FIELDS: [&str; 3] = ["chat_template", "chat_template_kwargs", "do
 
 /// The old parser's view of a body (`None` for an endpoint it did not know).
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Option<Result<RequestView, ParseError>> {
-    (endpoint != Endpoint::Responses).then(|| parse_object(endpoint, body).map(|(view, _)| view))
+    matches!(endpoint, Endpoint::Completions | Endpoint::ChatCompletions)
+        .then(|| parse_object(endpoint, body).map(|(view, _)| view))
 }
 
 pub fn parse_object(
@@ -61,7 +62,7 @@ fn view_of(
     let mut prompt = Vec::with_capacity(body_len);
     match endpoint {
         Endpoint::Completions => render_completion_prompt(obj.get("prompt"), &mut prompt)?,
-        Endpoint::ChatCompletions | Endpoint::Responses => render_chat_prompt(obj, &mut prompt)?,
+        _ => render_chat_prompt(obj, &mut prompt)?,
     }
     Ok(RequestView {
         model,

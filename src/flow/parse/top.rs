@@ -1,13 +1,19 @@
 //! The request object's top level: the few members routing reads, each the last of its key (as in
 //! a JSON object), and where in the sink each prompt-bearing member was rendered. The members
-//! render as they come; the prompt is put in its order (template fields, tools, instructions,
+//! render as they come (an Anthropic Messages request's once the object has been read, see
+//! `messages`); the prompt is put in its order (template fields, tools, instructions or system,
 //! messages) at the end, in place.
 
-use super::chat::{Messages, StringOrNone};
-use super::json::{enter, skip_map, skip_seq, Canonical, Form, Piece, Sink, StrVisitor, Validate};
+use super::chat::{scan, Messages, StringOrNone};
+use super::json::{
+    enter, skip_map, skip_seq, sub_parse, validate_raw, Canonical, Form, Piece, Sink, StrVisitor,
+    Validate,
+};
+use super::messages;
 use super::responses::{push_message, Input};
 use super::{Endpoint, MESSAGE_END, ROLE_SEP};
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -45,20 +51,33 @@ enum Field {
     Input,
     Instructions,
     Tools,
-    /// `chat_template`, `chat_template_kwargs`, `documents`, by their index here.
+    /// A field of [`template_fields`], by its index there.
     Template(usize),
     KvTransferParams,
+    /// SGLang's and vLLM's `sampling_params` (where their generate APIs keep the token limit).
+    SamplingParams,
+    /// A Messages request's `system`, `messages` and `tools`, captured for `messages::render`.
+    AnthropicSystem,
+    AnthropicMessages,
+    AnthropicTools,
     Other,
 }
 
-/// Request fields a chat template may read anywhere in the prompt, in key order.
-const TEMPLATE_FIELDS: [&str; 3] = ["chat_template", "chat_template_kwargs", "documents"];
-/// The same as JSON object keys, for the template part.
-const TEMPLATE_KEYS: [&[u8]; 3] = [
-    b"\"chat_template\":",
-    b"\"chat_template_kwargs\":",
-    b"\"documents\":",
-];
+/// Request fields that change the prompt anywhere (a chat template may read them anywhere; media
+/// data fills placeholders in the text; an adapter has its own cache), in key order. They are
+/// rendered first, so requests that differ in them never share a prefix.
+fn template_fields(endpoint: Endpoint) -> &'static [&'static str] {
+    match endpoint {
+        Endpoint::ChatCompletions => &["chat_template", "chat_template_kwargs", "documents"],
+        Endpoint::Messages => &["chat_template_kwargs"],
+        Endpoint::Generate => &["audio_data", "image_data", "lora_path", "video_data"],
+        Endpoint::TokenGenerate => &["features"],
+        Endpoint::Completions | Endpoint::Responses => &[],
+    }
+}
+
+/// The most fields [`template_fields`] names for one endpoint.
+const MAX_TEMPLATE_FIELDS: usize = 4;
 
 fn classify(endpoint: Endpoint, key: &str) -> Field {
     use Endpoint::*;
@@ -67,21 +86,26 @@ fn classify(endpoint: Endpoint, key: &str) -> Field {
         (_, "stream") => Field::Stream,
         (_, "cache_salt") => Field::CacheSalt,
         (_, "kv_transfer_params") => Field::KvTransferParams,
-        (Completions | ChatCompletions, "max_tokens") => Field::MaxTokens,
+        (Completions | ChatCompletions | Messages, "max_tokens") => Field::MaxTokens,
         (Completions | ChatCompletions, "max_completion_tokens") => Field::MaxCompletionTokens,
         (Responses, "max_output_tokens") => Field::MaxCompletionTokens,
         (Completions, "prompt") => Field::Prompt,
+        (Generate, "text" | "input_ids") => Field::Prompt,
+        (TokenGenerate, "token_ids") => Field::Prompt,
+        (Generate | TokenGenerate, "sampling_params") => Field::SamplingParams,
         (ChatCompletions, "messages") => Field::Messages,
         (ChatCompletions | Responses, "tools") => Field::Tools,
-        (ChatCompletions, k) => match TEMPLATE_FIELDS.iter().position(|t| *t == k) {
-            Some(i) => Field::Template(i),
-            None => Field::Other,
-        },
         (Responses, "input") => Field::Input,
         (Responses, "instructions") => Field::Instructions,
         (Responses, "previous_response_id") => Field::PreviousResponseId,
         (Responses, "store") => Field::Store,
-        _ => Field::Other,
+        (Messages, "system") => Field::AnthropicSystem,
+        (Messages, "messages") => Field::AnthropicMessages,
+        (Messages, "tools") => Field::AnthropicTools,
+        (_, k) => match template_fields(endpoint).iter().position(|t| *t == k) {
+            Some(i) => Field::Template(i),
+            None => Field::Other,
+        },
     }
 }
 
@@ -170,7 +194,7 @@ impl<'de> Visitor<'de> for BoolOrNone {
 /// Where each prompt-bearing member was rendered (the last of its key; `None`: absent or null).
 #[derive(Default)]
 struct Regions {
-    template: [Option<(usize, usize)>; 3],
+    template: [Option<(usize, usize)>; MAX_TEMPLATE_FIELDS],
     tools: Option<(usize, usize)>,
     instructions: Option<(usize, usize)>,
     /// `prompt`, `messages` or `input`.
@@ -191,6 +215,7 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
             ..Top::default()
         };
         let mut regions = Regions::default();
+        let mut anthropic = messages::Captured::default();
         while let Some(key) = map.next_key_seed(KeySeed)? {
             let at = sink.len();
             match classify(self.endpoint, &key) {
@@ -256,10 +281,40 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                         _ => regions.tools = region,
                     }
                 }
+                Field::SamplingParams => {
+                    let params: &'de RawValue = map.next_value()?;
+                    validate_raw(params, depth).map_err(de::Error::custom)?;
+                    let key = match self.endpoint {
+                        Endpoint::Generate => "max_new_tokens",
+                        _ => "max_tokens",
+                    };
+                    let found = scan(params, depth, &[], &[key]).map_err(de::Error::custom)?;
+                    top.max_tokens = match found.raw(key) {
+                        Some(max) => sub_parse(max, U64OrNone).map_err(de::Error::custom)?,
+                        None => None,
+                    };
+                }
+                Field::AnthropicSystem | Field::AnthropicMessages | Field::AnthropicTools => {
+                    let raw: &'de RawValue = map.next_value()?;
+                    validate_raw(raw, depth).map_err(de::Error::custom)?;
+                    let slot = match classify(self.endpoint, &key) {
+                        Field::AnthropicSystem => &mut anthropic.system,
+                        Field::AnthropicMessages => &mut anthropic.messages,
+                        _ => &mut anthropic.tools,
+                    };
+                    *slot = Some(raw);
+                }
                 Field::Other => map.next_value_seed(Validate { depth })?,
             }
         }
-        assemble(sink, &regions);
+        if self.endpoint == Endpoint::Messages {
+            let rendered = messages::render(sink, anthropic, depth).map_err(de::Error::custom)?;
+            regions.tools = rendered.tools;
+            regions.instructions = rendered.system;
+            regions.prompt = rendered.messages;
+            top.prompt = rendered.routable;
+        }
+        assemble(sink, &regions, template_fields(self.endpoint));
         Ok(top)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
@@ -287,8 +342,8 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
 
 /// Puts the rendered members in prompt order and drops what a later duplicate replaced:
 /// `template ROLE_SEP {fields} MESSAGE_END`, `tools ROLE_SEP tools MESSAGE_END`, the instructions
-/// message, then the prompt.
-fn assemble(sink: &mut Sink, regions: &Regions) {
+/// (or system) message, then the prompt. `fields`: the names of the template regions.
+fn assemble(sink: &mut Sink, regions: &Regions, fields: &'static [&'static str]) {
     let mut pieces: Vec<Piece> = Vec::with_capacity(16);
     if regions.template.iter().any(Option::is_some) {
         pieces.extend([
@@ -297,13 +352,18 @@ fn assemble(sink: &mut Sink, regions: &Regions) {
             Piece::Bytes(b"{"),
         ]);
         let mut first = true;
-        for (key, region) in TEMPLATE_KEYS.iter().zip(&regions.template) {
+        for (key, region) in fields.iter().zip(&regions.template) {
             if let Some((s, e)) = region {
                 if !first {
                     pieces.push(Piece::Bytes(b","));
                 }
                 first = false;
-                pieces.extend([Piece::Bytes(key), Piece::Range(*s, *e)]);
+                pieces.extend([
+                    Piece::Bytes(b"\""),
+                    Piece::Bytes(key.as_bytes()),
+                    Piece::Bytes(b"\":"),
+                    Piece::Range(*s, *e),
+                ]);
             }
         }
         pieces.extend([Piece::Bytes(b"}"), Piece::Bytes(&[MESSAGE_END])]);
