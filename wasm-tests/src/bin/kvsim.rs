@@ -86,6 +86,9 @@ struct Args {
     /// vLLM's --api-key: `/v1/*` requests without `Authorization: Bearer <key>` get 401.
     #[arg(long)]
     api_key: Option<String>,
+    /// vLLM's --root-path behind a proxy that keeps it: every route is also served under it.
+    #[arg(long)]
+    root_path: Option<String>,
     /// Longest prompt + completion accepted (vLLM's max_model_len).
     #[arg(long, default_value_t = 131_072)]
     max_model_len: usize,
@@ -136,6 +139,7 @@ impl Args {
             pod_speed: self.pod_speed,
             kv_hold_timeout_s: self.kv_hold_timeout_s,
             api_key: self.api_key,
+            root_path: self.root_path,
             ..base
         }
     }

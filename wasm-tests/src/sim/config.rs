@@ -165,6 +165,9 @@ pub struct SimConfig {
     /// answered 401 `{"error": "Unauthorized"}` (vLLM guards `/v1/*` only: `/metrics`, `/health`
     /// stay open).
     pub api_key: Option<String>,
+    /// vLLM's `--root-path` behind a proxy that does not strip it: every route is served under
+    /// this prefix too (`/openai/v1/chat/completions` as `/v1/chat/completions`).
+    pub root_path: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -193,6 +196,7 @@ impl Default for SimConfig {
             kv_link_gbps: None,
             kv_hold_timeout_s: NIXL_ABORT_TIMEOUT_S,
             api_key: None,
+            root_path: None,
         }
     }
 }

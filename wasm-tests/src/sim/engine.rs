@@ -84,9 +84,13 @@ type PullHook = Arc<dyn Fn(PullSource) + Send + Sync>;
 
 #[derive(Debug)]
 pub enum SeqEvent {
-    /// Token `index` (0-based) was generated.
+    /// Token `index` (0-based) was generated, for a prompt of `prompt_tokens` of which
+    /// `cached_tokens` were not computed here (as `Outcome` counts them: SGLang reports them in
+    /// every streamed chunk).
     Token {
         index: usize,
+        prompt_tokens: usize,
+        cached_tokens: usize,
     },
     Finished(Outcome),
 }
@@ -971,7 +975,12 @@ fn emit_token(
     s.generated += 1;
     s.last_token = Some(delivered);
     counters.generation_tokens += 1;
-    if !s.tx.send(delivered, SeqEvent::Token { index }) {
+    let token = SeqEvent::Token {
+        index,
+        prompt_tokens: s.spec.prompt_tokens,
+        cached_tokens: s.cached + s.transferred,
+    };
+    if !s.tx.send(delivered, token) {
         // The client went away: vLLM aborts the request and frees its blocks.
         s.aborted = true;
     }
@@ -1140,7 +1149,7 @@ mod tests {
             assert_eq!(st.used_blocks(&cfg), 5, "B's blocks are free");
         }
         let mut b_tokens = Vec::new();
-        while let Ok(SeqEvent::Token { index }) = b_rx.try_recv() {
+        while let Ok(SeqEvent::Token { index, .. }) = b_rx.try_recv() {
             b_tokens.push(index);
         }
         assert_eq!(b_tokens, (0..17).collect::<Vec<_>>());
@@ -1154,7 +1163,10 @@ mod tests {
         // generated (one step of 17 prefill tokens), then streams token 17 on.
         assert!(eng.lock().running.is_empty());
         assert_eq!(step(&eng, t0), (us(&cfg, 17, 0), 17, 0));
-        assert!(matches!(b_rx.try_recv(), Ok(SeqEvent::Token { index: 17 })));
+        assert!(matches!(
+            b_rx.try_recv(),
+            Ok(SeqEvent::Token { index: 17, .. })
+        ));
         assert_eq!(
             eng.lock().counters.prefix_hits,
             0,
@@ -1322,7 +1334,7 @@ mod tests {
         assert!((ttft - want).abs() < 2.0, "TTFT {ttft} us, want {want}");
         // The token reaches the client α2 after the step, not before.
         let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
-        assert!(matches!(first, Ok(Some(SeqEvent::Token { index: 0 }))));
+        assert!(matches!(first, Ok(Some(SeqEvent::Token { index: 0, .. }))));
         assert!(Instant::now() >= step_end + cfg.output_token_time());
         // BLIS: each inter-token latency is the decode step plus α2.
         {

@@ -49,12 +49,15 @@ fn token_text(index: usize) -> String {
 }
 
 pub(crate) fn router(pod: Arc<Pod>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(responses))
         .route("/v1/responses/{id}", get(retrieve_response))
         .route("/v1/responses/{id}/cancel", post(cancel_response))
+        .route("/v1/messages", post(messages))
+        .route("/generate", post(generate))
+        .route("/inference/v1/generate", post(token_generate))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/version", get(version))
@@ -64,7 +67,14 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/sim/fault", post(sim_fault))
         .route("/sim/reset", post(sim_reset))
         .route("/sim/kv-pulled", post(sim_kv_pulled))
-        .route("/sim/probe", post(super::probe::sim_probe))
+        .route("/sim/probe", post(super::probe::sim_probe));
+    let routes = match pod.cfg.root_path.as_deref() {
+        Some(root) if root.starts_with('/') && root.len() > 1 => {
+            Router::new().nest(root, routes.clone()).merge(routes)
+        }
+        _ => routes,
+    };
+    routes
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(pod.clone(), pod_layer))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -169,6 +179,30 @@ fn stored_response(pod: &Pod, id: &str, cancel: bool) -> Response {
     }
 }
 
+/// vLLM's Anthropic Messages API (SGLang has no such route).
+async fn messages(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    if pod.cfg.engine != EngineKind::Vllm {
+        return not_found().await;
+    }
+    inference(pod, Endpoint::Messages, headers, body).await
+}
+
+/// SGLang's native `/generate` (vLLM has no such route).
+async fn generate(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    if pod.cfg.engine != EngineKind::Sglang {
+        return not_found().await;
+    }
+    inference(pod, Endpoint::Generate, headers, body).await
+}
+
+/// vLLM's token-in `/inference/v1/generate` (SGLang has no such route).
+async fn token_generate(State(pod): State<Arc<Pod>>, headers: HeaderMap, body: Bytes) -> Response {
+    if pod.cfg.engine != EngineKind::Vllm {
+        return not_found().await;
+    }
+    inference(pod, Endpoint::TokenGenerate, headers, body).await
+}
+
 async fn inference(pod: Arc<Pod>, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
     pod.count_arrival(&headers);
     let resp = serve(&pod, endpoint, &headers, &body).await;
@@ -259,9 +293,10 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         }
     }
     let prefix = match endpoint {
-        Endpoint::Completions => "cmpl",
+        Endpoint::Completions | Endpoint::Generate | Endpoint::TokenGenerate => "cmpl",
         Endpoint::Chat => "chatcmpl",
         Endpoint::Responses => "resp",
+        Endpoint::Messages => "msg",
     };
     let meta = Meta {
         endpoint,
@@ -273,11 +308,26 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         report_kv,
         n: req.n,
     };
-    if endpoint == Endpoint::Responses {
-        if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) {
-            pod.stored.begin(&meta.id, &obj);
+    match endpoint {
+        Endpoint::Responses => {
+            if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) {
+                pod.stored.begin(&meta.id, &obj);
+            }
+            return responses_answer(pod, meta, sequences, req.stream, adapter).await;
         }
-        return responses_answer(pod, meta, sequences, req.stream, adapter).await;
+        Endpoint::Messages => return messages_answer(meta, sequences, req.stream, adapter).await,
+        Endpoint::Generate => return generate_answer(meta, sequences, req.stream, adapter).await,
+        Endpoint::TokenGenerate => {
+            if req.stream {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    "kvsim does not stream /inference/v1/generate",
+                );
+            }
+            return token_generate_answer(meta, sequences).await;
+        }
+        Endpoint::Completions | Endpoint::Chat => {}
     }
     if req.stream {
         stream_response(pod.clone(), meta, sequences, adapter)
@@ -306,6 +356,9 @@ async fn plan_disaggregation(
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Responses => "/v1/responses",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::Generate => "/generate",
+            Endpoint::TokenGenerate => "/inference/v1/generate",
         };
         let result = match target {
             Ok(target) => pod.sidecar_prefill(&target, path, req).await,
@@ -391,7 +444,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<SeqEvent>) -> Option<(String, O
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
         match event {
-            SeqEvent::Token { index } => text.push_str(&token_text(index)),
+            SeqEvent::Token { index, .. } => text.push_str(&token_text(index)),
             SeqEvent::Finished(o) => return Some((text, o)),
         }
     }
@@ -415,7 +468,7 @@ async fn full_response(
         .iter()
         .enumerate()
         .map(|(index, (text, _))| match meta.endpoint {
-            Endpoint::Completions => json!({
+            Endpoint::Completions | Endpoint::Generate | Endpoint::TokenGenerate => json!({
                 "index": index,
                 "text": text,
                 "logprobs": null,
@@ -423,7 +476,7 @@ async fn full_response(
                 "stop_reason": null,
                 "prompt_logprobs": null,
             }),
-            Endpoint::Chat | Endpoint::Responses => json!({
+            Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => json!({
                 "index": index,
                 "message": {
                     "role": "assistant",
@@ -440,8 +493,8 @@ async fn full_response(
         .collect();
     let outcomes: Vec<&Outcome> = finished.iter().map(|(_, o)| o).collect();
     let object = match meta.endpoint {
-        Endpoint::Completions => "text_completion",
-        Endpoint::Chat | Endpoint::Responses => "chat.completion",
+        Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => "chat.completion",
+        _ => "text_completion",
     };
     let kv = match outcomes.first() {
         Some(first) => kv_handle(pod, &meta, first),
@@ -509,7 +562,7 @@ async fn responses_answer(
         let mut outcome = None;
         while let Some(e) = rx.recv().await {
             match e {
-                SeqEvent::Token { index } => {
+                SeqEvent::Token { index, .. } => {
                     let delta = token_text(index);
                     text.push_str(&delta);
                     yield Ok(event("response.output_text.delta", next(), json!({"item_id": item_id,
@@ -537,6 +590,171 @@ async fn responses_answer(
             json!({"response": response(&id, created, &model, Some(&text), u)})));
     };
     event_stream(events)
+}
+
+/// The engine stopped before a request finished.
+fn engine_stopped() -> Response {
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "InternalServerError",
+        "The engine stopped before the request finished",
+    )
+}
+
+/// A `/v1/messages` answer (one choice): the `message` object, or its event stream.
+async fn messages_answer(
+    meta: Meta,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+    stream: bool,
+    adapter: Option<super::pod::AdapterInFlight>,
+) -> Response {
+    use super::anthropic::{event, message, usage};
+    let Some(rx) = sequences.into_iter().next() else {
+        return engine_stopped();
+    };
+    let (id, model) = (meta.id, meta.model);
+    if !stream {
+        let Some((text, o)) = collect(rx).await else {
+            return engine_stopped();
+        };
+        let u = usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens);
+        return Json(message(&id, &model, Some(&text), u)).into_response();
+    }
+    let events = async_stream::stream! {
+        let _adapter = adapter;
+        let mut rx = rx;
+        let mut outcome = None;
+        let mut started = false;
+        while let Some(e) = rx.recv().await {
+            match e {
+                SeqEvent::Token { index, prompt_tokens, .. } => {
+                    if !started {
+                        started = true;
+                        // vLLM's first chunk does not carry the cache fields yet.
+                        let u = json!({"input_tokens": prompt_tokens, "output_tokens": 0});
+                        yield Ok::<Bytes, std::io::Error>(event("message_start",
+                            json!({"message": message(&id, &model, None, u)})));
+                        yield Ok(event("content_block_start",
+                            json!({"index": 0, "content_block": {"type": "text", "text": ""}})));
+                    }
+                    yield Ok(event("content_block_delta", json!({"index": 0,
+                        "delta": {"type": "text_delta", "text": token_text(index)}})));
+                }
+                SeqEvent::Finished(o) => { outcome = Some(o); break; }
+            }
+        }
+        let Some(o) = outcome else {
+            yield Ok(event("error", json!({"error": {"type": "internal_error",
+                "message": "The engine stopped before the request finished"}})));
+            return;
+        };
+        yield Ok(event("content_block_stop", json!({"index": 0})));
+        yield Ok(event("message_delta", json!({
+            "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+            "usage": usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens)})));
+        yield Ok(event("message_stop", json!({})));
+    };
+    event_stream(events)
+}
+
+/// SGLang's `meta_info` for a sequence so far.
+fn sglang_meta(id: &str, prompt: usize, cached: usize, completion: usize, done: bool) -> Value {
+    json!({
+        "id": id,
+        "finish_reason": if done { json!({"type": "length", "length": completion}) } else { Value::Null },
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cached_tokens": cached,
+    })
+}
+
+/// SGLang's `/generate` answer: `{text, output_ids, meta_info}` per prompt (a list for a batch of
+/// `text`s), or streamed as `data:` lines each holding the text so far and its `meta_info`, then
+/// `data: [DONE]`.
+async fn generate_answer(
+    meta: Meta,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+    stream: bool,
+    adapter: Option<super::pod::AdapterInFlight>,
+) -> Response {
+    let id = meta.id;
+    if !stream || sequences.len() != 1 {
+        let batch = sequences.len() > 1;
+        let finished = futures::future::join_all(sequences.into_iter().map(collect)).await;
+        let Some(finished) = finished.into_iter().collect::<Option<Vec<_>>>() else {
+            return engine_stopped();
+        };
+        drop(adapter);
+        let answers: Vec<Value> = finished
+            .iter()
+            .map(|(text, o)| json!({
+                "text": text,
+                "output_ids": (0..o.completion_tokens).collect::<Vec<_>>(),
+                "meta_info": sglang_meta(&id, o.prompt_tokens, o.cached_tokens, o.completion_tokens, true),
+            }))
+            .collect();
+        return match (batch, answers.into_iter().next()) {
+            (false, Some(one)) => Json(one).into_response(),
+            (_, first) => Json(json!(first.into_iter().collect::<Vec<_>>())).into_response(),
+        };
+    }
+    let Some(rx) = sequences.into_iter().next() else {
+        return engine_stopped();
+    };
+    let events = async_stream::stream! {
+        let _adapter = adapter;
+        let mut rx = rx;
+        let mut text = String::new();
+        let mut ids = Vec::new();
+        let mut finished = false;
+        while let Some(e) = rx.recv().await {
+            match e {
+                SeqEvent::Token { index, prompt_tokens, cached_tokens } => {
+                    text.push_str(&token_text(index));
+                    ids.push(index);
+                    let meta = sglang_meta(&id, prompt_tokens, cached_tokens, index + 1, index + 1 >= meta.max_tokens);
+                    yield Ok::<Bytes, std::io::Error>(sse(&json!({"text": text, "output_ids": ids, "meta_info": meta})));
+                }
+                SeqEvent::Finished(_) => { finished = true; break; }
+            }
+        }
+        if !finished {
+            yield Ok(sse(&json!({"error": {"message": "The engine stopped before the request finished"}})));
+        }
+        yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+    };
+    event_stream(events)
+}
+
+/// vLLM's `/inference/v1/generate` answer: the generated token ids per choice (no usage: the
+/// token-in API reports none).
+async fn token_generate_answer(
+    meta: Meta,
+    sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
+) -> Response {
+    let finished = futures::future::join_all(sequences.into_iter().map(collect)).await;
+    let Some(finished) = finished.into_iter().collect::<Option<Vec<_>>>() else {
+        return engine_stopped();
+    };
+    let choices: Vec<Value> = finished
+        .iter()
+        .enumerate()
+        .map(|(index, (_, o))| {
+            json!({
+                "index": index,
+                "logprobs": null,
+                "finish_reason": "length",
+                "token_ids": (0..o.completion_tokens).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({
+        "request_id": meta.id,
+        "choices": choices,
+        "prompt_logprobs": null,
+        "kv_transfer_params": null,
+    }))
+    .into_response()
 }
 
 /// A 200 whose body is `events` as server-sent events.
@@ -569,8 +787,8 @@ fn stream_response(
     adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     let chunk_object = match meta.endpoint {
-        Endpoint::Completions => "text_completion",
-        Endpoint::Chat | Endpoint::Responses => "chat.completion.chunk",
+        Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => "chat.completion.chunk",
+        _ => "text_completion",
     };
     let chunk = move |choices: Value| {
         json!({
@@ -597,15 +815,15 @@ fn stream_response(
         let mut done = 0;
         while let Some((choice, event)) = merged.next().await {
             match event {
-                SeqEvent::Token { index } => {
+                SeqEvent::Token { index, .. } => {
                     let finish = if index + 1 >= max_tokens { json!("length") } else { Value::Null };
                     let text = token_text(index);
                     let delta = match endpoint {
-                        Endpoint::Completions => json!({
+                        Endpoint::Completions | Endpoint::Generate | Endpoint::TokenGenerate => json!({
                             "index": choice, "text": text, "logprobs": null,
                             "finish_reason": finish, "stop_reason": null,
                         }),
-                        Endpoint::Chat | Endpoint::Responses => {
+                        Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => {
                             if index == 0 {
                                 // vLLM opens each choice's stream with the role, then the content.
                                 yield Ok::<Bytes, std::io::Error>(sse(&chunk(json!([{

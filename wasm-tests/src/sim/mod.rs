@@ -1,6 +1,7 @@
 //! kvsim: a vLLM-compatible model-server simulator that stands in for GPUs in tests and benchmarks.
 //!
-//! Each pod is an HTTP server (OpenAI endpoints, `/metrics` with vLLM or SGLang names, `/health`,
+//! Each pod is an HTTP server (OpenAI endpoints, Anthropic's `/v1/messages`, SGLang's `/generate`,
+//! vLLM's `/inference/v1/generate`, `/metrics` with vLLM or SGLang names, `/health`,
 //! `/v1/models`, `/sim/` controls) in front of a simulated engine: continuous batching behind
 //! `max_num_seqs`, a prefix cache of chained block hashes with LRU eviction, a latency model for
 //! prefill and decode (with their interference), P/D roles speaking vLLM's NixlConnector
@@ -11,6 +12,7 @@
 //! Library use: [`spawn_pods`] starts pods in the current Tokio runtime; the `kvsim` binary is a thin
 //! CLI over the same function.
 
+mod anthropic;
 mod cache;
 mod config;
 mod engine;

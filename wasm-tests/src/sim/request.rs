@@ -12,6 +12,12 @@
 //!   `add_generation_prompt` (default true) ends it with the assistant's turn.
 //! * `/v1/responses`: `instructions` and `input` as the chat messages vLLM makes of them
 //!   (`super::responses`), `max_output_tokens`; one choice, usage always in the final event.
+//! * `/v1/messages` (Anthropic, as vLLM serves it): the chat request vLLM makes of it
+//!   (`super::anthropic`), `max_tokens` required.
+//! * `/generate` (SGLang): `text` (a string, or a list: a batch) or `input_ids` (token ids, or a
+//!   list of them), `sampling_params.max_new_tokens` (SGLang's default 128); no `model`.
+//! * `/inference/v1/generate` (vLLM's token-in API): `token_ids`, `sampling_params` (required;
+//!   `max_tokens`, default 16), an optional `model`; not streamed here.
 
 use serde_json::{Map, Value};
 
@@ -22,7 +28,13 @@ pub enum Endpoint {
     Completions,
     Chat,
     Responses,
+    Messages,
+    Generate,
+    TokenGenerate,
 }
+
+/// SGLang's `max_new_tokens` when `sampling_params` does not set it.
+pub const SGLANG_DEFAULT_MAX_NEW_TOKENS: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct InferenceRequest {
@@ -100,6 +112,15 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         Endpoint::Completions => completion_prompts(&obj)?,
         Endpoint::Chat => vec![tokenize(&chat_text(&obj)?)],
         Endpoint::Responses => vec![tokenize(&chat_text(&super::responses::to_chat(&obj)?)?)],
+        Endpoint::Messages => vec![tokenize(&chat_text(&super::anthropic::to_chat(&obj)?)?)],
+        Endpoint::Generate => generate_prompts(&obj)?,
+        Endpoint::TokenGenerate => match obj.get("token_ids").and_then(Value::as_array) {
+            Some(ids) => match token_ids(ids) {
+                Some(ids) => vec![ids],
+                None => return bad("'token_ids' must be a list of token ids"),
+            },
+            None => return bad("Field 'token_ids' is required"),
+        },
     };
     if batch.iter().any(Vec::is_empty) {
         return bad("The prompt cannot be empty");
@@ -116,6 +137,19 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, BadReq
         }
         Endpoint::Completions => optional_count(&obj, "max_tokens")?,
         Endpoint::Responses => optional_count(&obj, "max_output_tokens")?,
+        Endpoint::Messages => match optional_count(&obj, "max_tokens")? {
+            Some(max) => Some(max),
+            None => return bad("Field 'max_tokens' is required"),
+        },
+        Endpoint::Generate => {
+            Some(sampling_count(&obj, "max_new_tokens")?.unwrap_or(SGLANG_DEFAULT_MAX_NEW_TOKENS))
+        }
+        Endpoint::TokenGenerate => {
+            if !obj.get("sampling_params").is_some_and(Value::is_object) {
+                return bad("Field 'sampling_params' is required");
+            }
+            sampling_count(&obj, "max_tokens")?
+        }
     }
     .unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 {
@@ -170,6 +204,37 @@ fn optional_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, 
             Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
             None => bad(format!("'{key}' must be a non-negative integer, got {v}")),
         },
+    }
+}
+
+/// A count in `sampling_params` (SGLang's and vLLM's generate APIs).
+fn sampling_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, BadRequest> {
+    match obj.get("sampling_params") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(params)) => optional_count(params, key),
+        Some(_) => bad("'sampling_params' must be an object"),
+    }
+}
+
+/// SGLang's `text` or `input_ids`: one prompt or a batch.
+fn generate_prompts(obj: &Map<String, Value>) -> Result<Vec<Vec<u64>>, BadRequest> {
+    match (obj.get("text"), obj.get("input_ids")) {
+        (Some(Value::String(s)), None) => Ok(vec![tokenize(s)]),
+        (Some(Value::Array(texts)), None) => texts
+            .iter()
+            .map(|t| t.as_str().map(tokenize))
+            .collect::<Option<Vec<_>>>()
+            .map_or_else(|| bad("'text' must be a string or a list of strings"), Ok),
+        (None, Some(Value::Array(ids))) => match token_ids(ids) {
+            Some(ids) => Ok(vec![ids]),
+            None => ids
+                .iter()
+                .map(|one| one.as_array().and_then(|a| token_ids(a)))
+                .collect::<Option<Vec<_>>>()
+                .map_or_else(|| bad("'input_ids' must be token ids or lists of them"), Ok),
+        },
+        (Some(_), Some(_)) => bad("Either text or input_ids should be provided, not both"),
+        _ => bad("Either text or input_ids should be provided"),
     }
 }
 
