@@ -2,8 +2,9 @@
 //! conversation (`/v1/messages`, as vLLM serves it) stays on the pod that served its first turn,
 //! whose reported `cache_read_input_tokens` confirm the hit and which kvroute reads as it reads
 //! OpenAI's `cached_tokens`; the same conversation sent as chat finds the same prefix; another
-//! system prompt is not drawn to that pod; SGLang's `/generate` is routed by its text's prefix;
-//! a path under the configured `api_path_prefix` is routed like the plain one.
+//! system prompt is not drawn to that pod; SGLang's `/generate` is routed by its text's prefix,
+//! vLLM's `/inference/v1/generate` by its token ids'; a path under the configured
+//! `api_path_prefix` is routed like the plain one.
 
 mod common;
 
@@ -223,6 +224,38 @@ async fn sglang_generate_is_routed_by_its_texts_prefix() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.debug_field("matched_blocks").unwrap().starts_with("0/"));
     assert_ne!(r.debug_field("reason").as_deref(), Some("prefix"));
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_token_generate_is_routed_by_its_token_ids() {
+    let (sim, envoy) = stack(3, &[], json!({})).await;
+    let client = fresh_client();
+    let url = envoy.url("/inference/v1/generate");
+    let shared: Vec<u64> = (1000..1600).collect();
+    let request = |tail: &[u64]| {
+        let ids: Vec<u64> = shared.iter().chain(tail).copied().collect();
+        json!({"token_ids": ids, "sampling_params": {"max_tokens": 2}, "stream": false})
+    };
+    let first = post(&client, &url, &request(&[7, 8]), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.json()["choices"][0]["token_ids"], json!([0, 1]));
+    let holder = first.pod.clone().expect("pod");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = post(&client, &url, &request(&[9]), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.pod.as_deref(), Some(holder.as_str()));
+    assert_eq!(r.debug_field("reason").as_deref(), Some("prefix"));
+    let other: Vec<u64> = (5000..5600).collect();
+    let r = post(
+        &client,
+        &url,
+        &json!({"token_ids": other, "sampling_params": {"max_tokens": 2}}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.debug_field("matched_blocks").unwrap().starts_with("0/"));
     drop(sim);
 }
 
