@@ -174,7 +174,12 @@ fn main() {
     let whole = sample("vllm-chat");
     let prefill = sample("prefill-answer");
     for (name, body) in &requests {
-        let chat = u8::from(name.starts_with("chat") || name.starts_with("pd"));
+        // Flag bits 3 and 0 together read the body as an Anthropic Messages request.
+        let chat = if name.starts_with("messages") {
+            8 | 1
+        } else {
+            u8::from(name.starts_with("chat") || name.starts_with("pd"))
+        };
         for (flags, response, tag) in [
             (chat, &stream, "stream"),
             (chat | 4, &whole, "whole-2vm"),

@@ -129,7 +129,8 @@ fn route_some_prompt(router: &Router, config: &Config, now: u64) -> Decision {
     decision
 }
 
-/// `request_body`: flags byte (bit 0 chat, bit 1 inline P/D, bit 2 a second worker VM), the body,
+/// `request_body`: flags byte (bit 0 chat, bit 3 Responses, both Anthropic Messages; bit 1 inline
+/// P/D, bit 2 a second worker VM; the high four bits the parse budget), the body,
 /// `0xff`, what the pod answers (then optionally `0xfe`, the upstream address, a newline and the
 /// response details the proxy reports at the end).
 pub fn request_body(data: &[u8]) {
@@ -138,7 +139,8 @@ pub fn request_body(data: &[u8]) {
     };
     let (body, response) = split_ff(rest);
     let (endpoint, path) = match (flags & 8 == 8, flags & 1 == 1) {
-        (true, _) => (Endpoint::Responses, "/v1/responses"),
+        (true, true) => (Endpoint::Messages, "/v1/messages"),
+        (true, false) => (Endpoint::Responses, "/v1/responses"),
         (false, true) => (Endpoint::ChatCompletions, "/v1/chat/completions"),
         (false, false) => (Endpoint::Completions, "/v1/completions"),
     };
