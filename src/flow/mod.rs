@@ -423,7 +423,7 @@ impl RequestFlow {
                     }
                 }
                 self.endpoint = Some(endpoint);
-                self.path = path;
+                self.path = parse::without_prefix(&path, &vm.config.api_path_prefix).to_string();
                 self.debug_wanted = vm.config.debug_header
                     && vm.config.debug_trigger.as_ref().is_none_or(|trigger| {
                         trigger.admits(header(trigger.header.as_str()).as_deref())

@@ -95,11 +95,7 @@ impl Endpoint {
     /// configured `api_path_prefix`, `""` for none) where it starts with it.
     pub fn from_path(path: &str, prefix: &str) -> Option<Endpoint> {
         let path = path.split('?').next().unwrap_or(path);
-        let path = path.trim_end_matches('/');
-        let path = match path.strip_prefix(prefix) {
-            Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
-            _ => path,
-        };
+        let path = without_prefix(path.trim_end_matches('/'), prefix);
         match path {
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
@@ -121,6 +117,17 @@ impl Endpoint {
     /// token-in API makes it optional (the pod serves its one model).
     fn model_optional(self) -> bool {
         matches!(self, Endpoint::Generate | Endpoint::TokenGenerate)
+    }
+}
+
+/// `path` without `prefix` (the configured `api_path_prefix`) where it starts with it at a path
+/// segment's boundary; `path` itself otherwise. Pods serve the unprefixed paths (the route strips
+/// the prefix, or the server serves both, as vLLM's `--root-path` does), so kvroute's own calls
+/// to them use those.
+pub fn without_prefix<'p>(path: &'p str, prefix: &str) -> &'p str {
+    match path.strip_prefix(prefix) {
+        Some(rest) if !prefix.is_empty() && rest.starts_with('/') => rest,
+        _ => path,
     }
 }
 

@@ -1113,6 +1113,48 @@ fn responses_requests_are_routed_and_decoded_where_routed_in_inline_pd() {
 }
 
 #[test]
+fn under_a_path_prefix_the_inline_prefill_calls_the_plain_path_and_messages_are_not_split() {
+    let cfg = Config::parse(
+        format!(
+            r#"{{"pools":[{{"name":"p","role":"prefill","endpoints":["{}"]}},
+                         {{"name":"d","role":"decode","endpoints":["{}"]}}],
+                "pd":{{"mode":"inline"}},"api_path_prefix":"/openai"}}"#,
+            PODS[0], PODS[1]
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let long = "context ".repeat(3000);
+    let (_, outcome) = send_to(
+        &mut c,
+        "/openai/v1/chat/completions?x=1",
+        &chat_body("m", &long),
+    );
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let call = route.prefill_call.expect("an inline prefill");
+    assert_eq!(call.path, "/v1/chat/completions?x=1");
+    let messages = json!({"model": "m", "max_tokens": 4, "system": "other ".repeat(3000),
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (_, outcome) = send_to(
+        &mut c,
+        "/openai/v1/messages",
+        messages.to_string().as_bytes(),
+    );
+    let BodyOutcome::Route(route) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        route.prefill_call.is_none(),
+        "no inline split for /v1/messages"
+    );
+    assert_eq!(route.destinations.split(',').next(), Some(PODS[1]));
+}
+
+#[test]
 fn a_routed_request_counts_under_its_pods_pool_and_role_and_its_model_if_served() {
     let mut c = pd_cluster("sidecar");
     let long = "a long system prompt ".repeat(400);
