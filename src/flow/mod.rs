@@ -377,7 +377,10 @@ impl RequestFlow {
                 return HeadersOutcome::Reply(reply);
             }
         }
-        if let Some(id) = crate::stored_responses::id_in_path(&path) {
+        if let Some(id) = crate::stored_responses::id_in_path(parse::without_prefix(
+            &path,
+            &vm.config.api_path_prefix,
+        )) {
             // Retrieve, delete, input items (GET/DELETE) and cancel (POST): on the storing pod.
             let cancel = path
                 .split('?')

@@ -1402,3 +1402,17 @@ fn an_answer_the_server_does_not_store_is_not_remembered() {
         HeadersOutcome::Continue
     );
 }
+
+#[test]
+fn a_stored_response_is_found_under_the_api_path_prefix() {
+    let cfg = config(r#","api_path_prefix":"/openai""#);
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let (vm, host) = &mut c.vms[0];
+    assert!(crate::stored_responses::record(host, "resp_9", PODS[1]));
+    let h = headers(&[(":method", "GET"), (":path", "/openai/v1/responses/resp_9")]);
+    assert_eq!(
+        RequestFlow::new().on_request_headers(vm, host, &h, false),
+        HeadersOutcome::Route(PODS[1].to_string())
+    );
+}
