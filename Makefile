@@ -365,6 +365,17 @@ push: oci
 manifests: $(PYTOOLS_STAMP)
 	$(VENV)/bin/python tools/check_manifests.py --out dist/manifests
 
+# kvroute configurations checked by the plugin's own parser before they are deployed
+# (`make config-check FILES="my-envoy.yaml settings.yaml"`; JSON, Envoy bootstraps, manifests), and
+# the configuration's JSON Schema regenerated from the wire types into deploy/schemas/.
+.PHONY: config-check config-schema
+config-check:
+	$(CARGO) build --release -p wasm-tests --bin kvbench
+	target/release/kvbench config check $(or $(FILES),envoy/*.yaml deploy/kustomize/overlays/*/settings.yaml)
+config-schema:
+	$(CARGO) build --release -p wasm-tests --bin kvbench
+	target/release/kvbench config schema > deploy/schemas/kvroute-config.schema.json
+
 clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS) bench-out

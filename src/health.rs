@@ -154,6 +154,7 @@ impl Tally {
 /// `health` in the configuration: passive ejection's thresholds and the first-byte timeout (see
 /// the module header).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
     /// Streamed requests: how long Envoy waits for a pod to start answering before it retries on

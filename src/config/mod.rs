@@ -210,6 +210,20 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The JSON Schema (draft 2020-12) of the configuration, derived from the wire types with their
+/// serde attributes (unknown fields refused, defaults, enum spellings) and doc comments, so it
+/// cannot drift from what `Config::parse` reads. It checks shape only: the cross-field rules of
+/// `Config::compile` (a pool has members or a cluster, a prefill pool needs a decode pool, …) stay
+/// in the parser.
+#[cfg(feature = "schema")]
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(WireConfig).to_value();
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("title".into(), "kvroute configuration".into());
+    }
+    schema
+}
+
 fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::at(field, reason)
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 /// The role a pool plays in prefill/decode disaggregation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Prefill and decode on the same pod.
@@ -18,6 +19,7 @@ pub enum Role {
 
 /// How the prompt is cut into blocks for prefix matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BlockMode {
     /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.
@@ -29,6 +31,7 @@ pub enum BlockMode {
 
 /// What to do when a request is routable but no pod passes the filters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NoEndpointPolicy {
     /// Answer 503 with a JSON error body.
@@ -39,6 +42,7 @@ pub enum NoEndpointPolicy {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub name: String,
@@ -53,6 +57,7 @@ pub struct PoolConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct BlockConfig {
     pub mode: BlockMode,
@@ -77,6 +82,7 @@ impl Default for BlockConfig {
 /// not yet started) is this far above the shortest candidate queue is ranked behind the others
 /// (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold` shape).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct OverloadGuard {
     pub abs_gap: f64,
@@ -93,6 +99,7 @@ impl Default for OverloadGuard {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct WireConfig {
     pub pools: Vec<PoolConfig>,

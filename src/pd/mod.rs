@@ -34,6 +34,7 @@ use crate::scheduler::{Choice, Decision, Hints, Prediction};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PdMode {
     #[default]
@@ -42,6 +43,7 @@ pub enum PdMode {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct PdConfig {
     pub mode: PdMode,

@@ -44,6 +44,7 @@ const PRIOR_DECODING: f64 = 8.0;
 
 /// Coefficients of the TTFT model, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct Coefficients {
     /// Fixed time of a request's first step (scheduling, the step's base cost, the network).

@@ -128,6 +128,7 @@ pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f6
 /// `prediction` in the configuration: the prior every role's cost fit starts from and how close two
 /// predictions must be to count as a tie.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct PredictionConfig {
     pub prior: crate::scheduler::cost::Coefficients,

@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 /// `shedding` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct SheddingConfig {
     /// Request header carrying an integer priority; empty turns shedding off.

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 /// `session` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
     /// Request header carrying the session id; empty turns session affinity off.

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 /// `slo` in the configuration's wire form.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct SloConfig {
     /// Request header carrying the TTFT objective in milliseconds; empty turns it off.

@@ -61,6 +61,7 @@ pub fn replica_row(epoch: u64) -> u64 {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct PeersConfig {
     /// Every gateway replica's inference listener, `ip:port` (this one's own may be listed: it is

@@ -9,10 +9,11 @@
 //! through kvroute and through round-robin; `up` runs Envoy with kvroute in the foreground in front of
 //! given endpoints or simulated pods. One file per command's options and driver (`run_command`,
 //! `compare_command`, `compare_pd_command`, `overhead_command`; `local_commands` for `demo`, `up`
-//! and `soak`); this one dispatches.
+//! and `soak`; `config_command` for `config check` and `config schema`); this one dispatches.
 
 mod compare_command;
 mod compare_pd_command;
+mod config_command;
 mod local_commands;
 mod matrix_command;
 mod overhead_command;
@@ -59,6 +60,9 @@ enum Command {
     /// errors by cause, p99 drift and Envoy RSS over time (soak.csv, soak.png); fails if any
     /// request was lost.
     Soak(SoakArgs),
+    /// Check kvroute configurations with the plugin's own parser before deploying them
+    /// (`config check FILE...`), or print their JSON Schema (`config schema`).
+    Config(ConfigArgs),
 }
 
 fn split_args(s: &str) -> Vec<String> {
@@ -109,6 +113,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Compare(args) => compare_main(&args).await?,
+        Command::Config(args) => config_main(&args)?,
         Command::Matrix(args) => matrix_main(&args).await?,
         Command::ComparePd(args) => compare_pd_main(&args).await?,
         Command::Overhead(args) => overhead_main(&args).await?,
@@ -178,6 +183,7 @@ async fn interrupted() -> &'static str {
 
 pub(crate) use compare_command::*;
 pub(crate) use compare_pd_command::*;
+pub(crate) use config_command::*;
 pub(crate) use local_commands::*;
 pub(crate) use matrix_command::*;
 pub(crate) use overhead_command::*;
