@@ -341,20 +341,41 @@ bench-polling: build build-tools
 # dist/oci/kvroute-lite; each prints the manifest digest that Istio's `sha256` wants.
 OCI_DIR      ?= dist/oci/kvroute
 OCI_LITE_DIR ?= dist/oci/kvroute-lite
-OCI_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+# Every commit gets its own tag, the Cargo version plus the commit (and `-dirty` for uncommitted
+# changes), so a tag never names two different modules: istio-agent refuses a module whose digest
+# is not the configured `sha256`, and a tag re-pushed with new bytes breaks every gateway pinned
+# to the old digest.
+CARGO_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+GIT_REVISION  := $(shell git rev-parse HEAD 2>/dev/null)
+GIT_DIRTY     := $(if $(shell git status --porcelain --untracked-files=no 2>/dev/null),-dirty)
+OCI_TAG      ?= $(CARGO_VERSION)$(if $(GIT_REVISION),-$(shell git rev-parse --short HEAD))$(GIT_DIRTY)
+# org.opencontainers.image.source: where the image's source lives (OCI_SOURCE=… where the clone
+# has no origin remote; omitted when empty).
+OCI_SOURCE   ?= $(shell git config --get remote.origin.url 2>/dev/null)
+OCI_LICENSES := $(shell sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+OCI_LABELS    = --version '$(OCI_TAG)' --revision '$(GIT_REVISION)$(GIT_DIRTY)' --licenses '$(OCI_LICENSES)' --source '$(OCI_SOURCE)'
 
 oci: build
-	python3 tools/oci_image.py --wasm $(WASM) --out $(OCI_DIR) --tag $(OCI_TAG)
-	python3 tools/oci_image.py --wasm $(LITE_WASM) --out $(OCI_LITE_DIR) --tag $(OCI_TAG)
+	python3 tools/oci_image.py --wasm $(WASM) --out $(OCI_DIR) --tag $(OCI_TAG) $(OCI_LABELS)
+	python3 tools/oci_image.py --wasm $(LITE_WASM) --out $(OCI_LITE_DIR) --tag $(OCI_TAG) $(OCI_LABELS)
 
 # Both images to REGISTRY (host[:port][/path]) as kvroute:TAG and kvroute-lite:TAG with skopeo,
-# digests preserved: the digest printed is the one Istio's `sha256` wants.
+# digests preserved: the digest printed is the one Istio's `sha256` wants. A tag already there with
+# another digest is refused (the same bytes again are fine); a registry that cannot say whether the
+# tag exists stops the push rather than risk overwriting it.
 # TLS_VERIFY=false for a plain-HTTP registry (a local one).
 TAG ?= $(OCI_TAG)
 TLS_VERIFY ?= true
 push: oci
 	@test -n "$(REGISTRY)" || { echo "make push needs REGISTRY=host[:port][/path] (and TAG=, default $(OCI_TAG)), e.g. make push REGISTRY=ghcr.io/acme TAG=0.1.0" >&2; exit 2; }
 	@command -v skopeo >/dev/null || { echo "make push needs skopeo: apt-get install skopeo" >&2; exit 2; }
+	@for pair in kvroute:$(OCI_DIR) kvroute-lite:$(OCI_LITE_DIR); do image=$${pair%%:*}; layout=$${pair#*:}; \
+	  ours=$$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' $$layout/index.json); \
+	  if theirs=$$(skopeo inspect --tls-verify=$(TLS_VERIFY) --format '{{.Digest}}' docker://$(REGISTRY)/$$image:$(TAG) 2>/tmp/kvroute-push-$$$$.err); then \
+	    test "$$theirs" = "$$ours" || { echo "make push: $(REGISTRY)/$$image:$(TAG) exists with digest $$theirs, not $$ours: refusing to overwrite a tag with other bytes (push a new TAG)" >&2; exit 1; }; \
+	  elif ! grep -qiE 'manifest unknown|not found|name unknown' /tmp/kvroute-push-$$$$.err; then \
+	    echo "make push: cannot tell whether $(REGISTRY)/$$image:$(TAG) exists:" >&2; cat /tmp/kvroute-push-$$$$.err >&2; rm -f /tmp/kvroute-push-$$$$.err; exit 1; \
+	  fi; rm -f /tmp/kvroute-push-$$$$.err; done
 	skopeo copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(OCI_DIR) docker://$(REGISTRY)/kvroute:$(TAG)
 	skopeo copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(OCI_LITE_DIR) docker://$(REGISTRY)/kvroute-lite:$(TAG)
 	@for image in kvroute kvroute-lite; do \

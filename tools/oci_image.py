@@ -32,6 +32,8 @@ MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 # The file name Istio's image fetcher looks for in the layer (compat variant).
 MEMBER = "plugin.wasm"
+# The manifest annotations `make oci` sets from Cargo.toml and git (the OCI image-spec names).
+ANNOTATED = ("source", "version", "revision", "licenses")
 
 
 def canonical_json(value):
@@ -62,8 +64,10 @@ def gzip_bytes(data):
     return gzip.compress(data, compresslevel=9, mtime=0)
 
 
-def build(wasm, tag):
-    """Returns {digest: bytes} for every blob, the manifest descriptor and the index."""
+def build(wasm, tag, labels=None):
+    """Returns {digest: bytes} for every blob, the manifest descriptor and the index. `labels`:
+    more `org.opencontainers.image.*` manifest annotations (source, version, revision, licenses),
+    which registries and scanners show for the image."""
     tar = layer_tar(wasm)
     layer = gzip_bytes(tar)
     config = canonical_json(
@@ -80,7 +84,7 @@ def build(wasm, tag):
             "mediaType": MANIFEST_MEDIA_TYPE,
             "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": sha256(config), "size": len(config)},
             "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": sha256(layer), "size": len(layer)}],
-            "annotations": {"org.opencontainers.image.title": MEMBER},
+            "annotations": {"org.opencontainers.image.title": MEMBER, **(labels or {})},
         }
     )
     descriptor = {
@@ -119,12 +123,15 @@ def main():
     parser.add_argument("--wasm", required=True, help="the built plugin (kvroute.wasm)")
     parser.add_argument("--out", required=True, help="OCI layout directory to (re)create")
     parser.add_argument("--tag", default="latest", help="org.opencontainers.image.ref.name in index.json")
+    for name in ANNOTATED:
+        parser.add_argument(f"--{name}", help=f"org.opencontainers.image.{name} (omitted when empty)")
     args = parser.parse_args()
+    labels = {f"org.opencontainers.image.{n}": getattr(args, n) for n in ANNOTATED if getattr(args, n)}
     with open(args.wasm, "rb") as f:
         wasm = f.read()
     if wasm[:4] != b"\0asm":
         sys.exit(f"{args.wasm} is not a Wasm module")
-    blobs, descriptor, index = build(wasm, args.tag)
+    blobs, descriptor, index = build(wasm, args.tag, labels)
     write_layout(args.out, blobs, index)
     digest = descriptor["digest"]
     total = sum(len(b) for b in blobs.values())

@@ -276,6 +276,80 @@ async fn make_push_to_a_real_registry_and_fetch_back_as_istio_does() {
         .arg(format!("docker://{}/kvroute:t1", registry.addr)));
     assert_eq!(inspect.trim(), full_digest);
 
+    // The manifest says what it is: the version (Cargo's plus the commit), the commit, the licence.
+    let head = run(Command::new("git")
+        .current_dir(repo_root())
+        .args(["rev-parse", "HEAD"]))
+    .trim()
+    .to_owned();
+    let short =
+        run(Command::new("git")
+            .current_dir(repo_root())
+            .args(["rev-parse", "--short", "HEAD"]))
+        .trim()
+        .to_owned();
+    let manifest_blob = full_dir
+        .join("blobs/sha256")
+        .join(full_digest.trim_start_matches("sha256:"));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(manifest_blob).unwrap()).unwrap();
+    let labels = &manifest["annotations"];
+    let version = labels["org.opencontainers.image.version"].as_str().unwrap();
+    assert!(
+        version.starts_with(&format!("{}-{short}", env!("CARGO_PKG_VERSION"))),
+        "{labels}"
+    );
+    assert!(
+        labels["org.opencontainers.image.revision"]
+            .as_str()
+            .unwrap()
+            .starts_with(&head),
+        "{labels}"
+    );
+    assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
+
+    // The same bytes again under the same tag: accepted. Other bytes (here another source
+    // annotation, so another manifest): refused, naming the tag and both digests, and the
+    // registry still serves the first image.
+    let push_again = |source: &str| {
+        Command::new("make")
+            .current_dir(repo_root())
+            .arg("--no-print-directory")
+            .arg("push")
+            .arg(format!("REGISTRY={}", registry.addr))
+            .arg("TAG=t1")
+            .arg("TLS_VERIFY=false")
+            .arg(format!("OCI_SOURCE={source}"))
+            .arg(format!("OCI_DIR={}", full_dir.display()))
+            .arg(format!("OCI_LITE_DIR={}", lite_dir.display()))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let original_source = labels["org.opencontainers.image.source"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let same = push_again(&original_source);
+    assert!(
+        same.status.success(),
+        "{}",
+        String::from_utf8_lossy(&same.stderr)
+    );
+    let other = push_again("https://example.invalid/another-kvroute");
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "a tag was overwritten:\n{err}");
+    assert!(
+        err.contains(&format!(
+            "{}/kvroute:t1 exists with digest {full_digest}",
+            registry.addr
+        )) && err.contains("refusing to overwrite"),
+        "{err}"
+    );
+    let inspect = run(Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
+        .arg(format!("docker://{}/kvroute:t1", registry.addr)));
+    assert_eq!(inspect.trim(), full_digest);
+
     // Without REGISTRY, `make push` says what it needs.
     let out = Command::new("make")
         .current_dir(repo_root())
