@@ -382,9 +382,12 @@ push: oci
 	  echo "pushed $(REGISTRY)/$$image:$(TAG) $$(skopeo inspect --tls-verify=$(TLS_VERIFY) --format '{{.Digest}}' docker://$(REGISTRY)/$$image:$(TAG))"; done
 
 # Every kustomize overlay of deploy/kustomize rendered into dist/manifests/<overlay>.yaml, each
-# document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py).
+# document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py), and the
+# kvroute configuration in each by the plugin's own parser (kvbench config check).
 manifests: $(PYTOOLS_STAMP)
 	$(VENV)/bin/python tools/check_manifests.py --out dist/manifests
+	$(CARGO) build --release -p wasm-tests --bin kvbench
+	target/release/kvbench config check dist/manifests/*.yaml
 
 # kvroute configurations checked by the plugin's own parser before they are deployed
 # (`make config-check FILES="my-envoy.yaml settings.yaml"`; JSON, Envoy bootstraps, manifests), and
