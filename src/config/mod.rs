@@ -224,6 +224,35 @@ pub fn json_schema() -> serde_json::Value {
     schema
 }
 
+/// By hand: `debug_header` is read by a hand-written deserializer (true/false or an object), which
+/// no derive can describe. Mirrors `debug::TriggerWire`'s fields; a field added there and used in
+/// a shipped configuration fails the schema test (wasm-tests/tests/config_check.rs).
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for debug::DebugHeaderWire {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DebugHeader".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "`x-kvroute-debug` on every response (`true`; only for a gateway no untrusted client reaches), on none (`false`), or only on requests carrying `trigger_header` with the token (`token`, or `token_env`: the Wasm VM's environment variable holding it).",
+            "default": false,
+            "anyOf": [
+                {"type": "boolean"},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "trigger_header": {"type": "string", "default": debug::DEFAULT_TRIGGER_HEADER},
+                        "token": {"type": ["string", "null"]},
+                        "token_env": {"type": ["string", "null"]}
+                    }
+                }
+            ]
+        })
+    }
+}
+
 fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::at(field, reason)
 }

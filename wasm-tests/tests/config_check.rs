@@ -261,21 +261,37 @@ fn the_schema_accepts_every_shipped_configuration_and_refuses_a_misspelt_one() {
         configs.extend(embedded(&repo_root().join(file)));
     }
     assert!(configs.len() >= 10, "{configs:?}");
+    // Shapes no shipped configuration uses, where the schema is written by hand (debug_header).
+    for accepted in [
+        r#"{"debug_header": true}"#,
+        r#"{"debug_header": {"trigger_header": "x-dbg", "token": "0123456789abcdef0123"}}"#,
+    ] {
+        kvroute::config::Config::parse(accepted.as_bytes()).expect(accepted);
+        configs.push(accepted.to_owned());
+    }
     let verdicts = schema_verdicts(&configs);
     assert_eq!(verdicts.len(), configs.len());
     for (config, verdict) in configs.iter().zip(&verdicts) {
         assert_eq!(verdict, "ok", "{config}");
     }
-    let misspelt = vec![
+    let mut misspelt = vec![
         r#"{"pools": [{"name": "a", "endpoints": ["10.0.0.1:8000"]}], "block": {"tokens_per_blok": 8}}"#.to_owned(),
         r#"{"pools": [{"name": "a", "role": "prefil", "endpoints": ["10.0.0.1:8000"]}]}"#.to_owned(),
     ];
+    misspelt.push(r#"{"debug_header": {"tokn": "0123456789abcdef0123"}}"#.to_owned());
+    for config in &misspelt {
+        assert!(
+            kvroute::config::Config::parse(config.as_bytes()).is_err(),
+            "{config}"
+        );
+    }
     let verdicts = schema_verdicts(&misspelt);
     assert!(
         verdicts[0].starts_with("block: ") && verdicts[0].contains("'tokens_per_blok'"),
         "{verdicts:?}"
     );
     assert!(verdicts[1].starts_with("pools/0/role: "), "{verdicts:?}");
+    assert!(verdicts[2].starts_with("debug_header: "), "{verdicts:?}");
 }
 
 /// kvroute's dependencies and features as `cargo metadata` reads them from a package's manifest.
