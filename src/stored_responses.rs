@@ -26,6 +26,7 @@
 //! (8,192) newer stored responses. At most ~0.5 MB per Envoy. Gateway replicas do not share it: a
 //! follow-up that reaches another replica falls back (3.).
 
+use crate::flow::usage::skip_spaces;
 use crate::port::Host;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -159,11 +160,6 @@ pub fn first_id(bytes: &[u8]) -> Option<&str> {
         return None;
     }
     std::str::from_utf8(id).ok()
-}
-
-fn skip_spaces(bytes: &[u8]) -> &[u8] {
-    let n = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
-    bytes.get(n..).unwrap_or_default()
 }
 
 /// A pod address's key in `scheduler::Hints::stored_at` (a hash keeps the hints `Copy`).

@@ -26,17 +26,27 @@ pub(super) fn chat_body(model: &str, system: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Headers then body through one flow on VM `i`.
+/// Headers (the chat path's, and `extra`) then body through one flow on VM `i`.
 pub(super) fn send(
     c: &mut Cluster,
     i: usize,
     extra: &[(&str, &str)],
     body: &[u8],
 ) -> (RequestFlow, BodyOutcome) {
+    let all: Vec<(&str, &str)> = CHAT.iter().chain(extra).copied().collect();
+    send_headers(c, i, &all, body)
+}
+
+/// `request_headers` then body through one flow on VM `i`.
+fn send_headers(
+    c: &mut Cluster,
+    i: usize,
+    request_headers: &[(&str, &str)],
+    body: &[u8],
+) -> (RequestFlow, BodyOutcome) {
     let (vm, host) = &mut c.vms[i];
     let mut flow = RequestFlow::new();
-    let all: Vec<(&str, &str)> = CHAT.iter().chain(extra).copied().collect();
-    let h = headers(&all);
+    let h = headers(request_headers);
     assert_eq!(
         flow.on_request_headers(vm, host, &h, false),
         HeadersOutcome::WaitForBody
@@ -1321,15 +1331,7 @@ fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
 
 /// Headers then body for `path` on VM `i`.
 fn post_on(c: &mut Cluster, i: usize, path: &str, body: &[u8]) -> (RequestFlow, BodyOutcome) {
-    let (vm, host) = &mut c.vms[i];
-    let mut flow = RequestFlow::new();
-    let h = headers(&[(":method", "POST"), (":path", path)]);
-    assert_eq!(
-        flow.on_request_headers(vm, host, &h, false),
-        HeadersOutcome::WaitForBody
-    );
-    let outcome = flow.on_request_body(vm, host, Some(body));
-    (flow, outcome)
+    send_headers(c, i, &[(":method", "POST"), (":path", path)], body)
 }
 
 #[test]

@@ -56,7 +56,8 @@ fn number_after(bytes: &[u8], key: &[u8]) -> Option<u64> {
     std::str::from_utf8(rest.get(..digits)?).ok()?.parse().ok()
 }
 
-fn skip_spaces(bytes: &[u8]) -> &[u8] {
+/// `bytes` after its leading ASCII whitespace (also for `crate::stored_responses`' id scan).
+pub(crate) fn skip_spaces(bytes: &[u8]) -> &[u8] {
     let n = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
     bytes.get(n..).unwrap_or_default()
 }

@@ -160,13 +160,13 @@ pub fn message(id: &str, text: Option<&str>) -> Value {
     })
 }
 
-/// One server-sent event of a streamed response.
+/// One server-sent event of a streamed response: Anthropic's event shape (`event:` line, `type`
+/// in the data) plus the Responses API's `sequence_number`.
 pub fn event(kind: &str, sequence: usize, mut data: Value) -> bytes::Bytes {
     if let Some(obj) = data.as_object_mut() {
-        obj.insert("type".into(), json!(kind));
         obj.insert("sequence_number".into(), json!(sequence));
     }
-    bytes::Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+    super::anthropic::event(kind, data)
 }
 
 #[cfg(test)]
