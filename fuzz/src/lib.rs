@@ -743,10 +743,8 @@ pub fn inline_prefill(data: &[u8]) {
 pub fn usage(data: &[u8]) {
     let (report, peak) = peak_during(|| kvroute::flow::usage::cache_report(data));
     assert_eq!(peak, 0, "scanning a response chunk allocates");
-    let Some((cached, prompt)) = report else {
-        return;
-    };
-    // The number after the last `key` and its colon (and spaces), if it is a plain integer.
+    // The number after the last `key` and its colon (and spaces), if it is a plain integer that
+    // does not run to the end of the chunk (its rest may come in the next one).
     let after = |key: &[u8]| -> Option<u64> {
         let at = data.windows(key.len()).rposition(|w| w == key)?;
         let rest = &data[at + key.len()..];
@@ -759,14 +757,26 @@ pub fn usage(data: &[u8]) {
             .take_while(|c| c.is_ascii_digit())
             .map(|c| char::from(*c))
             .collect();
+        if digits.len() == rest.len() {
+            return None;
+        }
         digits.parse::<u64>().ok()
     };
-    assert_eq!(after(b"\"cached_tokens\""), Some(cached));
-    // Chat and completions name it `prompt_tokens`, the Responses API `input_tokens`.
-    assert_eq!(
-        after(b"\"prompt_tokens\"").or_else(|| after(b"\"input_tokens\"")),
-        Some(prompt)
-    );
+    let expected = match after(b"\"cached_tokens\"") {
+        // Chat and completions name the prompt `prompt_tokens`, the Responses API `input_tokens`.
+        Some(cached) => after(b"\"prompt_tokens\"")
+            .or_else(|| after(b"\"input_tokens\""))
+            .map(|prompt| (cached, prompt)),
+        // Anthropic's: `input_tokens` counts only what was neither read from nor written to the
+        // cache.
+        None => (|| {
+            let read = after(b"\"cache_read_input_tokens\"")?;
+            let uncached = after(b"\"input_tokens\"")?;
+            let written = after(b"\"cache_creation_input_tokens\"").unwrap_or(0);
+            Some((read, uncached.checked_add(read)?.checked_add(written)?))
+        })(),
+    };
+    assert_eq!(report, expected);
 }
 
 /// A target's checks, given one input.
