@@ -34,15 +34,18 @@
 //!   burst beyond it waits for decodes to finish, which no prefill term shows, and those requests
 //!   pile up unstarted. Measured in the real-Envoy test
 //!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
-//!   A pod whose queued prefill work is at least what the request would recompute elsewhere (the
-//!   tokens of the prompt it holds) is not guarded: that queue is work the prediction sees, and
-//!   the pool cost already prices waiting behind it against moving (the guard is for a queue the
-//!   prediction cannot see, whose requests carry little prefill). Guarded by count alone, a holder
+//!   The guard counts only the queued requests the prediction does not price: a holder's queued
+//!   prefill tokens, in units of what the request would recompute elsewhere (the tokens of the
+//!   prompt it holds), are subtracted from its queue, because the pool cost already weighs
+//!   waiting behind that work against moving. Guarded by count alone, a holder
 //!   whose queue filled with a cold start's whole-prompt prefills was ranked last and its
 //!   tenants moved to pods without their prompts, each move another whole prefill
 //!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
 //!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
-//!   a holder predicted sooner than the pod chosen; README "A matrix of workloads").
+//!   a holder predicted sooner than the pod chosen; README "A matrix of workloads"). Exempting
+//!   such a holder outright (queued prefill ≥ held tokens, as this did for a while) let a hot
+//!   prefix's second home, whose queue held its own two recomputes of the prompt and twenty
+//!   requests waiting for one of four running slots, take 23 of the test's 32 requests.
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
@@ -125,8 +128,13 @@ pub fn overloaded(
     let guard = &config.overload_guard;
     let queue = pod.queue();
     let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
-    let queue_is_prefill_work = held_tokens > 0.0 && pod.queued_tokens >= held_tokens;
-    queue - min_queue > guard.abs_gap && queue > guard.rel_gap * min_queue && !queue_is_prefill_work
+    let priced = if held_tokens > 0.0 {
+        (pod.queued_tokens / held_tokens).clamp(0.0, queue)
+    } else {
+        0.0
+    };
+    let unpriced = queue - priced;
+    unpriced - min_queue > guard.abs_gap && unpriced > guard.rel_gap * min_queue
 }
 
 /// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's

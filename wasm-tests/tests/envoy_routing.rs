@@ -156,9 +156,12 @@ async fn a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod() {
         *per_pod.entry(r.pod.clone().unwrap()).or_default() += 1;
     }
     let on_holder = per_pod.get(&holder).copied().unwrap_or(0);
-    assert!(per_pod.len() >= 3, "the burst spread: {per_pod:?}");
-    assert!(on_holder >= 4, "the holder kept its share: {per_pod:?}");
-    assert!(on_holder <= 16, "the holder was not buried: {per_pod:?}");
+    // On failure the decisions say why (reason, queue, predictions per pod).
+    let decisions: Vec<&str> = replies.iter().filter_map(|r| r.debug.as_deref()).collect();
+    let why = format!("holder {holder}: {per_pod:?}\n{}", decisions.join("\n"));
+    assert!(per_pod.len() >= 3, "the burst spread: {why}");
+    assert!(on_holder >= 4, "the holder kept its share: {why}");
+    assert!(on_holder <= 16, "the holder was not buried: {why}");
     drop(sim);
 }
 
