@@ -43,7 +43,7 @@
 //! at once (rounded down): a fault that hits every pod alike (a bad model version, a poison
 //! prompt) must not empty the pool of pods that still serve most requests.
 
-use crate::config::Role;
+use crate::common::Role;
 use crate::state::load::PodLoad;
 use hashbrown::HashMap;
 use serde::Deserialize;
@@ -193,9 +193,9 @@ impl Default for HealthConfig {
 }
 
 impl HealthConfig {
-    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self) -> Result<(), crate::common::ConfigError> {
         let field = |name: &str, reason: &str| {
-            Err(crate::config::ConfigError::at(
+            Err(crate::common::ConfigError::at(
                 format!("health.{name}"),
                 reason,
             ))

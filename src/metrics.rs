@@ -24,7 +24,7 @@
 //! counters; gauges are set by the leader alone. Recording goes through the host port
 //! (`crate::port::Host`).
 
-use crate::config::Role;
+use crate::common::Role;
 
 /// Every label a kvroute series can carry: the tag names a proxy's stats configuration extracts.
 pub const LABELS: [&str; 6] = [POOL, ROLE, MODEL, REASON, POD, VERSION];

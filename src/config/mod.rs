@@ -7,13 +7,17 @@
 //! Each component checks its own section (`crate::pd`, `crate::health`, `crate::scheduler::*`).
 
 pub mod debug;
-mod header_name;
 pub mod wire;
 
-pub use header_name::HeaderName;
-pub use wire::{BlockMode, NoEndpointPolicy, OverloadGuard, Role};
+pub use crate::common::{
+    is_host_port, same_secret, BlockMode, BlockScheme, Blocking, ConfigError,
+    HeaderName, NoEndpointPolicy, OverloadGuard, Role, Secret, MAX_PODS,
+};
+#[cfg(feature = "tiktoken")]
+pub use crate::common::Encoding;
 
-use std::fmt;
+pub(crate) use crate::common::at_least;
+use crate::common::err;
 use wire::WireConfig;
 
 /// A pool as routing sees it.
@@ -30,42 +34,6 @@ pub enum Members {
     Static(Vec<String>),
     /// An Envoy cluster whose members are read from the admin API.
     Cluster(String),
-}
-
-/// How prompts are cut into blocks.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Blocking {
-    pub tokens_per_block: u32,
-    /// Bytes per token, for chars-mode blocks and for estimating a prompt's tokens.
-    pub chars_per_token: u32,
-    pub scheme: BlockScheme,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockScheme {
-    /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.
-    Chars,
-    /// Blocks of `tokens_per_block` real tokens (only in a build with the tiktoken tables).
-    #[cfg(feature = "tiktoken")]
-    Tiktoken(Encoding),
-}
-
-/// The tiktoken encodings kvroute carries.
-#[cfg(feature = "tiktoken")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    Cl100kBase,
-    O200kBase,
-}
-
-#[cfg(feature = "tiktoken")]
-impl Encoding {
-    pub fn name(self) -> &'static str {
-        match self {
-            Encoding::Cl100kBase => "cl100k_base",
-            Encoding::O200kBase => "o200k_base",
-        }
-    }
 }
 
 /// The runtime configuration (see the module header); fields without a comment mean what their
@@ -113,42 +81,6 @@ pub struct Config {
     pub health: crate::health::HealthConfig,
 }
 
-/// A credential: compared and cloned like a string, never printed (a configuration logged with
-/// `{:?}` shows `Secret(…)`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether `candidate` is this secret, in a time that depends on the lengths only: a client
-    /// timing its guesses learns nothing of how many leading bytes it got right.
-    pub fn matches(&self, candidate: &str) -> bool {
-        same_secret(&self.0, candidate)
-    }
-}
-
-/// Whether `candidate` equals `secret`, in a time that depends on the lengths only (see
-/// [`Secret::matches`]); for tokens kept as plain strings (the replicas' `peers.token`).
-pub fn same_secret(secret: &str, candidate: &str) -> bool {
-    let (secret, candidate) = (secret.as_bytes(), candidate.as_bytes());
-    let mut difference = secret.len() ^ candidate.len();
-    for i in 0..secret.len().max(candidate.len()) {
-        let a = secret.get(i).copied().unwrap_or(0);
-        let b = candidate.get(i).copied().unwrap_or(0);
-        difference |= usize::from(a ^ b);
-    }
-    std::hint::black_box(difference) == 0
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
-
 /// `Bearer <key>` from `pod_api_key`, or from the VM's environment variable `pod_api_key_env`.
 fn compile_pod_authorization(w: &wire::WireConfig) -> Result<Option<Secret>, ConfigError> {
     let key = match (&w.pod_api_key, &w.pod_api_key_env) {
@@ -176,38 +108,6 @@ fn compile_pod_authorization(w: &wire::WireConfig) -> Result<Option<Secret>, Con
         ));
     }
     Ok(Some(Secret(format!("Bearer {key}"))))
-}
-
-/// The pod-count ceiling of one kvroute instance (all pools together). The prefix index keeps one
-/// 64-bit mask per block and group of 64 pods that hold it, so this bounds the groups a lookup
-/// walks; the leader polls every pod each interval, and `examples/scale_cost.rs` measures what
-/// 8, 64 and 512 pods cost per tick and per request.
-pub const MAX_PODS: usize = 1024;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub field: String,
-    pub reason: String,
-}
-
-impl ConfigError {
-    /// The value at `field` (its path, e.g. `pools[0].name`) is wrong because of `reason`.
-    pub fn at(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid kvroute configuration: field `{}`: {}",
-            self.field, self.reason
-        )
-    }
 }
 
 /// The JSON Schema (draft 2020-12) of the configuration, derived from the wire types with their
@@ -253,20 +153,20 @@ impl schemars::JsonSchema for debug::DebugHeaderWire {
     }
 }
 
-fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::at(field, reason)
-}
-
-/// A number that must be finite and at least `min`.
-pub(crate) fn at_least(field: &str, value: f64, min: f64) -> Result<(), ConfigError> {
-    if value.is_finite() && value >= min {
-        Ok(())
-    } else {
-        Err(err(field, format!("must be a finite number ≥ {min}")))
-    }
-}
 
 impl Config {
+    /// The sections the selection reads (`crate::scheduler::decide`).
+    pub fn selection(&self) -> crate::scheduler::SelectionConfig<'_> {
+        crate::scheduler::SelectionConfig {
+            shedding: &self.shedding,
+            overload_guard: &self.overload_guard,
+            tie_band: self.prediction.tie_band,
+            rendezvous_load_slack: self.rendezvous_load_slack,
+            session_max_slowdown: self.session.max_slowdown,
+            max_endpoints_in_header: self.max_endpoints_in_header,
+        }
+    }
+
     /// Parses the wire form and compiles it; an empty configuration means "all defaults, no pools"
     /// (pass-through).
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -505,18 +405,6 @@ fn compile_blocking(b: &wire::BlockConfig) -> Result<Blocking, ConfigError> {
     })
 }
 
-/// `ip:port` with a numeric port; the host part must not be empty.
-pub fn is_host_port(s: &str) -> bool {
-    match s.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty()
-                && !host.contains(',')
-                && !host.contains(char::is_whitespace)
-                && port.parse::<u16>().map(|p| p > 0).unwrap_or(false)
-        }
-        None => false,
-    }
-}
 
 /// serde_json says e.g. "unknown field `pols`, expected one of …": pull out the field's name.
 fn field_from_serde(message: &str) -> String {

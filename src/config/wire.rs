@@ -5,41 +5,7 @@
 
 use serde::Deserialize;
 
-/// The role a pool plays in prefill/decode disaggregation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Prefill and decode on the same pod.
-    #[default]
-    Aggregated,
-    Prefill,
-    Decode,
-}
-
-/// How the prompt is cut into blocks for prefix matching.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum BlockMode {
-    /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.
-    #[default]
-    Chars,
-    /// Blocks of `tokens_per_block` real tokens from a tiktoken encoding (opt-in: ~16 MiB per VM).
-    Tiktoken,
-}
-
-/// What to do when a request is routable but no pod passes the filters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum NoEndpointPolicy {
-    /// Answer 503 with a JSON error body.
-    #[default]
-    Reject,
-    /// Let the cluster's own load balancer choose.
-    Passthrough,
-}
+pub use crate::common::{BlockMode, NoEndpointPolicy, OverloadGuard, Role};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -74,26 +40,6 @@ impl Default for BlockConfig {
             tokens_per_block: 16,
             chars_per_token: 4,
             encoding: "cl100k_base".to_string(),
-        }
-    }
-}
-
-/// The overload guard of the picker (see `crate::scheduler` picker): a pod whose queue (requests
-/// not yet started) is this far above the shortest candidate queue is ranked behind the others
-/// (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold` shape).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields, default)]
-pub struct OverloadGuard {
-    pub abs_gap: f64,
-    pub rel_gap: f64,
-}
-
-impl Default for OverloadGuard {
-    fn default() -> Self {
-        OverloadGuard {
-            abs_gap: 8.0,
-            rel_gap: 1.5,
         }
     }
 }

@@ -36,7 +36,7 @@ pub mod parse;
 mod tests;
 pub mod usage;
 
-use crate::config::{HeaderName, NoEndpointPolicy, Role};
+use crate::common::{HeaderName, NoEndpointPolicy, Role};
 use crate::headers::DEBUG;
 use crate::health::{RequestEnd, Verdict};
 use crate::metrics::{self, Counter, Histogram};

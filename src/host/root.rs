@@ -3,7 +3,7 @@
 
 use super::filter::Filter;
 use super::ProxyHost;
-use crate::config::BlockScheme;
+use crate::common::BlockScheme;
 use crate::config::Config;
 use crate::metrics::{self, Gauge};
 use crate::port::Host;

@@ -28,8 +28,6 @@
 
 pub mod inline;
 
-use crate::config::{Config, Role};
-use crate::router::{Blocks, Router};
 use crate::scheduler::{Choice, Decision, Hints, Prediction};
 use serde::Deserialize;
 
@@ -74,16 +72,16 @@ impl Default for PdConfig {
 }
 
 impl PdConfig {
-    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self) -> Result<(), crate::common::ConfigError> {
         if self.prefill_timeout_ms == 0 {
-            return Err(crate::config::ConfigError::at(
+            return Err(crate::common::ConfigError::at(
                 "pd.prefill_timeout_ms",
                 "must be positive",
             ));
         }
-        crate::config::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)?;
+        crate::common::at_least("pd.split_overhead_ms", self.split_overhead_ms, 0.0)?;
         for (i, name) in self.forward_headers.iter().enumerate() {
-            crate::config::HeaderName::parse(&format!("pd.forward_headers[{i}]"), name)?;
+            crate::common::HeaderName::parse(&format!("pd.forward_headers[{i}]"), name)?;
         }
         Ok(())
     }
@@ -98,20 +96,6 @@ impl PdConfig {
                 .collect(),
             ..self.clone()
         }
-    }
-}
-
-/// Mean load per pod of a role among the given (role, load) pairs; 0 when the role has no pods.
-pub fn mean_load(pods: &[(Role, f64)], role: Role) -> f64 {
-    let loads: Vec<f64> = pods
-        .iter()
-        .filter(|(r, _)| *r == role)
-        .map(|(_, l)| *l)
-        .collect();
-    if loads.is_empty() {
-        0.0
-    } else {
-        loads.iter().sum::<f64>() / loads.len() as f64
     }
 }
 
@@ -146,39 +130,35 @@ pub struct PdPlan {
     pub prefill_predictions: Vec<(String, Prediction)>,
 }
 
-/// Whether and where to prefill a request whose decode pod is `decode` (see the module header).
-pub fn plan_split(
-    router: &Router,
-    config: &Config,
-    model: &str,
-    blocks: &Blocks,
-    hints: Hints,
-    now_ms: u64,
-    decode: &Choice,
-) -> PdPlan {
-    let local = &decode.prediction;
-    let cost = router.cost_of(config, &decode.addr);
-    let prefill_ms = cost.us_per_token * local.uncached_tokens / 1e3;
-    let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
-    // The decode pod already admitted the request: the prefill step is never shed, and a
-    // session pins its decode pod, not its prefill pod.
-    let prefill_hints = Hints {
+/// The hints the prefill step is ranked with: the decode pod already admitted the request, so
+/// the prefill step is never shed, and a session pins its decode pod, not its prefill pod.
+pub fn prefill_hints(hints: Hints) -> Hints {
+    Hints {
         priority: 0,
         session: None,
         stored_at: None,
         ..hints
-    };
+    }
+}
+
+/// Whether and where to prefill a request whose decode pod is `decode` (see the module header),
+/// given the prefill pods' ranking (`Router::route` over the prefill role with
+/// [`prefill_hints`]) and the decode pod's learned cost per uncached token. Pure: both rankings
+/// come in, the plan goes out. `keep_predictions` keeps every prefill candidate's prediction
+/// for the debug line.
+pub fn plan_split(
+    decode: &Choice,
+    decode_us_per_token: f64,
+    prefill_ranking: Decision,
+    keep_predictions: bool,
+) -> PdPlan {
+    let local = &decode.prediction;
+    let prefill_ms = decode_us_per_token * local.uncached_tokens / 1e3;
+    let local_cost = local_cost_ms(local.ttft_ms, prefill_ms, local.decoding);
     let mut prefill_predictions = Vec::new();
-    let prefill = match router.route(
-        config,
-        model,
-        &[Role::Prefill],
-        blocks,
-        prefill_hints,
-        now_ms,
-    ) {
+    let prefill = match prefill_ranking {
         Decision::Route { ranked, .. } => {
-            if config.debug_header {
+            if keep_predictions {
                 prefill_predictions = ranked
                     .iter()
                     .map(|c| (c.addr.clone(), c.prediction))
@@ -221,12 +201,5 @@ mod tests {
     fn local_cost_counts_every_stalled_stream_and_at_least_one() {
         assert_eq!(local_cost_ms(100.0, 80.0, 0.0), 180.0);
         assert_eq!(local_cost_ms(100.0, 80.0, 10.0), 900.0);
-        let pods = [
-            (Role::Prefill, 4.0),
-            (Role::Prefill, 2.0),
-            (Role::Decode, 1.0),
-        ];
-        assert_eq!(mean_load(&pods, Role::Prefill), 3.0);
-        assert_eq!(mean_load(&pods, Role::Aggregated), 0.0);
     }
 }

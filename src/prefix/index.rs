@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 pub type PodMask = u64;
 /// Slots per mask.
 const GROUP: usize = 64;
-pub const MAX_SLOTS: usize = crate::config::MAX_PODS;
+pub const MAX_SLOTS: usize = crate::common::MAX_PODS;
 
 /// A block as held by one group of slots.
 type HolderKey = (u64, u16);

@@ -4,7 +4,7 @@
 
 use super::Router;
 #[cfg(feature = "tiktoken")]
-use crate::config::BlockScheme;
+use crate::common::BlockScheme;
 use crate::config::Config;
 use crate::flow::parse::RequestView;
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};

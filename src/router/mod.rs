@@ -263,7 +263,7 @@ impl Router {
             })
             .collect();
         let decision = decide(
-            config,
+            &config.selection(),
             &pods,
             &RouteRequest {
                 model,
@@ -314,7 +314,21 @@ impl Router {
                 observer_suspect,
             };
         };
-        let pd = crate::pd::plan_split(self, config, model, blocks, hints, now_ms, decode);
+        let prefill_ranking = self.route(
+            config,
+            model,
+            &[Role::Prefill],
+            blocks,
+            crate::pd::prefill_hints(hints),
+            now_ms,
+        );
+        let decode_cost = self.cost_of(config, &decode.addr);
+        let pd = crate::pd::plan_split(
+            decode,
+            decode_cost.us_per_token,
+            prefill_ranking,
+            config.debug_header,
+        );
         Plan {
             pd: Some(pd),
             decision,

@@ -1,7 +1,7 @@
 use super::work::MAX_PENDING;
 use super::*;
 #[cfg(feature = "tiktoken")]
-use crate::config::BlockScheme;
+use crate::common::BlockScheme;
 use crate::flow::parse::RequestView;
 use crate::flow::parse::{parse, Endpoint};
 use crate::scheduler::Decision;
@@ -589,7 +589,7 @@ impl Tokenizer for Words {
 #[cfg(feature = "tiktoken")]
 fn tiktoken_mode_uses_the_tokenizer() {
     let mut cfg = Config::default();
-    cfg.block.scheme = BlockScheme::Tiktoken(crate::config::Encoding::Cl100kBase);
+    cfg.block.scheme = BlockScheme::Tiktoken(crate::common::Encoding::Cl100kBase);
     let v = chat(&"word ".repeat(64), "q");
     let b = Router::blocks(&cfg, &v, Some(&Words));
     assert_eq!(b.prompt_tokens, 65);

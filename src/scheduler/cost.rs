@@ -70,21 +70,21 @@ impl Default for Coefficients {
 }
 
 impl Coefficients {
-    pub fn validate(&self, field: &str) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self, field: &str) -> Result<(), crate::common::ConfigError> {
         for (name, v) in [
             ("overhead_ms", self.overhead_ms),
             ("us_per_token", self.us_per_token),
             ("us_per_decoding", self.us_per_decoding),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(crate::config::ConfigError::at(
+                return Err(crate::common::ConfigError::at(
                     format!("{field}.{name}"),
                     "must be a finite number ≥ 0",
                 ));
             }
         }
         if self.us_per_token <= 0.0 {
-            return Err(crate::config::ConfigError::at(
+            return Err(crate::common::ConfigError::at(
                 format!("{field}.us_per_token"),
                 "must be positive: prefill is never free",
             ));
@@ -152,10 +152,10 @@ impl Default for CostConfig {
 }
 
 impl CostConfig {
-    pub fn validate(&self, field: &str) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self, field: &str) -> Result<(), crate::common::ConfigError> {
         self.prior.validate(&format!("{field}.prior"))?;
         if !(self.prior_samples.is_finite() && self.prior_samples > 0.0) {
-            return Err(crate::config::ConfigError::at(
+            return Err(crate::common::ConfigError::at(
                 format!("{field}.prior_samples"),
                 "must be a positive number",
             ));

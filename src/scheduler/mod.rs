@@ -28,7 +28,7 @@ pub use filters::{filter, Rejection};
 pub use picker::{rendezvous_rank, Choice, Decision, RouteReason};
 pub use predict::Prediction;
 
-use crate::config::{Config, Role};
+use crate::common::{OverloadGuard, Role};
 use crate::scheduler::cost::Coefficients;
 
 /// What the scheduler knows about one pod at decision time.
@@ -119,8 +119,25 @@ pub struct Hints {
     pub stored_at: Option<u64>,
 }
 
+/// What the selection reads of the configuration; `crate::config::Config::selection` assembles
+/// it from the configuration's sections.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectionConfig<'a> {
+    pub shedding: &'a saturation::Shedding,
+    pub overload_guard: &'a OverloadGuard,
+    /// `prediction.tie_band`: pods within this share of the best cost are tied.
+    pub tie_band: f64,
+    pub rendezvous_load_slack: f64,
+    /// `session.max_slowdown`.
+    pub session_max_slowdown: f64,
+    pub max_endpoints_in_header: usize,
+}
+
 /// Runs filters → (shedding) → predictor → picker.
-pub fn decide(config: &Config, pods: &[PodView<'_>], request: &RouteRequest<'_>) -> Decision {
+pub fn decide(
+    config: &SelectionConfig<'_>,     pods: &[PodView<'_>],
+    request: &RouteRequest<'_>,
+) -> Decision {
     let candidates = match filter(pods, request) {
         Ok(c) => c,
         Err(rejection) => return Decision::NoEndpoint(rejection),

@@ -66,7 +66,7 @@
 //! The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
 use super::{PodView, Prediction, Rejection, RouteRequest};
-use crate::config::Config;
+use super::SelectionConfig;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -120,12 +120,12 @@ pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
 /// The overload guard (see the module header): `min_queue` is the shortest [`PodView::queue`]
 /// among the candidates.
 pub fn overloaded(
-    config: &Config,
+    config: &SelectionConfig<'_>,
     pod: &PodView<'_>,
     request: &RouteRequest<'_>,
     min_queue: f64,
 ) -> bool {
-    let guard = &config.overload_guard;
+    let guard = config.overload_guard;
     let queue = pod.queue();
     let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
     let priced = if held_tokens > 0.0 {
@@ -168,7 +168,7 @@ struct Entry {
 }
 
 pub fn pick(
-    config: &Config,
+    config: &SelectionConfig<'_>,
     pods: &[&PodView<'_>],
     predictions: &[Prediction],
     request: &RouteRequest<'_>,
@@ -199,7 +199,7 @@ pub fn pick(
         .filter(|e| !e.guarded)
         .map(|e| e.ttft)
         .fold(f64::INFINITY, f64::min);
-    let band = best * (1.0 + config.prediction.tie_band);
+    let band = best * (1.0 + config.tie_band);
     let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
     let min_load_in_band = entries
         .iter()
@@ -263,7 +263,7 @@ pub fn pick(
             .enumerate()
             .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
         let e = entries.iter().find(|e| e.index == i)?;
-        let slow = e.ttft > best_ttft * config.session.max_slowdown;
+        let slow = e.ttft > best_ttft * config.session_max_slowdown;
         let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
         (!e.guarded && !slow && !misses).then_some(i)
     });

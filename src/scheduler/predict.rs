@@ -159,10 +159,10 @@ impl PredictionConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+    pub fn validate(&self) -> Result<(), crate::common::ConfigError> {
         self.learning().validate("prediction")?;
         if !(self.tie_band.is_finite() && (0.0..=1.0).contains(&self.tie_band)) {
-            return Err(crate::config::ConfigError::at(
+            return Err(crate::common::ConfigError::at(
                 "prediction.tie_band",
                 "must be in [0, 1]",
             ));

@@ -13,7 +13,7 @@
 //! sooner but would call a pod saturated for requests it is already running.
 
 use super::PodView;
-use crate::config::{at_least, ConfigError, HeaderName};
+use crate::common::{at_least, ConfigError, HeaderName};
 use serde::Deserialize;
 
 /// `shedding` in the configuration's wire form.

@@ -8,7 +8,7 @@
 //! best pod's, loses the pin for that request; the prediction then decides, and the session comes
 //! back once the pod has caught up.
 
-use crate::config::{at_least, ConfigError, HeaderName};
+use crate::common::{at_least, ConfigError, HeaderName};
 use serde::Deserialize;
 
 /// `session` in the configuration's wire form.

@@ -9,7 +9,7 @@
 //! (`super::predict`); the per-token time is the pod's recently observed inter-token latency (the
 //! gateway times the chunks of the streams it carries; unknown = assumed to meet it).
 
-use crate::config::{ConfigError, HeaderName};
+use crate::common::{ConfigError, HeaderName};
 use serde::Deserialize;
 
 /// `slo` in the configuration's wire form.

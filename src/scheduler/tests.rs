@@ -57,7 +57,7 @@ fn the_pod_holding_the_prefix_wins() {
     pods[2].matched_blocks = 90;
     pods[2].running = 2.0; // a little busier, still wins on prefix
     let hashes: Vec<u64> = (1..=100).collect();
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_eq!(primary(&d), ADDRS[2]);
     assert!(matches!(
         d,
@@ -75,8 +75,8 @@ fn a_new_prefix_goes_where_rendezvous_says_and_spreads() {
     let mut counts = [0usize; 4];
     for key in 0..400u64 {
         let hashes = [key.wrapping_mul(0x9E37_79B9_7F4A_7C15)];
-        let first = decide(&cfg, &pods, &request(&hashes));
-        let again = decide(&cfg, &pods, &request(&hashes));
+        let first = decide(&cfg.selection(), &pods, &request(&hashes));
+        let again = decide(&cfg.selection(), &pods, &request(&hashes));
         assert_eq!(primary(&first), primary(&again), "deterministic");
         assert!(matches!(
             first,
@@ -104,7 +104,7 @@ fn behind_a_prefix_every_pod_holds_ties_spread_by_what_follows_it() {
     for call in 0..400u64 {
         let mut hashes: Vec<u64> = (1..=50).collect();
         hashes.extend((0..50).map(|i| (call * 100 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        let d = decide(&cfg, &pods, &request(&hashes));
+        let d = decide(&cfg.selection(), &pods, &request(&hashes));
         let i = ADDRS.iter().position(|a| *a == primary(&d)).unwrap();
         counts[i] += 1;
     }
@@ -124,10 +124,10 @@ fn new_prompts_that_open_alike_spread_though_one_pod_holds_the_opening() {
     for tenant in 0..400u64 {
         let mut hashes: Vec<u64> = vec![1, 2];
         hashes.extend((0..400).map(|i| (tenant * 1000 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        let d = decide(&cfg, &pods, &request(&hashes));
+        let d = decide(&cfg.selection(), &pods, &request(&hashes));
         assert_eq!(
             primary(&d),
-            primary(&decide(&cfg, &pods, &request(&hashes))),
+            primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
             "a tenant's pod is stable"
         );
         let i = ADDRS.iter().position(|a| *a == primary(&d)).unwrap();
@@ -154,12 +154,12 @@ fn a_holder_queued_behind_prefill_work_is_priced_not_guarded() {
         p.inflight = 1.0;
         p.queued_tokens = 6_400.0;
     }
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_eq!(primary(&d), ADDRS[0]);
     // The same count of requests carrying little prefill (held back by a cap on running
     // sequences, which no prefill term shows): guarded, the request goes elsewhere.
     pods[0].queued_tokens = 500.0;
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_ne!(primary(&d), ADDRS[0]);
 }
 
@@ -176,7 +176,7 @@ fn a_hot_prefix_spills_to_one_pod_not_to_all() {
     for question in 0..50u64 {
         let mut hashes: Vec<u64> = (1..=100).collect();
         hashes.extend((0..5).map(|i| (question * 10 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        let d = decide(&cfg, &pods, &request(&hashes));
+        let d = decide(&cfg.selection(), &pods, &request(&hashes));
         assert_ne!(primary(&d), ADDRS[0]);
         spilled_to.insert(primary(&d).to_string());
     }
@@ -193,10 +193,10 @@ fn the_holder_keeps_a_prefix_until_recomputing_it_elsewhere_is_faster() {
     pods[0].queued_tokens = 1000.0;
     pods[0].queued_requests = 2.0;
     pods[0].inflight = 2.0;
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
     // ... waiting behind 5,000 does not: the prefix is replicated to another pod.
     pods[0].queued_tokens = 5000.0;
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_ne!(primary(&d), ADDRS[0]);
     let Decision::Route { ranked, reason } = d else {
         unreachable!()
@@ -218,7 +218,7 @@ fn a_faster_pod_gets_the_request_a_slower_one_would_finish_later() {
     pods[0].queued_tokens = 3199.0;
     pods[0].queued_requests = 1.0;
     pods[0].inflight = 1.0;
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &request(&hashes)) else {
         panic!()
     };
     assert!(
@@ -226,7 +226,7 @@ fn a_faster_pod_gets_the_request_a_slower_one_would_finish_later() {
         "{ranked:?}"
     );
     pods[0].queued_tokens = 6000.0;
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[1]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[1]);
 }
 
 #[test]
@@ -239,7 +239,7 @@ fn a_buried_pod_is_guarded_whatever_its_prefix() {
     pods[0].queued_requests = 10.0;
     pods[1].running = 1.0;
     let hashes: Vec<u64> = (1..=100).collect();
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     let Decision::Route { ranked, .. } = d else {
         unreachable!()
     };
@@ -249,7 +249,7 @@ fn a_buried_pod_is_guarded_whatever_its_prefix() {
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     pods[0].matched_blocks = 100;
     pods[0].running = 6.0;
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
 }
 
 #[test]
@@ -257,17 +257,17 @@ fn in_flight_work_steers_before_metrics_catch_up() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     let hashes = [42u64];
-    let first = primary(&decide(&cfg, &pods, &request(&hashes))).to_string();
+    let first = primary(&decide(&cfg.selection(), &pods, &request(&hashes))).to_string();
     let i = ADDRS.iter().position(|a| *a == first).unwrap();
     pods[i].inflight = 1.0;
     pods[i].queued_requests = 1.0;
     pods[i].queued_tokens = 2000.0;
-    assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), first);
+    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), first);
     // Requests decoding there (past their first byte) count too, beyond the load slack.
     pods[i].queued_requests = 0.0;
     pods[i].queued_tokens = 0.0;
     pods[i].inflight = 3.0;
-    assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), first);
+    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), first);
 }
 
 #[test]
@@ -281,7 +281,7 @@ fn other_replicas_waiting_requests_count_at_the_typical_size() {
     let p = predict::predict(&pods[0], &r);
     assert_eq!(p.tokens_ahead, 4.0 * 512.0);
     assert_eq!(p.uncached_tokens, 0.0);
-    assert_eq!(primary(&decide(&cfg, &pods, &r)), ADDRS[1]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &r)), ADDRS[1]);
     // Waiting requests the board accounts for are not counted twice.
     pods[0].queued_requests = 4.0;
     pods[0].queued_tokens = 100.0;
@@ -321,13 +321,13 @@ fn our_requests_that_finished_since_the_poll_are_not_another_gateways() {
         8000.0,
         "without the share, the finished request is someone else's"
     );
-    assert_eq!(primary(&decide(&cfg, &pods, &r_big)), ADDRS[1]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &r_big)), ADDRS[1]);
     pods[0].ours_at_poll = crate::vm::prom::GatewayShare {
         prefilling: 1.0,
         inflight: 1.0,
     };
     assert_eq!(predict::predict(&pods[0], &r_big).tokens_ahead, 0.0);
-    assert_eq!(primary(&decide(&cfg, &pods, &r_big)), ADDRS[0]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &r_big)), ADDRS[0]);
     // Another gateway's waiting request beside ours still counts, once.
     pods[0].waiting = 2.0;
     assert_eq!(predict::predict(&pods[0], &r).tokens_ahead, 512.0);
@@ -343,20 +343,20 @@ fn filters_explain_why_nothing_is_routable() {
     let cfg = Config::default();
     let hashes = [1u64];
     assert_eq!(
-        decide(&cfg, &[], &request(&hashes)),
+        decide(&cfg.selection(), &[], &request(&hashes)),
         Decision::NoEndpoint(Rejection::NoPods)
     );
     let mut down = pod(ADDRS[0]);
     down.health = crate::health::Health::Down;
     assert_eq!(
-        decide(&cfg, &[down.clone()], &request(&hashes)),
+        decide(&cfg.selection(), &[down.clone()], &request(&hashes)),
         Decision::NoEndpoint(Rejection::NoneHealthy)
     );
     let mut stale = down.clone();
     stale.health = crate::health::Health::Stale;
     assert!(
         matches!(
-            decide(&cfg, &[stale], &request(&hashes)),
+            decide(&cfg.selection(), &[stale], &request(&hashes)),
             Decision::Route { .. }
         ),
         "a pod whose polls are late still serves"
@@ -366,7 +366,7 @@ fn filters_explain_why_nothing_is_routable() {
     let mut wrong_model = pod(ADDRS[1]);
     wrong_model.models = Box::leak(models.into_boxed_slice());
     assert_eq!(
-        decide(&cfg, &[wrong_model.clone()], &request(&hashes)),
+        decide(&cfg.selection(), &[wrong_model.clone()], &request(&hashes)),
         Decision::NoEndpoint(Rejection::UnknownModel)
     );
     let nameless = RouteRequest {
@@ -375,7 +375,7 @@ fn filters_explain_why_nothing_is_routable() {
     };
     assert_eq!(
         primary(&decide(
-            &cfg,
+            &cfg.selection(),
             &[down.clone(), wrong_model.clone()],
             &nameless
         )),
@@ -385,14 +385,14 @@ fn filters_explain_why_nothing_is_routable() {
     let mut prefill = pod(ADDRS[2]);
     prefill.role = Role::Prefill;
     assert_eq!(
-        decide(&cfg, &[prefill], &request(&hashes)),
+        decide(&cfg.selection(), &[prefill], &request(&hashes)),
         Decision::NoEndpoint(Rejection::NoPods)
     );
     let mut unknown_models = pod(ADDRS[3]);
     unknown_models.models = &OTHER;
     assert_eq!(
         primary(&decide(
-            &cfg,
+            &cfg.selection(),
             &[down, wrong_model, unknown_models],
             &request(&hashes)
         )),
@@ -427,16 +427,16 @@ fn a_new_prefix_ignores_load_noise_within_the_slack() {
     let cfg = Config::default();
     let hashes = [0xfeed_u64];
     let idle: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
-    let choice = primary(&decide(&cfg, &idle, &request(&hashes))).to_string();
+    let choice = primary(&decide(&cfg.selection(), &idle, &request(&hashes))).to_string();
     // Another replica sees the chosen pod one request busier (a stale poll): same choice.
     let mut noisy = idle.clone();
     let i = ADDRS.iter().position(|a| *a == choice).unwrap();
     noisy[i].running = 1.0;
     noisy[(i + 1) % 4].kv_usage = 0.3;
-    assert_eq!(primary(&decide(&cfg, &noisy, &request(&hashes))), choice);
+    assert_eq!(primary(&decide(&cfg.selection(), &noisy, &request(&hashes))), choice);
     // Beyond the slack, load wins.
     noisy[i].running = 3.0;
-    assert_ne!(primary(&decide(&cfg, &noisy, &request(&hashes))), choice);
+    assert_ne!(primary(&decide(&cfg.selection(), &noisy, &request(&hashes))), choice);
 }
 
 fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> RouteRequest<'a> {
@@ -465,7 +465,7 @@ fn a_fast_pod_running_many_streams_is_not_guarded_against_a_slow_idle_one() {
     pods[3].cost.us_per_token *= 2.0;
     pods[3].cost.overhead_ms *= 2.0;
     let hashes: Vec<u64> = (1..=200).collect();
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &request(&hashes)) else {
         unreachable!()
     };
     assert_ne!(ranked[0].addr, ADDRS[3], "{ranked:?}");
@@ -474,7 +474,7 @@ fn a_fast_pod_running_many_streams_is_not_guarded_against_a_slow_idle_one() {
     for p in pods.iter_mut().take(3) {
         p.waiting = 12.0;
     }
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[3]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[3]);
 }
 
 #[test]
@@ -482,12 +482,12 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     let pinned = primary(&decide(
-        &cfg,
+        &cfg.selection(),
         &pods,
         &with_hints(&[1, 2], Some("chat-42"), 0),
     ))
     .to_string();
-    let reason = match decide(&cfg, &pods, &with_hints(&[1, 2], Some("chat-42"), 0)) {
+    let reason = match decide(&cfg.selection(), &pods, &with_hints(&[1, 2], Some("chat-42"), 0)) {
         Decision::Route { reason, .. } => reason,
         other => panic!("{other:?}"),
     };
@@ -500,7 +500,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     for hashes in [[1u64, 2], [9, 10]] {
         assert_eq!(
             primary(&decide(
-                &cfg,
+                &cfg.selection(),
                 &pods,
                 &with_hints(&hashes, Some("chat-42"), 0)
             )),
@@ -509,14 +509,14 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     }
     // Without a session the prefix decides.
     assert_eq!(
-        primary(&decide(&cfg, &pods, &request(&[1, 2]))),
+        primary(&decide(&cfg.selection(), &pods, &request(&[1, 2]))),
         ADDRS[other]
     );
     // Many streams but nothing waiting: the pod admits at once, and the pin stands.
     pods[me].running = 20.0;
     assert_eq!(
         primary(&decide(
-            &cfg,
+            &cfg.selection(),
             &pods,
             &with_hints(&[1, 2], Some("chat-42"), 0)
         )),
@@ -526,7 +526,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     pods[me].waiting = 20.0;
     assert_ne!(
         primary(&decide(
-            &cfg,
+            &cfg.selection(),
             &pods,
             &with_hints(&[1, 2], Some("chat-42"), 0)
         )),
@@ -540,7 +540,7 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     pods[me].queued_tokens = 20_000.0;
     assert_ne!(
         primary(&decide(
-            &cfg,
+            &cfg.selection(),
             &pods,
             &with_hints(&[1, 2], Some("chat-42"), 0)
         )),
@@ -554,11 +554,11 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     let sessions: Vec<String> = (0..64).map(|i| format!("s{i}")).collect();
     let before: Vec<String> = sessions
         .iter()
-        .map(|id| primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string())
+        .map(|id| primary(&decide(&cfg.selection(), &pods, &with_hints(&[5], Some(id), 0))).to_string())
         .collect();
     pods[me].health = crate::health::Health::Down;
     for (id, was) in sessions.iter().zip(&before) {
-        let now = primary(&decide(&cfg, &pods, &with_hints(&[5], Some(id), 0))).to_string();
+        let now = primary(&decide(&cfg.selection(), &pods, &with_hints(&[5], Some(id), 0))).to_string();
         if *was != pinned {
             assert_eq!(&now, was, "session {id} moved although its pod is alive");
         } else {
@@ -577,17 +577,17 @@ fn negative_priority_is_shed_only_when_every_candidate_is_saturated() {
     pods[3].waiting = 1.0;
     pods[3].kv_usage = 0.5;
     assert_eq!(
-        primary(&decide(&cfg, &pods, &with_hints(&[1], None, -1))),
+        primary(&decide(&cfg.selection(), &pods, &with_hints(&[1], None, -1))),
         ADDRS[3]
     );
     pods[3].kv_usage = 0.85;
     assert_eq!(
-        decide(&cfg, &pods, &with_hints(&[1], None, -1)),
+        decide(&cfg.selection(), &pods, &with_hints(&[1], None, -1)),
         Decision::NoEndpoint(Rejection::Saturated)
     );
     for priority in [0, 5] {
         assert!(matches!(
-            decide(&cfg, &pods, &with_hints(&[1], None, priority)),
+            decide(&cfg.selection(), &pods, &with_hints(&[1], None, priority)),
             Decision::Route { .. }
         ));
     }
@@ -616,22 +616,22 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
         ..request(&hashes)
     };
     // Without an objective the fastest wins: cold idle pods (74 ms) beat the holder (110 ms).
-    assert_ne!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
     // A loose objective both meet: the cache hit, which saves the pool 1,600 tokens of prefill.
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &slo(200.0, 0)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &slo(200.0, 0)) else {
         panic!()
     };
     assert_eq!(ranked[0].addr, ADDRS[0]);
     assert_eq!(ranked[0].meets_slo, Some(true));
     // A tight one only the idle pods meet.
-    assert_ne!(primary(&decide(&cfg, &pods, &slo(90.0, 0))), ADDRS[0]);
+    assert_ne!(primary(&decide(&cfg.selection(), &pods, &slo(90.0, 0))), ADDRS[0]);
     // One nobody meets: the fastest, flagged; with a negative priority, shed.
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &slo(5.0, 0)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &slo(5.0, 0)) else {
         panic!()
     };
     assert_eq!(ranked[0].meets_slo, Some(false));
     assert_eq!(
-        decide(&cfg, &pods, &slo(5.0, -1)),
+        decide(&cfg.selection(), &pods, &slo(5.0, -1)),
         Decision::NoEndpoint(Rejection::SloUnattainable)
     );
     // The per-token objective uses the pods' observed inter-token latency.
@@ -648,7 +648,7 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
         },
         ..request(&hashes)
     };
-    assert_eq!(primary(&decide(&cfg, &pods, &tpot)), ADDRS[0]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &tpot)), ADDRS[0]);
 }
 
 /// The thrashing the greedy objective fell into (12 tenants × 6,000-token prompts near
@@ -669,7 +669,7 @@ fn under_load_a_recompute_pays_for_the_wait_it_adds_and_the_holder_keeps_its_pre
     pods[0].queued_tokens = 30_000.0;
     pods[0].queued_requests = 5.0;
     pods[0].inflight = 5.0;
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &request(&hashes)) else {
         panic!()
     };
     assert_eq!(ranked[0].addr, ADDRS[0], "{ranked:?}");
@@ -686,14 +686,14 @@ fn under_load_a_recompute_pays_for_the_wait_it_adds_and_the_holder_keeps_its_pre
     pods[3].queued_requests = 0.0;
     pods[3].inflight = 0.0;
     pods[0].queued_tokens = 25_000.0;
-    let Decision::Route { ranked, .. } = decide(&cfg, &pods, &request(&hashes)) else {
+    let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &request(&hashes)) else {
         panic!()
     };
     assert_eq!(ranked[0].addr, ADDRS[0], "{ranked:?}");
     assert!(ranked[1].prediction.ttft_ms * 3.0 < ranked[0].prediction.ttft_ms);
     // ... and spills once its queue is longer than the recompute's cost to the pool.
     pods[0].queued_tokens = 40_000.0;
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[3]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[3]);
 }
 
 /// A move off the pod holding the prompt must win by more than the predictions' error band;
@@ -718,20 +718,20 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
         p.error_band = 0.0;
     }
     assert_eq!(
-        primary(&decide(&cfg, &no_band, &request(&hashes))),
+        primary(&decide(&cfg.selection(), &no_band, &request(&hashes))),
         ADDRS[1]
     );
     // The holder adds no work (it holds the whole prompt): 82 × e^-0.2 = 67 ms against 74: it
     // stays.
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
     // Twice that queue (154 ms against 74): beyond any band, it moves.
     pods[0].queued_tokens = 3600.0;
-    assert_eq!(primary(&decide(&cfg, &pods, &request(&hashes))), ADDRS[1]);
+    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[1]);
     // A pod holding 5 of the 100 blocks gets 5% of the band: at the same 82 ms (280 tokens ahead
     // + its 1,520 uncached) it is left for the 74 ms pod.
     pods[0].matched_blocks = 5;
     pods[0].queued_tokens = 280.0;
-    let d = decide(&cfg, &pods, &request(&hashes));
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     let Decision::Route { ranked, .. } = &d else {
         panic!()
     };

@@ -1,7 +1,7 @@
 //! The load table the leader publishes: every known pod, its pool role, its latest metrics and when
 //! they were read. (In-flight requests are not here: they change per request, see `super::inflight`.)
 
-use crate::config::Role;
+use crate::common::Role;
 use crate::vm::models::ServedModel;
 use crate::vm::prom::PodMetrics;
 use serde::{Deserialize, Serialize};
@@ -82,21 +82,6 @@ pub struct LoadTable {
 }
 
 impl LoadTable {
-    /// Mean queued (waiting) requests per fresh prefill pod and per fresh decode pod: the pressure
-    /// inputs of the P/D threshold (see `crate::pd`).
-    pub fn pd_queues(&self, now_ms: u64, stale_after_ms: u64) -> (f64, f64) {
-        let queues: Vec<(Role, f64)> = self
-            .pods
-            .iter()
-            .filter(|p| p.is_fresh(now_ms, stale_after_ms))
-            .map(|p| (p.role, p.metrics.waiting))
-            .collect();
-        (
-            crate::pd::mean_load(&queues, Role::Prefill),
-            crate::pd::mean_load(&queues, Role::Decode),
-        )
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut table = self.clone();
         table.format = LOAD_FORMAT;

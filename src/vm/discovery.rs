@@ -40,7 +40,7 @@ pub fn cluster_members(admin_json: &[u8], cluster: &str) -> Option<Vec<String>> 
             };
             // Only what a configured endpoint could be: a member is written into the destination
             // header (a comma list) and the work board (space-separated), and polled.
-            crate::config::is_host_port(&member).then_some(member)
+            crate::common::is_host_port(&member).then_some(member)
         })
         .collect();
     members.sort();

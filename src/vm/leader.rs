@@ -70,7 +70,7 @@ impl Leader {
         let mut wanted: Vec<(&String, Role, &String)> = Vec::new();
         for (pool, members) in config.pools.iter().zip(&self.members) {
             for addr in members {
-                if wanted.len() < crate::config::MAX_PODS
+                if wanted.len() < crate::common::MAX_PODS
                     && !wanted.iter().any(|(a, _, _)| *a == addr)
                 {
                     wanted.push((addr, pool.role, &pool.name));

@@ -910,7 +910,7 @@ fn dispatch(
     path: &str,
     authority: &str,
     destination: Option<&str>,
-    credential: Option<&crate::config::Secret>,
+    credential: Option<&crate::common::Secret>,
     timeout_ms: u64,
 ) -> Option<u32> {
     let mut headers = Vec::new();

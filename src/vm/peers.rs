@@ -35,7 +35,7 @@
 //! puller's next `after`); an entry is a work-board entry as the board writes it.
 
 use super::get_u64;
-use crate::config::{is_host_port, ConfigError};
+use crate::common::{is_host_port, ConfigError};
 use crate::port::Host;
 use crate::state::inflight::{Board, WorkEntry};
 use crate::state::messages::Page;
@@ -162,7 +162,7 @@ impl PeersConfig {
         // Compared in constant time: a replica's token guards the index of every prefix placed.
         self.token
             .as_deref()
-            .is_none_or(|t| token.is_some_and(|c| crate::config::same_secret(t, c)))
+            .is_none_or(|t| token.is_some_and(|c| crate::common::same_secret(t, c)))
     }
 }
 
