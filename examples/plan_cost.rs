@@ -5,7 +5,7 @@
 //!
 //! It only uses API that both the count-based scheduler (commit 4b8e149) and the predicted-TTFT one
 //! share but the parser's path, so the same file times either (in a checkout of 4b8e149, copy it and
-//! replace `kvroute::flow::parse` with `kvroute::request`).
+//! replace `kvroute::protocol::parse` with `kvroute::request`).
 #![allow(clippy::expect_used, clippy::indexing_slicing)] // a measurement tool, not plugin code
 
 use std::time::Instant;
@@ -39,7 +39,7 @@ fn main() {
     let mut router = kvroute::router::Router::new();
     router.apply_load_table(
         &config,
-        kvroute::state::load::LoadTable::decode(table.as_bytes()).expect("table"),
+        kvroute::pod::load::LoadTable::decode(table.as_bytes()).expect("table"),
     );
     let system = "You are a careful assistant. ".repeat(560); // ~16 KB
     let rounds: Vec<f64> = (0..5)
@@ -90,8 +90,8 @@ fn main() {
                 let n = 20_000;
                 let start = Instant::now();
                 for _ in 0..n {
-                    std::hint::black_box(kvroute::flow::parse::reference::parse(
-                        kvroute::flow::parse::Endpoint::ChatCompletions,
+                    std::hint::black_box(kvroute::protocol::parse::reference::parse(
+                        kvroute::protocol::parse::Endpoint::ChatCompletions,
                         std::hint::black_box(body.as_bytes()),
                     ));
                 }
@@ -118,9 +118,9 @@ fn report(what: &str, rounds: &[f64]) {
     );
 }
 
-fn parse(body: &str) -> kvroute::flow::parse::RequestView {
-    kvroute::flow::parse::parse(
-        kvroute::flow::parse::Endpoint::ChatCompletions,
+fn parse(body: &str) -> kvroute::protocol::parse::RequestView {
+    kvroute::protocol::parse::parse(
+        kvroute::protocol::parse::Endpoint::ChatCompletions,
         body.as_bytes(),
     )
     .expect("body")

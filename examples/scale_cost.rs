@@ -143,8 +143,8 @@ fn measure(pods: usize) -> Figures {
         let body = format!(
             r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {q}"}}]}}"#
         );
-        kvroute::flow::parse::parse(
-            kvroute::flow::parse::Endpoint::ChatCompletions,
+        kvroute::protocol::parse::parse(
+            kvroute::protocol::parse::Endpoint::ChatCompletions,
             body.as_bytes(),
         )
         .expect("parse")

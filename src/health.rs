@@ -21,7 +21,7 @@
 //!   pod is known at all, at start-up, when requests go to the cluster's own balancer.
 //! * **Down** — its poll failed outright (connection refused or reset well before the poll
 //!   timeout, a non-200 answer, a page that is not Prometheus text or is empty, or one naming a
-//!   known engine's load gauges with unusable values: see `crate::vm::prom`), or it is
+//!   known engine's load gauges with unusable values: see `crate::pod::prom`), or it is
 //!   **ejected** for failing the requests sent to it. Never routed; when every pod of a role is
 //!   down the request is refused.
 //!
@@ -44,7 +44,7 @@
 //! prompt) must not empty the pool of pods that still serve most requests.
 
 use crate::common::Role;
-use crate::state::load::PodLoad;
+use crate::pod::load::PodLoad;
 use hashbrown::HashMap;
 use serde::Deserialize;
 

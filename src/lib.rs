@@ -24,13 +24,17 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod pd;
+pub mod peers;
+pub mod pod;
 pub mod port;
 pub mod prefix;
+pub mod protocol;
 pub mod router;
 pub mod scheduler;
 pub mod state;
 pub mod stored_responses;
 pub mod vm;
+pub mod work;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

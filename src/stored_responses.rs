@@ -26,7 +26,7 @@
 //! (8,192) newer stored responses. At most ~0.5 MB per Envoy. Gateway replicas do not share it: a
 //! follow-up that reaches another replica falls back (3.).
 
-use crate::flow::usage::skip_spaces;
+use crate::protocol::usage::skip_spaces;
 use crate::port::Host;
 use xxhash_rust::xxh3::xxh3_64;
 

@@ -20,7 +20,7 @@ import sys
 
 # Bottom to top: a module may import the modules listed before it, never those after it.
 LAYERS = [
-    # vocabulary every section and component shares; the proxy port; stat names; owned headers
+    # vocabulary every section and component shares; stat names; the proxy port; owned headers
     "common",
     "metrics",
     "port",
@@ -31,16 +31,18 @@ LAYERS = [
     # what the gateway knows about a pod: metrics pages, served models, the load table
     "pod",
     "health",
-    # prefix affinity: block hashing, the index and its observations
-    "affinity",
-    # work in flight and the cost model, then the pure selection over them
+    # prefix affinity: block hashing, the prefix index, tiktoken blocks
+    "prefix",
+    # what VMs share in the host's shared data: rows, messages, the leader lease
+    "state",
+    # work in flight, per pod
     "work",
-    "cost",
+    # which pod stored a Responses API answer
+    "stored_responses",
+    # filters, the cost model and TTFT predictor, the picker; then the P/D split decision
     "scheduler",
     "pd",
-    "stored_responses",
-    # what VMs share, and what gateway replicas exchange
-    "state",
+    # what gateway replicas exchange
     "peers",
     # the whole configuration (wire form and compile), above every section it assembles
     "config",

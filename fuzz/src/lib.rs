@@ -28,7 +28,7 @@ use alloc::{linear_bound, peak_during};
 use gen::Gen;
 use harness::{aggregated_config, inline_pd_config, Gateway, PODS};
 use kvroute::config::{is_host_port, Config, Role, MAX_PODS};
-use kvroute::flow::parse::{self, Endpoint};
+use kvroute::protocol::parse::{self, Endpoint};
 use kvroute::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, RequestFlow};
 use kvroute::headermap;
 use kvroute::metrics::Counter;
@@ -36,15 +36,15 @@ use kvroute::pd::inline::{self, Answer};
 use kvroute::port::Host;
 use kvroute::router::Router;
 use kvroute::scheduler::{Decision, Hints};
-use kvroute::state::fits::{FitBoard, PodFit};
-use kvroute::state::inflight::{Board, PodWork};
+use kvroute::scheduler::fit_board::{FitBoard, PodFit};
+use kvroute::work::{Board, PodWork};
 use kvroute::state::lease::{self, Lease};
-use kvroute::state::load::{LoadTable, PodLoad, LOAD_FORMAT};
+use kvroute::pod::load::{LoadTable, PodLoad, LOAD_FORMAT};
 use kvroute::state::messages::{Message, Observation, Page};
 use kvroute::state::QUEUE_ID_KEY;
 use kvroute::vm::discovery;
 use kvroute::vm::leader::{Leader, PollResult};
-use kvroute::vm::prom::{self, GatewayShare, PodMetrics};
+use kvroute::pod::prom::{self, GatewayShare, PodMetrics};
 use serde_json::Value;
 
 /// The most a request body costs to parse, per input byte: the rendered prompt (reserved at the
@@ -377,7 +377,7 @@ fn gen_table(g: &mut Gen) -> LoadTable {
             ejected_until_ms: g.u64() >> 1,
             metrics: gen_metrics(g),
             served: (0..g.len(2))
-                .map(|_| kvroute::vm::models::ServedModel {
+                .map(|_| kvroute::pod::models::ServedModel {
                     id: g.string(12),
                     parent: (g.u8() & 1 == 1).then(|| g.string(12)),
                     root: None,
@@ -513,7 +513,7 @@ pub fn pages(data: &[u8]) {
     let (decoded, peak) = peak_during(|| Page::decode(data));
     assert_bounded("Page::decode", peak, data.len(), DECODE_FACTOR);
     // The same bytes as another gateway replica's answer (`peers`): bounded, never a panic.
-    let (_, peak) = peak_during(|| kvroute::vm::peers::Answer::decode(data));
+    let (_, peak) = peak_during(|| kvroute::peers::Answer::decode(data));
     assert_bounded("peers::Answer::decode", peak, data.len(), DECODE_FACTOR);
     let config = aggregated_config();
     let table = harness_table();
@@ -741,7 +741,7 @@ pub fn inline_prefill(data: &[u8]) {
 
 /// `usage`: a chunk of a pod's response.
 pub fn usage(data: &[u8]) {
-    let (report, peak) = peak_during(|| kvroute::flow::usage::cache_report(data));
+    let (report, peak) = peak_during(|| kvroute::protocol::usage::cache_report(data));
     assert_eq!(peak, 0, "scanning a response chunk allocates");
     // The number after the last `key` and its colon (and spaces), if it is a plain integer that
     // does not run to the end of the chunk (its rest may come in the next one).

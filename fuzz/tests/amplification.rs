@@ -8,7 +8,7 @@
 //! shapes are numbers that print longer than they are written (`1e9` renders `1000000000.0`) and
 //! members that come out of rendering order (re-ordered in place, the smaller pieces copied aside).
 
-use kvroute::flow::parse::{parse_request, Endpoint};
+use kvroute::protocol::parse::{parse_request, Endpoint};
 use kvroute_fuzz::alloc::{linear_bound, peak_during};
 use kvroute_fuzz::REQUEST_PARSE_FACTOR;
 

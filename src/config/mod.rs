@@ -74,7 +74,7 @@ pub struct Config {
     /// `Authorization` for the leader's calls to pods (`pod_api_key` or `pod_api_key_env`).
     pub pod_authorization: Option<Secret>,
     pub pd: crate::pd::PdConfig,
-    pub peers: crate::vm::peers::PeersConfig,
+    pub peers: crate::peers::PeersConfig,
     pub session: crate::scheduler::session::Session,
     pub shedding: crate::scheduler::saturation::Shedding,
     pub slo: crate::scheduler::slo::SloHeaders,

@@ -115,8 +115,8 @@ pub struct WireConfig {
     /// Prefill/decode disaggregation, used when a pool has the `decode` role.
     pub pd: crate::pd::PdConfig,
     /// Other gateway replicas in front of the same pods, told where this one placed prefixes
-    /// (`crate::vm::peers`).
-    pub peers: crate::vm::peers::PeersConfig,
+    /// (`crate::peers`).
+    pub peers: crate::peers::PeersConfig,
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
     pub slo: crate::scheduler::slo::SloConfig,

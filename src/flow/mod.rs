@@ -6,7 +6,7 @@
 //! 1. [`RequestFlow::on_request_headers`]: an inference `POST` with a body and readable hint headers
 //!    waits for its body; a bad hint header gets a 400; `GET /metrics` is refused (it would be a
 //!    random pod's page), `GET /v1/models` answered from the load table ([`models`]) and another
-//!    gateway replica's ask for placements from shared data (`crate::vm::peers`); anything else
+//!    gateway replica's ask for placements from shared data (`crate::peers`); anything else
 //!    passes through.
 //! 2. [`RequestFlow::on_request_body`]: parse once, catch up with the shared state, plan (the
 //!    scheduler, then P/D), and answer with one [`BodyOutcome`]: pass through, a local reply (an
@@ -24,17 +24,14 @@
 //!    the blocks this request added, in every VM (`Provisional`).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
-pub mod body;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod decision_tests;
 mod explain;
 pub mod models;
-pub mod parse;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests;
-pub mod usage;
 
 use crate::common::{HeaderName, NoEndpointPolicy, Role};
 use crate::headers::DEBUG;
@@ -51,7 +48,8 @@ use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
 use explain::{DecisionFields, PdExport};
-use parse::{Endpoint, ParseError};
+use crate::protocol::parse::{self, Endpoint, ParseError};
+use crate::protocol::body;
 
 /// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
 const METRICS_NOT_PROXIED: &str = "kvroute: /metrics is not proxied to a model server: through the gateway it would be a different pod's page on every scrape. Scrape each model server's own /metrics, and kvroute's and Envoy's stats from Envoy's admin /stats/prometheus (kvroute_*)";
@@ -349,7 +347,7 @@ impl RequestFlow {
         let peers = &vm.config.peers;
         if method == "GET"
             && peers.serves(&path)
-            && peers.admits(header(crate::vm::peers::TOKEN_HEADER).as_deref())
+            && peers.admits(header(crate::peers::TOKEN_HEADER).as_deref())
         {
             // Another gateway replica asking where this one placed prefixes. Without the token
             // (when one is set) the path is nothing special: it passes through like any other.
@@ -359,7 +357,7 @@ impl RequestFlow {
                     ("content-type", "application/octet-stream".to_string()),
                     ("cache-control", "no-store".to_string()),
                 ],
-                body: crate::vm::peers::answer(host, &path, crate::vm::INFLIGHT_ROW_TTL_MS),
+                body: crate::peers::answer(host, &path, crate::vm::INFLIGHT_ROW_TTL_MS),
             });
         }
         if path.split('?').next() == Some("/metrics") {
@@ -1086,7 +1084,7 @@ impl RequestFlow {
     /// checks the index's expectation against it.
     fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
         self.carry.extend_from_slice(chunk);
-        let Some((cached, prompt)) = crate::flow::usage::cache_report(&self.carry) else {
+        let Some((cached, prompt)) = crate::protocol::usage::cache_report(&self.carry) else {
             let keep = self.carry.len().saturating_sub(CARRY_BYTES);
             self.carry.drain(..keep);
             return;
@@ -1095,7 +1093,7 @@ impl RequestFlow {
         let Some(expected) = self.cache_check.take() else {
             return;
         };
-        if !crate::flow::usage::plausible(cached, prompt) {
+        if !crate::protocol::usage::plausible(cached, prompt) {
             let pod = expected.addr.as_str();
             log::debug!(
                 "kvroute: {pod} reported {cached} of {prompt} tokens cached: impossible, ignored"

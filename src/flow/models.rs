@@ -7,7 +7,7 @@
 
 use super::Reply;
 use crate::health::{health_of, Health};
-use crate::state::load::LoadTable;
+use crate::pod::load::LoadTable;
 use serde_json::{json, Value};
 
 /// The answer for `path` (`/v1/models` or `/v1/models/{id}`), or `None` to pass it through.

@@ -3,7 +3,7 @@
 //! reply, the destination and prefiller headers, the inline prefill call and the rewritten body).
 
 use super::abi;
-use super::root::Node;
+use super::node::Node;
 use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
 use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
 use crate::metrics::{Counter, Histogram};

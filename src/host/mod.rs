@@ -8,6 +8,7 @@
 mod abi;
 mod decision;
 mod filter;
+mod node;
 mod root;
 mod stats;
 

@@ -2,12 +2,13 @@
 //! state machine (`crate::vm`).
 
 use super::filter::Filter;
+use super::node::Node;
 use super::ProxyHost;
 use crate::common::BlockScheme;
 use crate::config::Config;
 use crate::metrics::{self, Gauge};
 use crate::port::Host;
-use crate::router::Tokenizer;
+use crate::prefix::Tokenizer;
 use crate::vm::Vm;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -16,12 +17,6 @@ use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 use std::time::Duration;
-
-/// One VM's state and its host port, shared by its root and HTTP contexts (one thread per VM).
-pub struct Node {
-    pub vm: Vm,
-    pub host: ProxyHost,
-}
 
 /// A VM identity unlikely to collide: the standard library seeds its hasher from WASI random_get.
 fn random_u64(now_ms: u64) -> u64 {

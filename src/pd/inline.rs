@@ -8,7 +8,7 @@
 //! anything else without a KV handle (a failure, a timeout: the host answers 503/504) falls back to
 //! decode-only.
 
-use crate::flow::body::{edit, Change};
+use crate::protocol::body::{edit, Change};
 use crate::headers::DESTINATION;
 use crate::port::HttpCall;
 use serde_json::Value;

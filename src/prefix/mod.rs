@@ -10,6 +10,12 @@ pub mod index;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
 
+
+/// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
+pub trait Tokenizer {
+    fn encode(&self, text: &str) -> Vec<u32>;
+}
+
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Chain seed for a model and an optional tenant salt.

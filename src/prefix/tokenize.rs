@@ -7,7 +7,7 @@
 //! pre-tokenizing regex is most of that): 1.6 ms for a 16 KB prompt, every time, although the
 //! prompts that routing helps are the ones that repeat (a tenant's system prompt, a conversation's
 //! earlier turns). So the rendered prompt is encoded one message at a time (each ends in the
-//! rendering's `MESSAGE_END`, `crate::flow::parse`), and each message's tokens are kept in a small
+//! rendering's `MESSAGE_END`, `crate::protocol::parse`), and each message's tokens are kept in a small
 //! LRU memo: a message seen before costs a lookup and a copy. A message is encoded on its own, so
 //! the tokens at a message's edge can differ from encoding the prompt whole (a separator and a word
 //! that the pre-tokenizer would have joined). That changes nothing routing needs: the same prompt
@@ -18,8 +18,8 @@
 //! message another's tokens; it holds at most [`MEMO_BYTES`] of text and tokens per VM, and
 //! messages too short to be worth it (under [`MEMO_MIN_BYTES`]) are encoded each time.
 
-use crate::flow::parse::MESSAGE_END;
-use crate::router::Tokenizer;
+use crate::protocol::parse::MESSAGE_END;
+use crate::prefix::Tokenizer;
 use hashbrown::HashMap;
 use std::cell::RefCell;
 use tiktoken_rs::CoreBPE;

@@ -5,7 +5,7 @@
 use super::{FirstToken, Router};
 use crate::config::{Config, Role};
 use crate::scheduler::cost::{self, Coefficients, CostFit, RoleSpeedSums};
-use crate::state::fits::PodFit;
+use crate::scheduler::fit_board::PodFit;
 use hashbrown::HashMap;
 
 /// Weight of the newest stream in a pod's running mean of inter-token latency.

@@ -6,17 +6,12 @@ use super::Router;
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
 use crate::config::Config;
-use crate::flow::parse::RequestView;
+use crate::protocol::parse::RequestView;
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 #[cfg(feature = "tiktoken")]
 use crate::prefix::token_block_hashes;
-use crate::prefix::{chain_seed, char_block_hashes};
+use crate::prefix::{chain_seed, char_block_hashes, Tokenizer};
 use crate::state::messages::{Observation, Page};
-
-/// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
-pub trait Tokenizer {
-    fn encode(&self, text: &str) -> Vec<u32>;
-}
 
 /// The blocks of one request, ready for the scheduler and the index.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,12 +138,12 @@ impl Router {
 
     /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
     /// it), a LoRA adapter's its own, as the first pod listing `model` reports (see
-    /// `crate::vm::models`); the name itself where no pod lists it.
+    /// `crate::pod::models`); the name itself where no pod lists it.
     pub fn cache_model<'a>(&'a self, model: &'a str) -> &'a str {
         self.load
             .pods
             .iter()
-            .find_map(|p| crate::vm::models::cache_key(&p.served, model))
+            .find_map(|p| crate::pod::models::cache_key(&p.served, model))
             .unwrap_or(model)
     }
 

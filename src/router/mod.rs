@@ -17,7 +17,8 @@ mod work;
 
 pub use crate::pd::{PdOutcome, PdPlan};
 pub use fits::PoolCosts;
-pub use index::{Blocks, CacheExpectation, CacheVerdict, Tokenizer, MAX_BLOCKS_PER_REQUEST};
+pub use crate::prefix::Tokenizer;
+pub use index::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER_REQUEST};
 
 use crate::config::{Config, Role};
 use crate::health::{health_of, Health};
@@ -25,10 +26,10 @@ use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::scheduler::cost::CostFit;
 use crate::scheduler::predict::head_progress;
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
-use crate::state::fits::PodFit;
-use crate::state::inflight::PodWork;
-use crate::state::load::{LoadTable, PodLoad};
-use crate::vm::prom::PodMetrics;
+use crate::scheduler::fit_board::PodFit;
+use crate::work::PodWork;
+use crate::pod::load::{LoadTable, PodLoad};
+use crate::pod::prom::PodMetrics;
 use hashbrown::HashMap;
 use work::{PendingPrefill, DEFAULT_TYPICAL_TOKENS};
 

@@ -1,7 +1,7 @@
 use super::*;
-use crate::state::load::PodLoad;
+use crate::pod::load::PodLoad;
 use crate::state::messages::Observation;
-use crate::vm::prom::PodMetrics;
+use crate::pod::prom::PodMetrics;
 
 fn pd_config() -> Config {
     Config::parse(
@@ -53,7 +53,7 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
     r.apply_load_table(
         cfg,
         LoadTable {
-            format: crate::state::load::LOAD_FORMAT,
+            format: crate::pod::load::LOAD_FORMAT,
             version: 1,
             published_ms: 100,
             pods,

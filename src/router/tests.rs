@@ -2,16 +2,16 @@ use super::work::MAX_PENDING;
 use super::*;
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
-use crate::flow::parse::RequestView;
-use crate::flow::parse::{parse, Endpoint};
+use crate::protocol::parse::RequestView;
+use crate::protocol::parse::{parse, Endpoint};
 use crate::scheduler::Decision;
-use crate::state::load::PodLoad;
+use crate::pod::load::PodLoad;
 use crate::state::messages::{Observation, Page};
-use crate::vm::prom::PodMetrics;
+use crate::pod::prom::PodMetrics;
 
 fn table(addrs: &[&str], now: u64) -> LoadTable {
     LoadTable {
-        format: crate::state::load::LOAD_FORMAT,
+        format: crate::pod::load::LOAD_FORMAT,
         version: 1,
         published_ms: now,
         pods: addrs
@@ -187,7 +187,7 @@ fn snapshot_reproduces_the_index() {
 
 #[test]
 fn other_vms_work_counts_as_soon_as_the_board_is_read() {
-    use crate::state::inflight::Board;
+    use crate::work::Board;
     let cfg = Config::default();
     let (mut vm1, mut vm2) = (Router::new(), Router::new());
     for r in [&mut vm1, &mut vm2] {
@@ -228,7 +228,7 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
 
 #[test]
 fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
-    use crate::state::inflight::Board;
+    use crate::work::Board;
     let cfg = Config::default();
     let (mut vm1, mut vm2) = (Router::new(), Router::new());
     for r in [&mut vm1, &mut vm2] {

@@ -1,9 +1,9 @@
 //! The work each pod has to do first: this VM's requests in flight and its prefills not yet at
-//! their first byte (what its row on the work board carries, see `crate::state::inflight`), plus
+//! their first byte (what its row on the work board carries, see `crate::work`), plus
 //! the other VMs' rows.
 
 use super::{FirstToken, Router};
-use crate::state::inflight::PodWork;
+use crate::work::PodWork;
 use hashbrown::HashMap;
 
 /// A prefill this VM routed that has not produced its first byte yet.

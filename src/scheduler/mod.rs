@@ -17,6 +17,7 @@
 //! waiting) all follow from it.
 
 pub mod cost;
+pub mod fit_board;
 mod filters;
 mod picker;
 pub mod predict;
@@ -50,8 +51,8 @@ pub struct PodView<'a> {
     pub queued_tokens: f64,
     pub queued_requests: f64,
     /// This gateway's requests on the pod when it was polled (0 with no poll in use): how much of
-    /// `waiting` and `running` can be ours (`crate::vm::prom::GatewayShare`).
-    pub ours_at_poll: crate::vm::prom::GatewayShare,
+    /// `waiting` and `running` can be ours (`crate::pod::prom::GatewayShare`).
+    pub ours_at_poll: crate::pod::prom::GatewayShare,
     /// The pod's learned first-token cost.
     pub cost: Coefficients,
     /// Its prediction is multiplied by this: its role's calibration to the median

@@ -44,7 +44,7 @@
 
 use super::{PodView, RouteRequest};
 use crate::scheduler::cost::Coefficients;
-use crate::state::inflight::PodWork;
+use crate::work::PodWork;
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Prediction {

@@ -322,7 +322,7 @@ fn our_requests_that_finished_since_the_poll_are_not_another_gateways() {
         "without the share, the finished request is someone else's"
     );
     assert_eq!(primary(&decide(&cfg.selection(), &pods, &r_big)), ADDRS[1]);
-    pods[0].ours_at_poll = crate::vm::prom::GatewayShare {
+    pods[0].ours_at_poll = crate::pod::prom::GatewayShare {
         prefilling: 1.0,
         inflight: 1.0,
     };

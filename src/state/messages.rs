@@ -15,7 +15,7 @@
 //!            [origin:u8]
 //!            the optional tail is the page's evictions, applied after its observations (a module
 //!            without them reads the head and ignores the tail; a page without a tail has none);
-//!            origin 1 marks a page of what another gateway replica observed (`crate::vm::peers`:
+//!            origin 1 marks a page of what another gateway replica observed (`crate::peers`:
 //!            never served to replicas again), absent or 0 one of this Envoy's own
 //! str      = len:u16 bytes
 //! ```

@@ -14,12 +14,9 @@
 //! | `kvroute.idx.head`            | leader  | sequence number of the newest delta page              |
 //! | `kvroute.idx.page.<0..RING>`  | leader  | a delta page: observations "pod P holds blocks h…"    |
 //! | `kvroute.idx.snapshot`        | leader  | every pod's blocks, for VMs that fell behind the ring |
-//! | `kvroute.idx.epoch`           | leader  | this Envoy's page numbering, random: replicas tell a restart by it (`crate::vm::peers`) |
+//! | `kvroute.idx.epoch`           | leader  | this Envoy's page numbering, random: replicas tell a restart by it (`crate::peers`) |
 
-pub mod fits;
-pub mod inflight;
 pub mod lease;
-pub mod load;
 pub mod messages;
 pub mod rows;
 
@@ -40,4 +37,14 @@ pub const SNAPSHOT_EVERY_PAGES: u64 = PAGE_RING / 2;
 
 pub fn page_key(seq: u64) -> String {
     format!("kvroute.idx.page.{}", seq % PAGE_RING)
+}
+
+/// A little-endian `u64` kept in shared data under `key` (a counter, a version, a time).
+pub fn get_u64(host: &dyn crate::port::Host, key: &str) -> Option<u64> {
+    let bytes = host.shared_get(key).0?;
+    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+}
+
+pub fn set_u64(host: &mut dyn crate::port::Host, key: &str, value: u64) {
+    let _ = host.shared_set(key, &value.to_le_bytes(), None);
 }

@@ -4,9 +4,9 @@
 
 use crate::config::{Config, Members, Role};
 use crate::health::{PassiveHealth, Tally};
-use crate::state::load::{LoadTable, PodLoad};
-use crate::vm::models::{self, ServedModel};
-use crate::vm::prom::{self, Figures, GatewayShare, PodMetrics};
+use crate::pod::load::{LoadTable, PodLoad};
+use crate::pod::models::{self, ServedModel};
+use crate::pod::prom::{self, Figures, GatewayShare, PodMetrics};
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -294,7 +294,7 @@ impl Leader {
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
         LoadTable {
-            format: crate::state::load::LOAD_FORMAT,
+            format: crate::pod::load::LOAD_FORMAT,
             version: self.version,
             published_ms: now_ms,
             pods,

@@ -12,26 +12,25 @@
 
 pub mod discovery;
 pub mod leader;
-pub mod models;
-pub mod peers;
-pub mod prom;
 
 use crate::config::Config;
+use crate::state::{get_u64, set_u64};
+use crate::peers;
 use crate::health::{health_of, Health, Tally, Verdict};
 use crate::metrics::{self, Counter, Gauge};
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
-use crate::state::fits::FitBoard;
-use crate::state::inflight::{Board, PodWork};
+use crate::scheduler::fit_board::FitBoard;
+use crate::work::{Board, PodWork};
 use crate::state::lease::{self, Lease};
-use crate::state::load::{LoadTable, PodLoad};
+use crate::pod::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{
     page_key, EPOCH_KEY, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING,
     QUEUE_ID_KEY, QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use crate::vm::leader::{Leader, PollResult};
-use crate::vm::prom::GatewayShare;
+use crate::pod::prom::GatewayShare;
 use hashbrown::HashMap;
 
 /// Queue messages the leader handles per tick at most, so one tick never stalls its worker.
@@ -970,19 +969,10 @@ fn put_board_row(
     false
 }
 
-fn get_u64(host: &dyn Host, key: &str) -> Option<u64> {
-    let bytes = host.shared_get(key).0?;
-    Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
-}
-
-fn set_u64(host: &mut dyn Host, key: &str, value: u64) {
-    let _ = host.shared_set(key, &value.to_le_bytes(), None);
-}
-
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 pub(crate) mod tests;
 
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
-mod churn;
+mod churn_tests;

@@ -2,7 +2,7 @@
 //! lost races, and values written by another module version.
 
 use super::*;
-use crate::state::inflight::PodWork;
+use crate::work::PodWork;
 use crate::testing::{FakeHost, Store};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -448,7 +448,7 @@ fn a_poll_is_read_against_the_requests_on_the_pod_when_it_was_sent() {
         };
         assert_eq!(
             ours(PODS[0]),
-            Some(crate::vm::prom::GatewayShare {
+            Some(crate::pod::prom::GatewayShare {
                 prefilling: 1.0,
                 inflight: 1.0,
             }),
@@ -476,7 +476,7 @@ fn impossible_gauges_are_clamped_and_counted_per_pod() {
             .map(|p| p.metrics.waiting);
         assert_eq!(
             waiting,
-            Some(prom::MAX_POD_REQUESTS),
+            Some(crate::pod::prom::MAX_POD_REQUESTS),
             "{pod}: still the fullest pod"
         );
     }

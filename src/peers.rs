@@ -27,17 +27,17 @@
 //!
 //! * **Work.** The answer also carries the replica's own unfinished work per pod (its workers' rows
 //!   of the work board, summed). The puller's leader writes it on its own board as a row of that
-//!   replica's (`crate::state::inflight`), so every worker's queue term sees the other replica's
+//!   replica's (`crate::work`), so every worker's queue term sees the other replica's
 //!   queued prefills a pull later, in tokens, instead of a pod poll later, in requests.
 //!
 //! Answer body: `format:u8(=1) epoch:u64 through:u64 n:u32 (len:u32 page)×n m:u32 (len:u16
 //! entry)×m`, at most [`MAX_ANSWER_BYTES`] of pages; `through` is the newest page considered (the
 //! puller's next `after`); an entry is a work-board entry as the board writes it.
 
-use super::get_u64;
+use crate::state::get_u64;
 use crate::common::{is_host_port, ConfigError};
 use crate::port::Host;
-use crate::state::inflight::{Board, WorkEntry};
+use crate::work::{Board, WorkEntry};
 use crate::state::messages::Page;
 use crate::state::rows::Entry;
 use crate::state::{page_key, EPOCH_KEY, INFLIGHT_KEY, PAGE_HEAD_KEY, PAGE_RING};

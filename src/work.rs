@@ -24,7 +24,7 @@
 //! so the earliest head is never one that has been waiting behind another VM's.
 //!
 //! Rows of another gateway replica: its leader's summary of its own work, written by this Envoy's
-//! leader when it pulls the replica's placements (`crate::vm::peers`), under an id with the top bit
+//! leader when it pulls the replica's placements (`crate::peers`), under an id with the top bit
 //! set (a VM's id never has it). Every VM counts them like another VM's row, so the queue term
 //! sees what the other replica queued a pull later instead of a pod poll later, in tokens.
 //!
@@ -40,7 +40,7 @@
 //! a few host calls per request (`make bench-overhead` measured 15–70 µs); at dozens of workers with
 //! hundreds of pods, per-VM keys would remove the contention.
 
-use super::rows::{Entry, RowBoard};
+use crate::state::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
 /// The format line every board value starts with.

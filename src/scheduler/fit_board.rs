@@ -10,7 +10,7 @@
 //! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
 //! one entry per pod.
 
-use super::rows::{Entry, RowBoard};
+use crate::state::rows::{Entry, RowBoard};
 use crate::scheduler::cost::Coefficients;
 use hashbrown::HashMap;
 

@@ -1,9 +1,9 @@
 //! The load table the leader publishes: every known pod, its pool role, its latest metrics and when
-//! they were read. (In-flight requests are not here: they change per request, see `super::inflight`.)
+//! they were read. (In-flight requests are not here: they change per request, see `crate::work`.)
 
 use crate::common::Role;
-use crate::vm::models::ServedModel;
-use crate::vm::prom::PodMetrics;
+use crate::pod::models::ServedModel;
+use crate::pod::prom::PodMetrics;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 //! total are printed and held to their bounds.
 
 use super::*;
-use crate::flow::parse::{parse, Endpoint};
+use crate::protocol::parse::{parse, Endpoint};
 use crate::flow::{BodyOutcome, HeadersOutcome, RequestFlow};
 use crate::router::MAX_BLOCKS_PER_REQUEST;
 use crate::testing::{FakeHost, Store};

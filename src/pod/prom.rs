@@ -24,7 +24,7 @@
 //! * **Another engine's** (or a custom server's): valid exposition text that names none of them
 //!   ([`Figures::Unknown`]). The pod answers, so it is routed; its waiting and running are 0,
 //!   which the scheduler reads as "nothing beyond this gateway's own requests on it" (see
-//!   `super::leader` for why that, not the stale path).
+//!   `crate::vm::leader` for why that, not the stale path).
 //! * **Not a metrics page**: not UTF-8 ([`PromError::NotText`]), or a line that is neither a
 //!   comment nor a sample (an HTML error page, JSON, a log: [`PromError::NotExposition`]), or
 //!   nothing at all ([`PromError::Empty`]). The last is a choice: the format allows an empty

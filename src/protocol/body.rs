@@ -7,7 +7,7 @@
 //! behind it for the first member kept), and new members are written before the closing brace.
 //! Only bodies the request parser accepted as JSON objects are edited.
 
-use crate::flow::parse::json::Key;
+use crate::protocol::parse::json::Key;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;

@@ -1,0 +1,7 @@
+//! The OpenAI-style protocol as kvroute reads and writes it, with no routing in it: request
+//! bodies parsed into the rendering the engines cache (`parse`), the body edits a P/D split
+//! makes (`body`), and the cache report a response carries (`usage`).
+
+pub mod body;
+pub mod parse;
+pub mod usage;
