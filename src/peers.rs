@@ -34,13 +34,13 @@
 //! entry)×m`, at most [`MAX_ANSWER_BYTES`] of pages; `through` is the newest page considered (the
 //! puller's next `after`); an entry is a work-board entry as the board writes it.
 
-use crate::state::get_u64;
 use crate::common::{is_host_port, ConfigError};
 use crate::port::Host;
-use crate::work::{Board, WorkEntry};
+use crate::state::get_u64;
 use crate::state::messages::Page;
 use crate::state::rows::Entry;
 use crate::state::{page_key, EPOCH_KEY, INFLIGHT_KEY, PAGE_HEAD_KEY, PAGE_RING};
+use crate::work::{Board, WorkEntry};
 use serde::Deserialize;
 
 /// The header that carries `peers.token`.

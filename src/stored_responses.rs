@@ -26,8 +26,8 @@
 //! (8,192) newer stored responses. At most ~0.5 MB per Envoy. Gateway replicas do not share it: a
 //! follow-up that reaches another replica falls back (3.).
 
-use crate::protocol::usage::skip_spaces;
 use crate::port::Host;
+use crate::protocol::usage::skip_spaces;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Fixed shared-data keys `kvroute.responses.<n>`.

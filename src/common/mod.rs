@@ -47,8 +47,6 @@ pub enum NoEndpointPolicy {
     Passthrough,
 }
 
-
-
 /// The overload guard of the picker (see `crate::scheduler` picker): a pod whose queue (requests
 /// not yet started) is this far above the shortest candidate queue is ranked behind the others
 /// (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold` shape).

@@ -9,12 +9,12 @@
 pub mod debug;
 pub mod wire;
 
-pub use crate::common::{
-    is_host_port, same_secret, BlockMode, BlockScheme, Blocking, ConfigError,
-    HeaderName, NoEndpointPolicy, OverloadGuard, Role, Secret, MAX_PODS,
-};
 #[cfg(feature = "tiktoken")]
 pub use crate::common::Encoding;
+pub use crate::common::{
+    is_host_port, same_secret, BlockMode, BlockScheme, Blocking, ConfigError, HeaderName,
+    NoEndpointPolicy, OverloadGuard, Role, Secret, MAX_PODS,
+};
 
 pub(crate) use crate::common::at_least;
 use crate::common::err;
@@ -152,7 +152,6 @@ impl schemars::JsonSchema for debug::DebugHeaderWire {
         })
     }
 }
-
 
 impl Config {
     /// The sections the selection reads (`crate::scheduler::decide`).
@@ -404,7 +403,6 @@ fn compile_blocking(b: &wire::BlockConfig) -> Result<Blocking, ConfigError> {
         scheme,
     })
 }
-
 
 /// serde_json says e.g. "unknown field `pols`, expected one of …": pull out the field's name.
 fn field_from_serde(message: &str) -> String {

@@ -24,6 +24,7 @@
 //!    the blocks this request added, in every VM (`Provisional`).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 
+mod body_steps;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod decision_tests;
@@ -40,16 +41,15 @@ use crate::metrics::{self, Counter, Histogram};
 use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
 use crate::port::{Host, HttpCall};
+use crate::protocol::parse::{self, Endpoint};
 use crate::router::{CacheExpectation, CacheVerdict, FirstToken, Plan, Router};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
 use crate::scheduler::slo::{parse_objective, Slo};
-use crate::scheduler::{Decision, Hints, Rejection, RouteReason};
+use crate::scheduler::{Hints, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
-use explain::{DecisionFields, PdExport};
-use crate::protocol::parse::{self, Endpoint, ParseError};
-use crate::protocol::body;
+use explain::PdExport;
 
 /// Why `GET /metrics` through the gateway is refused, and where to scrape instead.
 const METRICS_NOT_PROXIED: &str = "kvroute: /metrics is not proxied to a model server: through the gateway it would be a different pod's page on every scrape. Scrape each model server's own /metrics, and kvroute's and Envoy's stats from Envoy's admin /stats/prometheus (kvroute_*)";
@@ -458,7 +458,9 @@ impl RequestFlow {
         self.endpoint.is_some()
     }
 
-    /// The whole body is here (`body` is `None` when it is larger than `max_body_bytes`).
+    /// The whole body is here (`body` is `None` when it is larger than `max_body_bytes`): parse,
+    /// catch up on what other VMs shared, plan (pure), commit the decision to every concern that
+    /// keeps state about it, and answer the host (the steps are in `body_steps`).
     pub fn on_request_body(
         &mut self,
         vm: &mut Vm,
@@ -471,238 +473,29 @@ impl RequestFlow {
         let Some(body) = body.filter(|b| b.len() <= vm.config.max_body_bytes) else {
             return BodyOutcome::Reply(too_large_reply(vm, host));
         };
-        let inline = vm.config.pd.mode == PdMode::Inline;
-        let parsed = parse::parse_request(endpoint, body, vm.config.parse_budget());
-        if parsed.owned_field && !vm.config.trust_client_kv_transfer_params {
-            // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
-            // the client's. Removed whatever happens next (routed, passed through, refused).
-            host.count(Counter::ClientKvParamsRemoved, 1);
-            self.rewritten_body = body::edit(body, &[(OWNED_BODY_FIELD, body::Change::Remove)]);
-        }
-        let view = match parsed.view {
+        let view = match self.read_body(vm, host, endpoint, body) {
             Ok(view) => view,
-            Err(ParseError::OverBudget) => {
-                host.count(Counter::ParseBudgetExceeded, 1);
-                let message = format!(
-                    "kvroute: reading this request for routing needs more than max_parse_bytes ({} bytes of rendered prompt and parse buffers)",
-                    vm.config.parse_budget()
-                );
-                return BodyOutcome::Reply(Reply::error(ErrorCode::ParseBudgetExceeded, &message));
-            }
-            Err(e) => {
-                // The model server gives the client its own error for a bad body.
-                log::debug!("kvroute: pass-through: {}", e.as_str());
-                host.count(Counter::Passthrough, 1);
-                return BodyOutcome::Continue;
-            }
+            Err(outcome) => return outcome,
         };
         // Inline P/D reads the KV handle from the prefill pod's answer, which vLLM gives for
         // completions and chat; any other request is decoded where it is routed.
+        let inline = vm.config.pd.mode == PdMode::Inline;
         let split_inline = inline && endpoint.splits_inline();
         let original =
             split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);
         let now = host.now_ms();
         let board = vm.read_inflight_board(host, now);
-        let blocks = Router::blocks_in_cache(
-            &vm.config,
-            &view,
-            vm.router.cache_model(&view.model),
-            vm.tokenizer.as_deref(),
-        );
-        let stored_at = view.previous_response_id.as_deref().and_then(|id| {
-            crate::stored_responses::lookup(host, id, vm.config.stored_response_ttl_ms)
-        });
-        self.hints.stored_at = stored_at.as_deref().map(crate::stored_responses::addr_key);
-        let mut plan = self.plan(vm, &view.model, &blocks, now, inline && !split_inline);
-        if matches!(
-            plan.decision,
-            Decision::NoEndpoint(
-                Rejection::NoneHealthy | Rejection::NoPods | Rejection::NoneKnownYet
-            )
-        ) {
-            // This VM's copy of the load table is as old as its last tick (and empty in a VM still
-            // starting): re-read it once before deciding that nothing can serve the request.
-            vm.refresh_load_table(host);
-            plan = self.plan(vm, &view.model, &blocks, now, inline && !split_inline);
-        }
-        if vm.router.load_table().version == 0
-            || plan.decision == Decision::NoEndpoint(Rejection::NoneKnownYet)
-        {
-            // No pool state yet (no table published, or no pod has answered a poll): let the
-            // cluster balance rather than fail requests while kvroute starts.
-            host.count(Counter::Passthrough, 1);
-            return BodyOutcome::Continue;
-        }
-        let first_token = plan.first_token();
-        let Plan {
-            decision,
-            pd,
-            observer_suspect,
-        } = plan;
-        let (ranked, reason) = match decision {
-            Decision::Route { ranked, reason } => (ranked, reason),
-            Decision::NoEndpoint(rejection) => {
-                return self.refuse(vm, host, rejection, &view.model);
-            }
+        let mut planned = match self.plan_request(vm, host, &view, now, inline && !split_inline) {
+            Ok(planned) => planned,
+            Err(outcome) => return outcome,
         };
-        let Some(primary) = ranked.first() else {
-            return BodyOutcome::Continue;
-        };
-        self.labels = RouteLabels::of(vm, &primary.addr, &view.model);
-        let [pool, role, model] = self.labels.pairs();
-        host.count_in(
-            Counter::RequestsRouted,
-            &[
-                pool,
-                role,
-                model,
-                (metrics::REASON, explain::reason_name(reason)),
-            ],
-            1,
-        );
-        if view.previous_response_id.is_some() {
-            let placed = reason == RouteReason::StoredResponse;
-            host.count(
-                if placed {
-                    Counter::StoredResponsePinned
-                } else {
-                    Counter::StoredResponseUnplaced
-                },
-                1,
-            );
+        self.count_routed(vm, host, &view, endpoint, &planned);
+        let (route, prefill_pod) = self.commit(vm, host, &view, &mut planned, (now, board));
+        match prefill_pod {
+            Some(prefill) => self.start_split(vm, host, route, planned, prefill, original),
+            None => BodyOutcome::Route(route),
         }
-        if endpoint == Endpoint::Responses && view.store {
-            self.stored_answer = Some(Vec::new());
-        }
-        if observer_suspect {
-            host.count(Counter::ObserverSuspect, 1);
-        } else if primary.stale {
-            host.count(Counter::RoutedStale, 1);
-        }
-        if primary.meets_slo == Some(false) {
-            host.count(Counter::SloPredictedMiss, 1);
-        }
-        if self.debug_wanted {
-            self.debug = Some(explain::debug_line(
-                vm,
-                &blocks,
-                &ranked,
-                reason,
-                pd.as_ref(),
-            ));
-        }
-        vm.router.inflight_start(&primary.addr);
-        let slowest = ranked
-            .iter()
-            .map(|c| c.prediction.ttft_ms)
-            .fold(0.0, f64::max);
-        let first_byte_timeout_ms = view
-            .stream
-            .then(|| vm.config.health.first_byte_timeout(slowest))
-            .flatten();
-        if let Some(first) = first_token {
-            let pending = Some(vm.router.prefill_start(&first, now, first_byte_timeout_ms));
-            self.awaiting = Some(Awaiting {
-                first,
-                pending,
-                routed_at_us: host.now_us(),
-                learnable: view.stream,
-            });
-        }
-        self.streamed = view.stream;
-        let prefill_pod = pd
-            .as_ref()
-            .and_then(|p| p.prefill.as_ref())
-            .map(|c| c.addr.clone());
-        let pd_export = match (&pd, &prefill_pod, vm.config.pd.mode) {
-            (None, _, _) => PdExport::None,
-            (Some(_), None, _) => PdExport::DecodeOnly,
-            (Some(_), Some(_), PdMode::Inline) => PdExport::SplitInline,
-            (Some(_), Some(_), _) => PdExport::SplitSidecar,
-        };
-        DecisionFields::of(
-            primary,
-            pd.as_ref().and_then(|p| p.prefill.as_ref()),
-            reason,
-            &blocks,
-            vm.config.block.tokens_per_block,
-            pd_export,
-        )
-        .export(host);
-        // A split request's decode pod reports the pulled KV as cached too: only check the rest.
-        if prefill_pod.is_none() {
-            self.cache_check =
-                vm.router
-                    .expect_cache(&primary.addr, &blocks, primary.matched_blocks);
-        }
-        vm.write_inflight_row_over(host, now, Some(board));
-        self.routed_to = Some(primary.addr.clone());
-        if pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
-            host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
-        }
-        let destinations = ranked
-            .iter()
-            .map(|c| c.addr.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        vm.observe_routing(
-            host,
-            Observation {
-                addr: primary.addr.clone(),
-                hashes: blocks.hashes.clone(),
-            },
-            primary.matched_blocks,
-            now,
-        );
-        self.provisional
-            .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
-        if prefill_pod.is_none() && ranked.len() > 1 {
-            self.hashes.clone_from(&blocks.hashes);
-        }
-        let mut route = Route {
-            destinations,
-            prefiller: None,
-            prefill_call: None,
-            first_byte_timeout_ms,
-        };
-        let Some(prefill_addr) = prefill_pod else {
-            return BodyOutcome::Route(route);
-        };
-        // The prefill pod computes the same blocks: its index learns them too.
-        let prefill_held = pd
-            .as_ref()
-            .and_then(|p| p.prefill.as_ref())
-            .map_or(0, |c| c.matched_blocks);
-        self.provisional
-            .add(&prefill_addr, &blocks.hashes, prefill_held);
-        vm.observe(
-            host,
-            Observation {
-                addr: prefill_addr.clone(),
-                hashes: blocks.hashes,
-            },
-        );
-        match (vm.config.pd.mode, original) {
-            (PdMode::Inline, Some(original)) => {
-                route.prefill_call = Some(inline::prefill_call(
-                    &vm.config.poll_cluster,
-                    &self.path,
-                    &prefill_addr,
-                    &original,
-                    &self.forwarded,
-                    vm.config.pd.prefill_timeout_ms,
-                ));
-                self.prefill_original = Some(original);
-                self.prefill_pod = Some(prefill_addr);
-            }
-            _ => {
-                host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
-                route.prefiller = Some(prefill_addr);
-                self.sidecar_split = true;
-            }
-        }
-        BodyOutcome::Route(route)
     }
 
     /// The router's plan; `decode_only`: without a prefill pod (a split this request cannot take).

@@ -8,9 +8,9 @@
 //! anything else without a KV handle (a failure, a timeout: the host answers 503/504) falls back to
 //! decode-only.
 
-use crate::protocol::body::{edit, Change};
 use crate::headers::DESTINATION;
 use crate::port::HttpCall;
+use crate::protocol::body::{edit, Change};
 use serde_json::Value;
 
 /// kvroute's own KV handle request: "prefill for a remote decoder".

@@ -10,7 +10,6 @@ pub mod index;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
 
-
 /// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
 pub trait Tokenizer {
     fn encode(&self, text: &str) -> Vec<u32>;

@@ -18,8 +18,8 @@
 //! message another's tokens; it holds at most [`MEMO_BYTES`] of text and tokens per VM, and
 //! messages too short to be worth it (under [`MEMO_MIN_BYTES`]) are encoded each time.
 
-use crate::protocol::parse::MESSAGE_END;
 use crate::prefix::Tokenizer;
+use crate::protocol::parse::MESSAGE_END;
 use hashbrown::HashMap;
 use std::cell::RefCell;
 use tiktoken_rs::CoreBPE;

@@ -6,11 +6,11 @@ use super::Router;
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
 use crate::config::Config;
-use crate::protocol::parse::RequestView;
 use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 #[cfg(feature = "tiktoken")]
 use crate::prefix::token_block_hashes;
 use crate::prefix::{chain_seed, char_block_hashes, Tokenizer};
+use crate::protocol::parse::RequestView;
 use crate::state::messages::{Observation, Page};
 
 /// The blocks of one request, ready for the scheduler and the index.

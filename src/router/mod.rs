@@ -16,20 +16,20 @@ mod index;
 mod work;
 
 pub use crate::pd::{PdOutcome, PdPlan};
-pub use fits::PoolCosts;
 pub use crate::prefix::Tokenizer;
+pub use fits::PoolCosts;
 pub use index::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER_REQUEST};
 
 use crate::config::{Config, Role};
 use crate::health::{health_of, Health};
-use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
-use crate::scheduler::cost::CostFit;
-use crate::scheduler::predict::head_progress;
-use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
-use crate::scheduler::fit_board::PodFit;
-use crate::work::PodWork;
 use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::PodMetrics;
+use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
+use crate::scheduler::cost::CostFit;
+use crate::scheduler::fit_board::PodFit;
+use crate::scheduler::predict::head_progress;
+use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
+use crate::work::PodWork;
 use hashbrown::HashMap;
 use work::{PendingPrefill, DEFAULT_TYPICAL_TOKENS};
 

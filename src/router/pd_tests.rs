@@ -1,7 +1,7 @@
 use super::*;
 use crate::pod::load::PodLoad;
-use crate::state::messages::Observation;
 use crate::pod::prom::PodMetrics;
+use crate::state::messages::Observation;
 
 fn pd_config() -> Config {
     Config::parse(

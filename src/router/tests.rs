@@ -2,12 +2,12 @@ use super::work::MAX_PENDING;
 use super::*;
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
+use crate::pod::load::PodLoad;
+use crate::pod::prom::PodMetrics;
 use crate::protocol::parse::RequestView;
 use crate::protocol::parse::{parse, Endpoint};
 use crate::scheduler::Decision;
-use crate::pod::load::PodLoad;
 use crate::state::messages::{Observation, Page};
-use crate::pod::prom::PodMetrics;
 
 fn table(addrs: &[&str], now: u64) -> LoadTable {
     LoadTable {

@@ -10,8 +10,8 @@
 //! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
 //! one entry per pod.
 
-use crate::state::rows::{Entry, RowBoard};
 use crate::scheduler::cost::Coefficients;
+use crate::state::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
 const FORMAT: &str = "kvroute-fits/1";

@@ -17,8 +17,8 @@
 //! waiting) all follow from it.
 
 pub mod cost;
-pub mod fit_board;
 mod filters;
+pub mod fit_board;
 mod picker;
 pub mod predict;
 pub mod saturation;
@@ -136,7 +136,8 @@ pub struct SelectionConfig<'a> {
 
 /// Runs filters → (shedding) → predictor → picker.
 pub fn decide(
-    config: &SelectionConfig<'_>,     pods: &[PodView<'_>],
+    config: &SelectionConfig<'_>,
+    pods: &[PodView<'_>],
     request: &RouteRequest<'_>,
 ) -> Decision {
     let candidates = match filter(pods, request) {

@@ -65,8 +65,8 @@
 //!
 //! The result is the primary pod plus fallbacks for Envoy's retry policy to walk.
 
-use super::{PodView, Prediction, Rejection, RouteRequest};
 use super::SelectionConfig;
+use super::{PodView, Prediction, Rejection, RouteRequest};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 #[derive(Debug, Clone, PartialEq)]

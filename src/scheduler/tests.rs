@@ -193,7 +193,10 @@ fn the_holder_keeps_a_prefix_until_recomputing_it_elsewhere_is_faster() {
     pods[0].queued_tokens = 1000.0;
     pods[0].queued_requests = 2.0;
     pods[0].inflight = 2.0;
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
     // ... waiting behind 5,000 does not: the prefix is replicated to another pod.
     pods[0].queued_tokens = 5000.0;
     let d = decide(&cfg.selection(), &pods, &request(&hashes));
@@ -226,7 +229,10 @@ fn a_faster_pod_gets_the_request_a_slower_one_would_finish_later() {
         "{ranked:?}"
     );
     pods[0].queued_tokens = 6000.0;
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[1]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[1]
+    );
 }
 
 #[test]
@@ -249,7 +255,10 @@ fn a_buried_pod_is_guarded_whatever_its_prefix() {
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     pods[0].matched_blocks = 100;
     pods[0].running = 6.0;
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
 }
 
 #[test]
@@ -262,12 +271,18 @@ fn in_flight_work_steers_before_metrics_catch_up() {
     pods[i].inflight = 1.0;
     pods[i].queued_requests = 1.0;
     pods[i].queued_tokens = 2000.0;
-    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), first);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        first
+    );
     // Requests decoding there (past their first byte) count too, beyond the load slack.
     pods[i].queued_requests = 0.0;
     pods[i].queued_tokens = 0.0;
     pods[i].inflight = 3.0;
-    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), first);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        first
+    );
 }
 
 #[test]
@@ -433,10 +448,16 @@ fn a_new_prefix_ignores_load_noise_within_the_slack() {
     let i = ADDRS.iter().position(|a| *a == choice).unwrap();
     noisy[i].running = 1.0;
     noisy[(i + 1) % 4].kv_usage = 0.3;
-    assert_eq!(primary(&decide(&cfg.selection(), &noisy, &request(&hashes))), choice);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &noisy, &request(&hashes))),
+        choice
+    );
     // Beyond the slack, load wins.
     noisy[i].running = 3.0;
-    assert_ne!(primary(&decide(&cfg.selection(), &noisy, &request(&hashes))), choice);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &noisy, &request(&hashes))),
+        choice
+    );
 }
 
 fn with_hints<'a>(hashes: &'a [u64], session: Option<&str>, priority: i32) -> RouteRequest<'a> {
@@ -474,7 +495,10 @@ fn a_fast_pod_running_many_streams_is_not_guarded_against_a_slow_idle_one() {
     for p in pods.iter_mut().take(3) {
         p.waiting = 12.0;
     }
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[3]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[3]
+    );
 }
 
 #[test]
@@ -487,7 +511,11 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
         &with_hints(&[1, 2], Some("chat-42"), 0),
     ))
     .to_string();
-    let reason = match decide(&cfg.selection(), &pods, &with_hints(&[1, 2], Some("chat-42"), 0)) {
+    let reason = match decide(
+        &cfg.selection(),
+        &pods,
+        &with_hints(&[1, 2], Some("chat-42"), 0),
+    ) {
         Decision::Route { reason, .. } => reason,
         other => panic!("{other:?}"),
     };
@@ -554,11 +582,23 @@ fn a_session_sticks_to_one_pod_over_prefix_and_load_until_it_is_overloaded() {
     let sessions: Vec<String> = (0..64).map(|i| format!("s{i}")).collect();
     let before: Vec<String> = sessions
         .iter()
-        .map(|id| primary(&decide(&cfg.selection(), &pods, &with_hints(&[5], Some(id), 0))).to_string())
+        .map(|id| {
+            primary(&decide(
+                &cfg.selection(),
+                &pods,
+                &with_hints(&[5], Some(id), 0),
+            ))
+            .to_string()
+        })
         .collect();
     pods[me].health = crate::health::Health::Down;
     for (id, was) in sessions.iter().zip(&before) {
-        let now = primary(&decide(&cfg.selection(), &pods, &with_hints(&[5], Some(id), 0))).to_string();
+        let now = primary(&decide(
+            &cfg.selection(),
+            &pods,
+            &with_hints(&[5], Some(id), 0),
+        ))
+        .to_string();
         if *was != pinned {
             assert_eq!(&now, was, "session {id} moved although its pod is alive");
         } else {
@@ -577,7 +617,11 @@ fn negative_priority_is_shed_only_when_every_candidate_is_saturated() {
     pods[3].waiting = 1.0;
     pods[3].kv_usage = 0.5;
     assert_eq!(
-        primary(&decide(&cfg.selection(), &pods, &with_hints(&[1], None, -1))),
+        primary(&decide(
+            &cfg.selection(),
+            &pods,
+            &with_hints(&[1], None, -1)
+        )),
         ADDRS[3]
     );
     pods[3].kv_usage = 0.85;
@@ -616,7 +660,10 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
         ..request(&hashes)
     };
     // Without an objective the fastest wins: cold idle pods (74 ms) beat the holder (110 ms).
-    assert_ne!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
     // A loose objective both meet: the cache hit, which saves the pool 1,600 tokens of prefill.
     let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &slo(200.0, 0)) else {
         panic!()
@@ -624,7 +671,10 @@ fn objectives_prefer_a_cache_hit_that_meets_them_and_shed_only_negative_prioriti
     assert_eq!(ranked[0].addr, ADDRS[0]);
     assert_eq!(ranked[0].meets_slo, Some(true));
     // A tight one only the idle pods meet.
-    assert_ne!(primary(&decide(&cfg.selection(), &pods, &slo(90.0, 0))), ADDRS[0]);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &slo(90.0, 0))),
+        ADDRS[0]
+    );
     // One nobody meets: the fastest, flagged; with a negative priority, shed.
     let Decision::Route { ranked, .. } = decide(&cfg.selection(), &pods, &slo(5.0, 0)) else {
         panic!()
@@ -693,7 +743,10 @@ fn under_load_a_recompute_pays_for_the_wait_it_adds_and_the_holder_keeps_its_pre
     assert!(ranked[1].prediction.ttft_ms * 3.0 < ranked[0].prediction.ttft_ms);
     // ... and spills once its queue is longer than the recompute's cost to the pool.
     pods[0].queued_tokens = 40_000.0;
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[3]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[3]
+    );
 }
 
 /// A move off the pod holding the prompt must win by more than the predictions' error band;
@@ -723,10 +776,16 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
     );
     // The holder adds no work (it holds the whole prompt): 82 × e^-0.2 = 67 ms against 74: it
     // stays.
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[0]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
     // Twice that queue (154 ms against 74): beyond any band, it moves.
     pods[0].queued_tokens = 3600.0;
-    assert_eq!(primary(&decide(&cfg.selection(), &pods, &request(&hashes))), ADDRS[1]);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[1]
+    );
     // A pod holding 5 of the 100 blocks gets 5% of the band: at the same 82 ms (280 tokens ahead
     // + its 1,520 uncached) it is left for the 74 ms pod.
     pods[0].matched_blocks = 5;

@@ -9,8 +9,8 @@
 //! total are printed and held to their bounds.
 
 use super::*;
-use crate::protocol::parse::{parse, Endpoint};
 use crate::flow::{BodyOutcome, HeadersOutcome, RequestFlow};
+use crate::protocol::parse::{parse, Endpoint};
 use crate::router::MAX_BLOCKS_PER_REQUEST;
 use crate::testing::{FakeHost, Store};
 use std::cell::{Cell, RefCell};

@@ -14,23 +14,23 @@ pub mod discovery;
 pub mod leader;
 
 use crate::config::Config;
-use crate::state::{get_u64, set_u64};
-use crate::peers;
 use crate::health::{health_of, Health, Tally, Verdict};
 use crate::metrics::{self, Counter, Gauge};
+use crate::peers;
+use crate::pod::load::{LoadTable, PodLoad};
+use crate::pod::prom::GatewayShare;
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
 use crate::scheduler::fit_board::FitBoard;
-use crate::work::{Board, PodWork};
 use crate::state::lease::{self, Lease};
-use crate::pod::load::{LoadTable, PodLoad};
 use crate::state::messages::{Message, Observation, Page};
+use crate::state::{get_u64, set_u64};
 use crate::state::{
     page_key, EPOCH_KEY, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING,
     QUEUE_ID_KEY, QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
 };
 use crate::vm::leader::{Leader, PollResult};
-use crate::pod::prom::GatewayShare;
+use crate::work::{Board, PodWork};
 use hashbrown::HashMap;
 
 /// Queue messages the leader handles per tick at most, so one tick never stalls its worker.

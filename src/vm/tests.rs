@@ -2,8 +2,8 @@
 //! lost races, and values written by another module version.
 
 use super::*;
-use crate::work::PodWork;
 use crate::testing::{FakeHost, Store};
+use crate::work::PodWork;
 use std::cell::RefCell;
 use std::rc::Rc;
 
