@@ -110,6 +110,8 @@ fmt:
 	$(CARGO) fmt --all
 
 lint: tools
+	python3 tools/check_layers.py
+	python3 tools/check_sizes.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings

@@ -6,6 +6,7 @@
 //! It only uses API that both the count-based scheduler (commit 4b8e149) and the predicted-TTFT one
 //! share but the parser's path, so the same file times either (in a checkout of 4b8e149, copy it and
 //! replace `kvroute::protocol::parse` with `kvroute::request`).
+#![allow(clippy::too_many_lines)] // a measurement script, not production code
 #![allow(clippy::expect_used, clippy::indexing_slicing)] // a measurement tool, not plugin code
 
 use std::time::Instant;

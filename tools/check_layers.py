@@ -56,19 +56,27 @@ LAYERS = [
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 CRATE_PATH = re.compile(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*|\{)")
 SUPER_PATH = re.compile(r"\b((?:super::)+)((?:[a-z_][a-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*)")
-TEST_MODULE = re.compile(r"^\s*#\[cfg\(test\)\]\s*$")
 
 
 def production_lines(path):
-    """The file's lines up to its `#[cfg(test)] mod …` block, comments blanked."""
-    out = []
+    """The file's lines outside `#[cfg(test)] mod name { … }` blocks (closed by a `}` in column
+    0), comments blanked; a skipped line stays as an empty one so line numbers hold."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if TEST_MODULE.match(line) and i + 1 < len(lines) and re.match(r"\s*(pub )?mod ", lines[i + 1]):
-            break
-        code = line.split("//", 1)[0]
-        out.append(code)
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == "#[cfg(test)]":
+            j = i + 1
+            while j < len(lines) and lines[j].strip().startswith("#["):
+                j += 1
+            if j < len(lines) and re.match(r"(pub(\([a-z]+\))? )?mod [a-z_]+ \{$", lines[j].strip()):
+                while j < len(lines) and lines[j] != "}":
+                    j += 1
+                out.extend([""] * (j + 1 - i))
+                i = j + 1
+                continue
+        out.append(lines[i].split("//", 1)[0])
+        i += 1
     return out
 
 

@@ -182,6 +182,7 @@ impl Config {
     }
 
     /// Checks the wire form and builds the runtime form.
+    #[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
     pub fn compile(w: &WireConfig) -> Result<Config, ConfigError> {
         let pools = compile_pools(w)?;
         let has = |role: Role| pools.iter().any(|p| p.role == role);

@@ -52,7 +52,7 @@ impl RequestFlow {
         host: &mut dyn Host,
         endpoint: Endpoint,
         body: &[u8],
-    ) -> Result<RequestView, BodyOutcome> {
+    ) -> Result<RequestView, Box<BodyOutcome>> {
         let parsed = parse::parse_request(endpoint, body, vm.config.parse_budget());
         if parsed.owned_field && !vm.config.trust_client_kv_transfer_params {
             // A KV handle names the host and port a decode pod pulls from: kvroute's to give, never
@@ -68,16 +68,16 @@ impl RequestFlow {
                     "kvroute: reading this request for routing needs more than max_parse_bytes ({} bytes of rendered prompt and parse buffers)",
                     vm.config.parse_budget()
                 );
-                Err(BodyOutcome::Reply(Reply::error(
+                Err(Box::new(BodyOutcome::Reply(Reply::error(
                     ErrorCode::ParseBudgetExceeded,
                     &message,
-                )))
+                ))))
             }
             Err(e) => {
                 // The model server gives the client its own error for a bad body.
                 log::debug!("kvroute: pass-through: {}", e.as_str());
                 host.count(Counter::Passthrough, 1);
-                Err(BodyOutcome::Continue)
+                Err(Box::new(BodyOutcome::Continue))
             }
         }
     }
@@ -91,7 +91,7 @@ impl RequestFlow {
         view: &RequestView,
         now: u64,
         decode_only: bool,
-    ) -> Result<Planned, BodyOutcome> {
+    ) -> Result<Planned, Box<BodyOutcome>> {
         let blocks = Router::blocks_in_cache(
             &vm.config,
             view,
@@ -120,7 +120,7 @@ impl RequestFlow {
             // No pool state yet (no table published, or no pod has answered a poll): let the
             // cluster balance rather than fail requests while kvroute starts.
             host.count(Counter::Passthrough, 1);
-            return Err(BodyOutcome::Continue);
+            return Err(Box::new(BodyOutcome::Continue));
         }
         let first_token = plan.first_token();
         let Plan {
@@ -131,11 +131,11 @@ impl RequestFlow {
         let (ranked, reason) = match decision {
             Decision::Route { ranked, reason } => (ranked, reason),
             Decision::NoEndpoint(rejection) => {
-                return Err(self.refuse(vm, host, rejection, &view.model));
+                return Err(Box::new(self.refuse(vm, host, rejection, &view.model)));
             }
         };
         let Some(primary) = ranked.first().cloned() else {
-            return Err(BodyOutcome::Continue);
+            return Err(Box::new(BodyOutcome::Continue));
         };
         Ok(Planned {
             blocks,

@@ -1,6 +1,7 @@
 //! One request through the core on the fake host, from headers to the last response byte.
 
 use super::*;
+use crate::router::Router;
 use crate::vm::tests::{config, Cluster, PODS};
 use serde_json::json;
 

@@ -249,6 +249,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
 }
 
 #[cfg(test)]
+#[allow(clippy::too_many_lines)] // tests: the size limits are for production code
 mod tests {
     use super::*;
 
@@ -713,4 +714,5 @@ mod tests {
 
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
+#[allow(clippy::too_many_lines)] // tests: the size limits are for production code
 mod equivalence;

@@ -157,4 +157,5 @@ pub fn decide(
 }
 
 #[cfg(test)]
+#[allow(clippy::too_many_lines)] // tests: the size limits are for production code
 mod tests;

@@ -167,6 +167,7 @@ struct Entry {
     matched: usize,
 }
 
+#[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
 pub fn pick(
     config: &SelectionConfig<'_>,
     pods: &[&PodView<'_>],

@@ -5,8 +5,8 @@
 //! A router that renders less than the engine (issue 14: tool-call arguments ignored) reports a
 //! prefix the pod does not hold; one that renders more loses hits the pod would give.
 
-use kvroute::protocol::parse::{parse, Endpoint};
 use kvroute::prefix::{chain_seed, char_block_hashes};
+use kvroute::protocol::parse::{parse, Endpoint};
 use serde_json::{json, Value};
 use wasm_tests::sim::{block_hashes, prompt_tokens};
 

@@ -206,6 +206,7 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a request object")
     }
+    #[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
         // Only the top object encloses its members.
         let depth = enter(0)?;
