@@ -1,0 +1,308 @@
+//! The response: upstream, headers, body chunks and the end (steps 4 and 5 in the module map
+//! in `super`).
+
+use super::*;
+
+/// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
+const CARRY_BYTES: usize = 256;
+
+impl RequestFlow {
+    /// The host Envoy sent the request to, as its response headers arrive. Another than the
+    /// primary means the primary refused or failed it and a retry took it to a fallback: what the
+    /// request taught the index moves to the host that answered, and neither its `usage` nor its
+    /// first byte says anything about the primary.
+    pub fn on_upstream(&mut self, vm: &mut Vm, host: &mut dyn Host, upstream: &str) {
+        let Some(primary) = self.routed_to.clone() else {
+            return;
+        };
+        self.upstream = Some(upstream.to_string());
+        let hashes = std::mem::take(&mut self.hashes);
+        if upstream == primary || hashes.is_empty() {
+            return;
+        }
+        log::debug!("kvroute: {primary} did not serve the request; {upstream} did");
+        self.provisional.withdraw(vm, host, Some(&primary));
+        self.cache_check = None;
+        if let Some(a) = self.awaiting.as_mut() {
+            a.learnable = false;
+        }
+        let Some(slot) = vm.router.slot_of(upstream) else {
+            return;
+        };
+        let held = vm
+            .router
+            .index()
+            .match_lengths(&hashes, crate::prefix::index::MAX_SLOTS)
+            .get(slot)
+            .copied()
+            .unwrap_or(0);
+        self.provisional.add(upstream, &hashes, held);
+        vm.observe(
+            host,
+            Observation {
+                addr: upstream.to_string(),
+                hashes,
+            },
+        );
+    }
+
+    /// Response headers: returns the debug header to add, if any.
+    pub fn on_response_headers(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        status: Option<&str>,
+        end_of_stream: bool,
+    ) -> Option<(&'static str, String)> {
+        if self.routed_to.is_some() {
+            self.status = status.and_then(|s| s.parse().ok());
+            self.response_ok = status.is_some_and(|s| s.starts_with('2'));
+            self.settle_observations(vm, host);
+            self.response_complete = end_of_stream;
+            if std::mem::take(&mut self.sidecar_split) {
+                self.prefill_pod_done(vm, host);
+            }
+            if end_of_stream || !self.response_ok {
+                self.first_byte(vm, host);
+            }
+        }
+        self.debug.take().map(|d| (DEBUG, d))
+    }
+
+    /// A split request's prefill pod finished its part: the prefill leaves the board now, while the
+    /// sample still waits for the client's first byte (the split path's whole time is learned).
+    ///
+    /// Inline, that is the prefill call's answer. In sidecar mode kvroute never sees the prefill
+    /// call; the decode pod's response headers are the first sign: the sidecar sends the decode
+    /// request only once the prefiller answered (llm-d's routing sidecar; kvsim does the same), and
+    /// the KV pull and the first decode step follow. Waiting for the first byte instead kept a
+    /// finished prompt on the prefill pod's queue for the length of its transfer, and the prompts
+    /// behind it counted as started that much later: the pod looked busier than it was.
+    pub(super) fn prefill_pod_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
+            let now = host.now_ms();
+            if vm.router.prefill_done(id, now) {
+                vm.write_inflight_row(host, now);
+            }
+        }
+    }
+
+    /// A 2xx makes what the index learned final; anything else withdraws it.
+    pub(super) fn settle_observations(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        if self.response_ok {
+            self.provisional.confirm();
+        } else {
+            self.provisional.withdraw(vm, host, None);
+        }
+    }
+
+    /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a
+    /// chunk out only then.
+    pub fn wants_response_bytes(&self) -> bool {
+        (self.cache_check.is_some() || self.stored_answer.is_some()) && self.response_ok
+    }
+
+    /// A response chunk of `size` bytes (`bytes` when [`Self::wants_response_bytes`] asked).
+    pub fn on_response_body(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        size: usize,
+        bytes: Option<&[u8]>,
+        end_of_stream: bool,
+    ) {
+        if self.awaiting.is_some() && (size > 0 || end_of_stream) {
+            self.first_byte(vm, host);
+        }
+        self.response_complete |= end_of_stream;
+        if let Some(bytes) = bytes {
+            self.note_stored_answer(host, bytes);
+            if self.cache_check.is_some() {
+                self.read_usage(vm, host, bytes);
+            }
+        }
+        if self.streamed && size > 0 {
+            let now = host.now_us();
+            if self.chunks == 0 {
+                self.first_chunk_us = now;
+            }
+            self.last_chunk_us = now;
+            self.chunks = self.chunks.saturating_add(1);
+        }
+    }
+
+    /// Whether [`Self::on_done`] wants to know how the request ended upstream (it was routed).
+    pub fn wants_end(&self) -> bool {
+        self.routed_to.is_some()
+    }
+
+    /// Whether [`Self::on_done`] needs the proxy's account of how the stream ended
+    /// (`response.code_details`): only where the response did not arrive whole. A whole response
+    /// was neither cut by the pod nor abandoned before the pod finished it, so its status says
+    /// everything (`crate::health::judge`), and the property read (a host call that copies a
+    /// string into the VM) is saved on nearly every request.
+    pub fn wants_end_details(&self) -> bool {
+        self.wants_end() && !self.response_complete
+    }
+
+    /// Whether the host that answered is already known (from the response headers): then the
+    /// host need not read it again at the end.
+    pub fn knows_upstream(&self) -> bool {
+        self.upstream.is_some()
+    }
+
+    /// The request is over (done, reset, timed out or answered locally). `upstream` and `details`
+    /// are the proxy's account of the last upstream attempt, when [`Self::wants_end`] asked
+    /// (`upstream` only where [`Self::knows_upstream`] did not).
+    pub fn on_done(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        upstream: Option<String>,
+        details: Option<String>,
+    ) {
+        // Reset, timeout or a local reply before any response byte: the prefill stops counting,
+        // and teaches nothing.
+        let completed = self.response_ok;
+        self.response_ok = false;
+        self.first_byte(vm, host);
+        let Some(addr) = self.routed_to.take() else {
+            return;
+        };
+        let end = RequestEnd {
+            status: self.status,
+            upstream: self.upstream.take().or(upstream),
+            details,
+        };
+        let verdicts = crate::health::judge(&addr, &end);
+        let failed = verdicts
+            .iter()
+            .filter(|(_, v)| *v == Verdict::Failed)
+            .count();
+        if failed > 0 {
+            log::debug!("kvroute: a request failed on {addr}: {end:?}");
+            host.count_in(
+                Counter::RequestFailures,
+                &self.labels.pairs(),
+                failed as u64,
+            );
+        }
+        vm.record_verdicts(verdicts);
+        if completed && self.chunks >= 3 {
+            let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
+            let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
+            vm.router.observe_itl(&addr, itl_ms);
+        }
+        vm.router.inflight_end(&addr);
+        let now = host.now_ms();
+        vm.write_inflight_row(host, now);
+    }
+
+    /// The first response byte (or the end of a response without one): the prefill is done; a
+    /// streamed 2xx teaches the pod's cost model.
+    ///
+    /// The work board hears of the prefill's end at once, streamed or not. Leaving a whole
+    /// response's prefill end for `on_done` (one board write fewer) was tried and undone: Envoy
+    /// runs `on_log` after the client may already have the response, so a client's next request,
+    /// taken by another worker, still saw the finished prefill queued on its pod and was sent
+    /// elsewhere (`envoy_routing::tiktoken_mode_routes_like_chars_mode` failed in CI that way).
+    pub(super) fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+        let Some(awaiting) = self.awaiting.take() else {
+            return;
+        };
+        let now = host.now_ms();
+        let changed = awaiting
+            .pending
+            .is_some_and(|id| vm.router.prefill_done(id, now));
+        if awaiting.learnable && self.response_ok {
+            let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
+            vm.learn(&awaiting.first, observed_ms);
+            let labels = self.labels.pairs();
+            host.histogram_in(Histogram::TtftMs, &labels, observed_ms as u64);
+            host.histogram_in(
+                Histogram::TtftPredictedMs,
+                &labels,
+                awaiting.first.predicted_ms.max(0.0) as u64,
+            );
+            if self.hints.slo.ttft_ms.is_some_and(|slo| observed_ms > slo) {
+                host.count(Counter::SloTtftMissed, 1);
+            }
+            if observed_ms > 0.0 {
+                let error = (awaiting.first.predicted_ms - observed_ms).abs() / observed_ms;
+                host.histogram(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
+            }
+        }
+        if changed {
+            vm.write_inflight_row(host, now);
+        }
+    }
+
+    /// A stored Responses answer: reads its id from its opening bytes and notes the pod that
+    /// answered as the one storing it.
+    pub(super) fn note_stored_answer(&mut self, host: &mut dyn Host, chunk: &[u8]) {
+        use crate::stored_responses::{first_id, record, ID_SCAN_BYTES};
+        let Some(opening) = self.stored_answer.as_mut() else {
+            return;
+        };
+        let room = ID_SCAN_BYTES.saturating_sub(opening.len());
+        opening.extend_from_slice(chunk.get(..chunk.len().min(room)).unwrap_or_default());
+        let full = opening.len() >= ID_SCAN_BYTES;
+        let Some(id) = first_id(opening) else {
+            if full {
+                self.stored_answer = None;
+            }
+            return;
+        };
+        let pod = self.upstream.as_deref().or(self.routed_to.as_deref());
+        if let Some(pod) = pod {
+            record(host, id, pod);
+        }
+        self.stored_answer = None;
+    }
+
+    /// Looks for the response's `usage` in this chunk (and the end of the last one); once found,
+    /// checks the index's expectation against it.
+    pub(super) fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
+        self.carry.extend_from_slice(chunk);
+        let Some((cached, prompt)) = crate::protocol::usage::cache_report(&self.carry) else {
+            let keep = self.carry.len().saturating_sub(CARRY_BYTES);
+            self.carry.drain(..keep);
+            return;
+        };
+        self.carry = Vec::new();
+        let Some(expected) = self.cache_check.take() else {
+            return;
+        };
+        if !crate::protocol::usage::plausible(cached, prompt) {
+            let pod = expected.addr.as_str();
+            log::debug!(
+                "kvroute: {pod} reported {cached} of {prompt} tokens cached: impossible, ignored"
+            );
+            let labels = [
+                (metrics::POOL, self.labels.pool.as_str()),
+                (metrics::ROLE, self.labels.role),
+                (metrics::POD, pod),
+            ];
+            host.count_in(Counter::PodReportedImplausible, &labels, 1);
+            return;
+        }
+        let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
+        let labels = self.labels.pairs();
+        host.count_in(
+            Counter::CachePredictedTokens,
+            &labels,
+            (share.min(1.0) * prompt as f64) as u64,
+        );
+        host.count_in(Counter::CacheReportedTokens, &labels, cached);
+        if let CacheVerdict::Evicted { kept, lost } =
+            vm.router.on_cache_report(&expected, cached, prompt)
+        {
+            log::debug!(
+                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {kept} blocks",
+                expected.addr
+            );
+            host.count(Counter::CacheEvictionsDetected, 1);
+            vm.report_eviction(host, expected.addr.clone(), lost);
+        }
+    }
+}
