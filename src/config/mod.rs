@@ -126,7 +126,7 @@ pub fn json_schema() -> serde_json::Value {
 
 /// By hand: `debug_header` is read by a hand-written deserializer (true/false or an object), which
 /// no derive can describe. Mirrors `debug::TriggerWire`'s fields; a field added there and used in
-/// a shipped configuration fails the schema test (wasm-tests/tests/config_check.rs).
+/// a shipped configuration fails the schema test (e2e/tests/config_check.rs).
 #[cfg(feature = "schema")]
 impl schemars::JsonSchema for debug::DebugHeaderWire {
     fn schema_name() -> std::borrow::Cow<'static, str> {
