@@ -110,6 +110,7 @@ fmt:
 	$(CARGO) fmt --all
 
 lint: tools
+	python3 tools/check_readme_functions.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings
