@@ -116,6 +116,7 @@ fmt:
 lint: tools
 	python3 tools/check_layers.py
 	python3 tools/check_sizes.py
+	python3 tools/check_readme_functions.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings

@@ -57,7 +57,7 @@ fn a_misspelt_field_is_caught_in_every_kind() {
     let deploy = dir.join("deploy");
     copy_tree(&repo_root().join("deploy"), &deploy).unwrap();
     let k = "kustomize/";
-    // The four typos of issue 12, each in a different schema: Istio Gateway, VirtualService and
+    // Four typical typos, each in a different schema: Istio Gateway, VirtualService and
     // EnvoyFilter, Kubernetes Deployment; then Gateway API, KEDA and HPA ones.
     misspell(
         &deploy,

@@ -1,4 +1,4 @@
-//! More request shapes routed by prefix through real Envoy (issue 31): an Anthropic Messages
+//! More request shapes routed by prefix through real Envoy: an Anthropic Messages
 //! conversation (`/v1/messages`, as vLLM serves it) stays on the pod that served its first turn,
 //! whose reported `cache_read_input_tokens` confirm the hit and which kvroute reads as it reads
 //! OpenAI's `cached_tokens`; the same conversation sent as chat finds the same prefix; another

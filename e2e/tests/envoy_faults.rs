@@ -6,7 +6,7 @@
 //! no VM may have been re-created (a plugin crash under `FAIL_RELOAD` creates a new VM). Each pod
 //! case measures the client errors while healthy pods existed, how long kvroute took to notice
 //! (the gauge named in the table) and how long it took to route to the pod again once the fault
-//! cleared. The measured table is printed (`--nocapture`) and copied into the README.
+//! cleared. The measured table is printed (`--nocapture`) and copied into docs/design/reliability.md.
 //!
 //! The leader case lives beside it: a configuration push replaces every VM under load; a new
 //! leader takes over within the stated bound and no request fails.

@@ -1,4 +1,4 @@
-//! Bytes and answers that used to abort a kvroute VM, through the real Envoy (issue 34): every
+//! Bytes and answers that used to abort a kvroute VM, through the real Envoy: every
 //! byte 0x80–0xFF in each request header kvroute reads and in one it does not; a pod whose
 //! `/metrics` answer Envoy ends itself (a TCP reset mid-answer, a page past the async client's
 //! buffer); an inline prefill pod that resets; a pod reporting an impossible `cached_tokens`. A

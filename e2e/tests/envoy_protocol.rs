@@ -1,4 +1,4 @@
-//! The protocol surface through real Envoy (issue 14): what a pod refuses teaches the index
+//! The protocol surface through real Envoy: what a pod refuses teaches the index
 //! nothing; conversations differing only in a tool call share only what precedes it, in kvroute's
 //! index as in the pod's cache; requests for a pod's aliases and LoRA adapters route (as its `/v1/models` and metrics
 //! report them) and unknown names are refused; HTTP/1.0 clients are served; a metrics scrape of

@@ -2,7 +2,7 @@
 //! requests: conversations that differ only in a tool call, a name, a tool result's call id, an
 //! image, the tools or the template's arguments must stop sharing a prefix at the same message in
 //! both, and conversations that differ only in what never reaches the prompt must share all of it.
-//! A router that renders less than the engine (issue 14: tool-call arguments ignored) reports a
+//! A router that renders less than the engine (one that ignores tool-call arguments, say) reports a
 //! prefix the pod does not hold; one that renders more loses hits the pod would give.
 
 use kvroute::prefix::{chain_seed, char_block_hashes};

@@ -3,7 +3,7 @@
 //! expect (and on a header value that is not UTF-8), and Envoy returns such statuses in ordinary
 //! cases — reading an HTTP call's answer headers after Envoy ended the call with a reset, an
 //! overflow or a timeout gives `BadArgument`, since there is no answer. A panic aborts the VM and
-//! Envoy re-creates it, losing its index and learned costs (issue 34). Every call here returns
+//! Envoy re-creates it, losing its index and learned costs. Every call here returns
 //! `None` or `false` on any status but `Ok`; statuses stay `u32` (a Rust enum given a value it
 //! does not list would be undefined behaviour).
 //!
