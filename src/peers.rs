@@ -5,7 +5,7 @@
 //! every replica; each replica placed the tenant's prompt on a pod of its own choice whenever their
 //! predictions did not tie, each of those pods computed it, and the pool's cache held copies instead
 //! of more prompts (`make bench-replicas`, multi-tenant: hit ratio 73% with two gateways against 97%
-//! with one). Guessing where the other replica went did not fix it (README, "Several gateway
+//! with one). Guessing where the other replica went did not fix it (docs/results.md, "Several gateway
 //! replicas"); being told does. With no store shared between the replicas:
 //!
 //! * **Serving.** Each replica answers `GET <peers.path>?epoch=E&after=N` itself (the filter replies

@@ -42,7 +42,7 @@
 //!   tenants moved to pods without their prompts, each move another whole prefill
 //!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
 //!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
-//!   a holder predicted sooner than the pod chosen; README "A matrix of workloads"). Exempting
+//!   a holder predicted sooner than the pod chosen; docs/results.md "A matrix of workloads"). Exempting
 //!   such a holder outright (queued prefill ≥ held tokens, as this did for a while) let a hot
 //!   prefix's second home, whose queue held its own two recomputes of the prompt and twenty
 //!   requests waiting for one of four running slots, take 23 of the test's 32 requests.

@@ -38,7 +38,7 @@
 //! prefix looked sooner than the holder's queue; each such move added a whole prefill to the pool
 //! and gave the prefix a second home, queues grew, more requests moved, and a pool of four near
 //! saturation fell into cache thrashing (12 tenants × 6,000-word prompts on pods caching 32k
-//! tokens, `kvbench compare --workload multi-tenant-stall`, README "A matrix of workloads": p90
+//! tokens, `kvbench compare --workload multi-tenant-stall`, docs/results.md "A matrix of workloads": p90
 //! TTFT 0.2–88.6 s and hit ratio 0.72–0.99 over three seeds, against 160–174 ms and 0.99 ranked
 //! by the pool's cost).
 
