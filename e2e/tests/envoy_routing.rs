@@ -140,7 +140,13 @@ async fn distinct_prefixes_spread_over_the_pool() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod() {
-    let (sim, envoy) = stack(4, &["--max-num-seqs", "4"], json!({})).await;
+    // The pods run four sequences at once; vLLM does not export that, so kvroute is told.
+    let (sim, envoy) = stack(
+        4,
+        &["--max-num-seqs", "4"],
+        json!({"overload_guard": {"max_running": 4}}),
+    )
+    .await;
     let system = system_prompt("hot-", 1500);
     let url = envoy.url("/v1/chat/completions");
     let warm = post(&fresh_client(), &url, &chat(&system, "warm", 1, false), &[]).await;

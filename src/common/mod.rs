@@ -56,6 +56,10 @@ pub enum NoEndpointPolicy {
 pub struct OverloadGuard {
     pub abs_gap: f64,
     pub rel_gap: f64,
+    /// The engine's cap on requests running at once (vLLM's `--max-num-seqs`, SGLang's
+    /// `--max-running-requests`), which no engine exports. When set, a pod with that many requests
+    /// is guarded by its queue even when that queue is prefill work: its queue waits for decodes.
+    pub max_running: Option<u32>,
 }
 
 impl Default for OverloadGuard {
@@ -63,6 +67,7 @@ impl Default for OverloadGuard {
         OverloadGuard {
             abs_gap: 8.0,
             rel_gap: 1.5,
+            max_running: None,
         }
     }
 }

@@ -34,18 +34,21 @@
 //!   burst beyond it waits for decodes to finish, which no prefill term shows, and those requests
 //!   pile up unstarted. Measured in the real-Envoy test
 //!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
-//!   The guard counts only the queued requests the prediction does not price: a holder's queued
-//!   prefill tokens, in units of what the request would recompute elsewhere (the tokens of the
-//!   prompt it holds), are subtracted from its queue, because the pool cost already weighs
-//!   waiting behind that work against moving. Guarded by count alone, a holder
-//!   whose queue filled with a cold start's whole-prompt prefills was ranked last and its
+//!   A pod whose queued prefill work is at least what the request would recompute elsewhere (the
+//!   tokens of the prompt it holds) is not guarded: that queue is work the prediction sees, and
+//!   the pool cost already prices waiting behind it against moving — unless the pod has as many
+//!   requests as the engine runs at once (`overload_guard.max_running`, vLLM's `max_num_seqs`,
+//!   which no engine exports): then its queue waits for decodes, which no prefill term shows.
+//!   Guarded by count alone, a holder whose queue filled with a cold start's whole-prompt prefills was ranked last and its
 //!   tenants moved to pods without their prompts, each move another whole prefill
 //!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
 //!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
-//!   a holder predicted sooner than the pod chosen; docs/results.md "A matrix of workloads"). Exempting
-//!   such a holder outright (queued prefill ≥ held tokens, as this did for a while) let a hot
-//!   prefix's second home, whose queue held its own two recomputes of the prompt and twenty
-//!   requests waiting for one of four running slots, take 23 of the test's 32 requests.
+//!   a holder predicted sooner than the pod chosen; docs/results.md "A matrix of workloads").
+//!   Without the seat cap, a hot prefix's second home whose queue held its own two recomputes of
+//!   the prompt took 23 of the burst's 32 requests (1 run in 3 of the test above). Counting
+//!   the exemption instead in units of the held prompt (a queue of cheap hits counted as unpriced)
+//!   or capping it at twice the gap fixed that and broke the multi-tenant cell: 5 and 6 of 6
+//!   seeds at 4–82 s p90 against 2–3 of 6 with the exemption as it is (docs/results.md).
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
@@ -128,13 +131,14 @@ pub fn overloaded(
     let guard = config.overload_guard;
     let queue = pod.queue();
     let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
-    let priced = if held_tokens > 0.0 {
-        (pod.queued_tokens / held_tokens).clamp(0.0, queue)
-    } else {
-        0.0
-    };
-    let unpriced = queue - priced;
-    unpriced - min_queue > guard.abs_gap && unpriced > guard.rel_gap * min_queue
+    let seat_bound = guard
+        .max_running
+        .is_some_and(|seats| pod.load() >= f64::from(seats));
+    let queue_is_priced_prefill =
+        held_tokens > 0.0 && pod.queued_tokens >= held_tokens && !seat_bound;
+    queue - min_queue > guard.abs_gap
+        && queue > guard.rel_gap * min_queue
+        && !queue_is_priced_prefill
 }
 
 /// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's

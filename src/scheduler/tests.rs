@@ -164,6 +164,34 @@ fn a_holder_queued_behind_prefill_work_is_priced_not_guarded() {
 }
 
 #[test]
+fn a_holder_with_every_seat_taken_is_guarded_though_its_queue_is_prefill_work() {
+    let mut cfg = Config::default();
+    let hashes: Vec<u64> = (1..=400).collect();
+    let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
+    pods[0].matched_blocks = 400;
+    pods[0].queued_requests = 10.0;
+    pods[0].inflight = 10.0;
+    pods[0].queued_tokens = 13_000.0;
+    for p in &mut pods[1..] {
+        p.queued_requests = 1.0;
+        p.inflight = 1.0;
+        p.queued_tokens = 6_400.0;
+    }
+    // Ten requests on a pod that runs twelve at once: the queue is the prefill it shows.
+    cfg.overload_guard.max_running = Some(12);
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+    // Four at once: six of the ten wait for a decode to end, which no prefill term shows.
+    cfg.overload_guard.max_running = Some(4);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+}
+
+#[test]
 fn a_hot_prefix_spills_to_one_pod_not_to_all() {
     let cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
