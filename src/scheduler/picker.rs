@@ -39,8 +39,8 @@
 //!   the pool cost already prices waiting behind it against moving — unless the pod has as many
 //!   requests as the engine runs at once (`overload_guard.max_running`, vLLM's `max_num_seqs`,
 //!   which no engine exports): then its queue waits for decodes, which no prefill term shows.
-//!   Guarded by count alone, a holder whose queue filled with a cold start's whole-prompt prefills was ranked last and its
-//!   tenants moved to pods without their prompts, each move another whole prefill
+//!   Guarded by count alone, a holder whose queue filled with a cold start's whole-prompt
+//!   prefills was ranked last and its tenants moved to pods without their prompts, each move another whole prefill
 //!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
 //!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
 //!   a holder predicted sooner than the pod chosen; docs/results.md "A matrix of workloads").
@@ -48,7 +48,8 @@
 //!   the prompt took 23 of the burst's 32 requests (1 run in 3 of the test above). Counting
 //!   the exemption instead in units of the held prompt (a queue of cheap hits counted as unpriced)
 //!   or capping it at twice the gap fixed that and broke the multi-tenant cell: 5 and 6 of 6
-//!   seeds at 4–82 s p90 against 2–3 of 6 with the exemption as it is (docs/results.md).
+//!   seeds at 4–82 s p90 against 2–3 of 6 with the exemption as it is (docs/results.md, "The
+//!   overload guard's exemption").
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
