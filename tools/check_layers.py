@@ -58,11 +58,9 @@ CRATE_PATH = re.compile(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]
 SUPER_PATH = re.compile(r"\b((?:super::)+)((?:[a-z_][a-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*)")
 
 
-def production_lines(path):
-    """The file's lines outside `#[cfg(test)] mod name { … }` blocks (closed by a `}` in column
-    0), comments blanked; a skipped line stays as an empty one so line numbers hold."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+def outside_tests(lines):
+    """`lines` with those of `#[cfg(test)] mod name { … }` blocks (closed by a `}` in column 0)
+    replaced by None, so line numbers hold (`check_sizes.py` uses it too)."""
     out, i = [], 0
     while i < len(lines):
         if lines[i].strip() == "#[cfg(test)]":
@@ -72,12 +70,19 @@ def production_lines(path):
             if j < len(lines) and re.match(r"(pub(\([a-z]+\))? )?mod [a-z_]+ \{$", lines[j].strip()):
                 while j < len(lines) and lines[j] != "}":
                     j += 1
-                out.extend([""] * (j + 1 - i))
+                out.extend([None] * (j + 1 - i))
                 i = j + 1
                 continue
-        out.append(lines[i].split("//", 1)[0])
+        out.append(lines[i])
         i += 1
     return out
+
+
+def production_lines(path):
+    """The file's lines outside test modules, comments blanked, a test line left empty."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    return ["" if line is None else line.split("//", 1)[0] for line in outside_tests(lines)]
 
 
 def module_path(rel):

@@ -15,6 +15,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_layers import outside_tests  # noqa: E402
+
 FILE_LIMIT = 600
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SRC = os.path.join(ROOT, "src")
@@ -24,21 +27,7 @@ FN = re.compile(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?fn\s+([A-Za-z0-9_]+)")
 
 
 def production_lines(lines):
-    """The lines outside `#[cfg(test)] mod name { … }` blocks (closed by a `}` in column 0)."""
-    out, i = [], 0
-    while i < len(lines):
-        if lines[i].strip() == "#[cfg(test)]":
-            j = i + 1
-            while j < len(lines) and lines[j].strip().startswith("#["):
-                j += 1
-            if j < len(lines) and re.match(r"(pub(\([a-z]+\))? )?mod [a-z_]+ \{$", lines[j].strip()):
-                while j < len(lines) and lines[j] != "}":
-                    j += 1
-                i = j + 1
-                continue
-        out.append(lines[i])
-        i += 1
-    return out
+    return [line for line in outside_tests(lines) if line is not None]
 
 
 def test_files():
