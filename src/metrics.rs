@@ -190,6 +190,9 @@ pub enum Counter {
     BodyTooLarge,
     /// Inference requests refused with 413: parsing the body needed more than `max_parse_bytes`.
     ParseBudgetExceeded,
+    /// Inference requests refused with 400: the body was not JSON kvroute's strict parse reads
+    /// (see `passthrough_unparseable_bodies`).
+    UnparseableBody,
     /// Metrics polls that failed outright (refused, reset, non-200, garbage): the pod is down.
     PollFailures,
     /// Metrics polls that timed out: the pod's figures are stale, the pod still routed.
@@ -293,7 +296,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 33] = [
+    pub const ALL: [Counter; 34] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -305,6 +308,7 @@ impl Counter {
         Counter::StoredResponseUnplaced,
         Counter::BodyTooLarge,
         Counter::ParseBudgetExceeded,
+        Counter::UnparseableBody,
         Counter::PollFailures,
         Counter::PollsLate,
         Counter::RoutedStale,
@@ -343,6 +347,7 @@ impl Counter {
             Counter::StoredResponseUnplaced => "kvroute.stored_response_unplaced_total",
             Counter::BodyTooLarge => "kvroute.body_too_large_total",
             Counter::ParseBudgetExceeded => "kvroute.parse_budget_exceeded_total",
+            Counter::UnparseableBody => "kvroute.unparseable_body_total",
             Counter::PollFailures => "kvroute.poll_failures_total",
             Counter::PollsLate => "kvroute.health.polls_late_total",
             Counter::RoutedStale => "kvroute.health.routed_stale_total",

@@ -69,6 +69,7 @@ pub struct Config {
     pub max_parse_bytes: usize,
     pub api_path_prefix: String,
     pub trust_client_kv_transfer_params: bool,
+    pub passthrough_unparseable_bodies: bool,
     pub leader_lease_ms: u64,
     pub singleton: bool,
     /// `Authorization` for the leader's calls to pods (`pod_api_key` or `pod_api_key_env`).
@@ -282,6 +283,7 @@ impl Config {
             max_parse_bytes: w.max_parse_bytes.unwrap_or(w.max_body_bytes),
             api_path_prefix: w.api_path_prefix.clone(),
             trust_client_kv_transfer_params: w.trust_client_kv_transfer_params,
+            passthrough_unparseable_bodies: w.passthrough_unparseable_bodies,
             leader_lease_ms: w.leader_lease_ms,
             singleton: w.singleton,
             pod_authorization: compile_pod_authorization(w)?,

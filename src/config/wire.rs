@@ -102,6 +102,11 @@ pub struct WireConfig {
     /// Leave a client's `kv_transfer_params` in its body (only for trusted internal clients that
     /// run their own P/D protocol); otherwise kvroute removes it from every body it reads.
     pub trust_client_kv_transfer_params: bool,
+    /// Pass on an inference body kvroute's strict JSON parse refuses (`NaN`, a byte order mark,
+    /// UTF-16, nesting past 127, a lone surrogate: Python's `json` reads them), its
+    /// `kv_transfer_params` taken out by a lenient scan; otherwise such a body is refused with
+    /// 400 `unparseable_body`.
+    pub passthrough_unparseable_bodies: bool,
     /// A lease not renewed for this long is taken over by another worker.
     pub leader_lease_ms: u64,
     /// Set only in the `envoy.bootstrap.wasm` singleton's configuration: it then always leads.
@@ -153,6 +158,7 @@ impl Default for WireConfig {
             max_parse_bytes: None,
             api_path_prefix: String::new(),
             trust_client_kv_transfer_params: false,
+            passthrough_unparseable_bodies: false,
             leader_lease_ms: 1500,
             singleton: false,
             pod_api_key: None,

@@ -73,6 +73,7 @@ impl RequestFlow {
                     &message,
                 ))))
             }
+            Err(ParseError::NotJson) => Err(Box::new(self.unparseable(vm, host, body))),
             Err(e) => {
                 // The model server gives the client its own error for a bad body.
                 log::debug!("kvroute: pass-through: {}", e.as_str());
@@ -80,6 +81,29 @@ impl RequestFlow {
                 Err(Box::new(BodyOutcome::Continue))
             }
         }
+    }
+
+    /// A body serde_json refuses that Python's `json` (the engines' servers) may read, with a
+    /// `kv_transfer_params` kvroute's strict edit cannot take out: refused, or with
+    /// `passthrough_unparseable_bodies` passed on without that member (`protocol::lenient`).
+    fn unparseable(&mut self, vm: &Vm, host: &mut dyn Host, body: &[u8]) -> BodyOutcome {
+        if !vm.config.passthrough_unparseable_bodies {
+            host.count(Counter::UnparseableBody, 1);
+            return BodyOutcome::Reply(Reply::error(
+                ErrorCode::UnparseableBody,
+                "kvroute: the request body is not JSON kvroute can read (strict RFC 8259 in UTF-8: no NaN or Infinity, no number out of range, no byte order mark or UTF-16, no lone surrogate, at most 127 levels deep)",
+            ));
+        }
+        if !vm.config.trust_client_kv_transfer_params {
+            if let Some(without) = crate::protocol::lenient::remove_member(body, OWNED_BODY_FIELD)
+            {
+                host.count(Counter::ClientKvParamsRemoved, 1);
+                self.rewritten_body = Some(without);
+            }
+        }
+        log::debug!("kvroute: pass-through: {}", ParseError::NotJson.as_str());
+        host.count(Counter::Passthrough, 1);
+        BodyOutcome::Continue
     }
 
     /// Step 3: where the request goes, or what to answer instead; `decode_only`: without a

@@ -34,12 +34,18 @@ impl RequestFlow {
         if let Some(outcome) = route_stored_response(vm, host, &method, &path) {
             return outcome;
         }
-        let too_large = header("content-length")
-            .and_then(|l| l.parse::<usize>().ok())
-            .is_some_and(|l| l > vm.config.max_body_bytes);
+        let announced = header("content-length").and_then(|l| l.parse::<usize>().ok());
+        let too_large = announced.is_some_and(|l| l > vm.config.max_body_bytes);
+        let discard_limit = vm.config.max_body_bytes.saturating_add(DISCARD_LIMIT_BYTES);
         match Endpoint::from_path(&path, &vm.config.api_path_prefix) {
-            Some(_) if method == "POST" && too_large => {
+            Some(_) if method == "POST" && announced.is_some_and(|l| l > discard_limit) => {
                 HeadersOutcome::Reply(too_large_reply(vm, host))
+            }
+            Some(endpoint) if method == "POST" && too_large && !end_of_stream => {
+                // Answered once the client has sent it all (see `DISCARD_LIMIT_BYTES`).
+                self.endpoint = Some(endpoint);
+                self.discarding = true;
+                HeadersOutcome::WaitForBody
             }
             Some(endpoint) if method == "POST" && !end_of_stream => {
                 self.wait_for_body(vm, host, header, endpoint, &path)

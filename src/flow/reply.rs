@@ -13,6 +13,7 @@ pub enum ErrorCode {
     MetricsNotProxied,
     BodyTooLarge,
     ParseBudgetExceeded,
+    UnparseableBody,
 }
 
 impl ErrorCode {
@@ -28,12 +29,15 @@ impl ErrorCode {
             ErrorCode::MetricsNotProxied => "metrics_not_proxied",
             ErrorCode::BodyTooLarge => "body_too_large",
             ErrorCode::ParseBudgetExceeded => "parse_budget_exceeded",
+            ErrorCode::UnparseableBody => "unparseable_body",
         }
     }
 
     fn status_and_kind(self) -> (u32, &'static str) {
         match self {
-            ErrorCode::BadPriority | ErrorCode::BadSlo => (400, "BadRequestError"),
+            ErrorCode::BadPriority | ErrorCode::BadSlo | ErrorCode::UnparseableBody => {
+                (400, "BadRequestError")
+            }
             ErrorCode::BodyTooLarge | ErrorCode::ParseBudgetExceeded => (413, "BadRequestError"),
             ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
             ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),

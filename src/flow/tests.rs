@@ -680,20 +680,42 @@ fn an_oversize_body_is_refused_with_413_whether_or_not_its_length_is_announced()
         (":path", "/v1/chat/completions"),
         ("content-length", "5000"),
     ]);
-    let HeadersOutcome::Reply(reply) = RequestFlow::new().on_request_headers(vm, host, &h, false)
-    else {
+    // Announced: read to its end and dropped (a reply while the client still sends ends in a
+    // reset), then answered.
+    let mut flow = RequestFlow::new();
+    let outcome = flow.on_request_headers(vm, host, &h, false);
+    assert_eq!(outcome, HeadersOutcome::WaitForBody);
+    assert_eq!(flow.on_body_chunk(vm, 10), BodyChunk::Drop);
+    assert_eq!(flow.on_body_chunk(vm, 10), BodyChunk::Drop);
+    let BodyOutcome::Reply(reply) = flow.on_request_body(vm, host, Some(b"{}")) else {
         panic!()
     };
     assert_eq!(reply.status, 413);
     let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
     assert_eq!(body["error"]["code"], "body_too_large");
-    // Chunked: only the body's size tells.
+    // Announced past what is worth reading: answered at once.
+    let huge = (1000 + DISCARD_LIMIT_BYTES + 1).to_string();
+    let h = headers(&[
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-length", huge.as_str()),
+    ]);
+    let outcome = RequestFlow::new().on_request_headers(vm, host, &h, false);
+    assert!(matches!(outcome, HeadersOutcome::Reply(ref r) if r.status == 413), "{outcome:?}");
+    // Chunked: only the body's size tells; dropped from the chunk that crosses the limit, and
+    // answered at once past the discard limit.
+    let mut flow = RequestFlow::new();
+    let h = headers(&[(":method", "POST"), (":path", "/v1/chat/completions")]);
+    assert_eq!(flow.on_request_headers(vm, host, &h, false), HeadersOutcome::WaitForBody);
+    assert_eq!(flow.on_body_chunk(vm, 1000), BodyChunk::Keep);
+    assert_eq!(flow.on_body_chunk(vm, 1001), BodyChunk::Drop);
+    assert_eq!(flow.on_body_chunk(vm, DISCARD_LIMIT_BYTES), BodyChunk::AnswerNow);
     let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", &"x".repeat(2000)));
     let BodyOutcome::Reply(reply) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(reply.status, 413);
-    assert_eq!(c.vms[0].1.counter(Counter::BodyTooLarge), 2);
+    assert_eq!(c.vms[0].1.counter(Counter::BodyTooLarge), 3);
 }
 
 /// How many of `body`'s leading blocks VM `i` believes `pod` holds.
@@ -1050,13 +1072,13 @@ fn a_routable_body_past_the_parse_budget_is_refused_and_bad_ones_still_pass_thro
     let error: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
     assert_eq!(error["error"]["code"], "parse_budget_exceeded");
     assert_eq!(c.vms[0].1.counter(Counter::ParseBudgetExceeded), 1);
-    // Within the budget, routed; over it but not JSON, passed through as before.
+    // Within the budget, routed; over it but not JSON, refused as not JSON.
     let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", "short"));
     assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
     let mut truncated = chat_body("m", &long);
     truncated.pop();
     let (_, outcome) = send(&mut c, 0, &[], &truncated);
-    assert_eq!(outcome, BodyOutcome::Continue);
+    assert!(matches!(outcome, BodyOutcome::Reply(ref r) if r.status == 400), "{outcome:?}");
     assert!(Config::parse(br#"{"max_parse_bytes":0}"#).is_err());
 }
 
@@ -1418,4 +1440,66 @@ fn a_stored_response_is_found_under_the_api_path_prefix() {
         RequestFlow::new().on_request_headers(vm, host, &h, false),
         HeadersOutcome::Route(PODS[1].to_string())
     );
+}
+
+#[test]
+fn a_body_serde_json_refuses_is_refused_or_passed_on_without_its_kv_handle() {
+    let kv = r#""kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9"}"#;
+    let bodies = [
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"temperature":NaN,{kv}}}"#),
+        format!(r#"{{"model":"m","prompt":"p","n":1e400,{kv}}}"#),
+        format!(r#"{{"model":"m","prompt":"\udc00",{kv}}}"#),
+        format!(r#"{{{kv},"model":"m","prompt":"p","x":{}{}}}"#, "[".repeat(130), "]".repeat(130)),
+    ];
+    let strict = config("");
+    let mut c = Cluster::new(&strict, 1);
+    c.ready();
+    for body in &bodies {
+        let (mut flow, outcome) = send(&mut c, 0, &[], body.as_bytes());
+        let BodyOutcome::Reply(reply) = outcome else {
+            panic!("{body}: {outcome:?}")
+        };
+        assert_eq!(reply.status, 400, "{body}");
+        let error: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(error["error"]["code"], "unparseable_body");
+        assert_eq!(flow.take_rewritten_body(), None);
+    }
+    assert_eq!(c.vms[0].1.counter(Counter::UnparseableBody), 4);
+    // JSON of another shape is the pod's to answer, its handle taken out as before.
+    let odd = format!(r#"{{"model":"m","messages":5,{kv}}}"#);
+    let (mut flow, outcome) = send(&mut c, 0, &[], odd.as_bytes());
+    assert_eq!(outcome, BodyOutcome::Continue);
+    assert_eq!(
+        flow.take_rewritten_body().as_deref(),
+        Some(&br#"{"model":"m","messages":5}"#[..])
+    );
+    let open = config(r#","passthrough_unparseable_bodies":true"#);
+    let mut c = Cluster::new(&open, 1);
+    c.ready();
+    for body in &bodies {
+        let (mut flow, outcome) = send(&mut c, 0, &[], body.as_bytes());
+        assert_eq!(outcome, BodyOutcome::Continue, "{body}");
+        let sent = flow.take_rewritten_body().expect("rewritten");
+        let sent = String::from_utf8(sent).unwrap();
+        assert!(!sent.contains("kv_transfer_params"), "{sent}");
+        assert_eq!(sent.len(), body.len() - kv.len() - 1, "{sent}");
+    }
+    assert_eq!(c.vms[0].1.counter(Counter::UnparseableBody), 0);
+    assert_eq!(c.vms[0].1.counter(Counter::ClientKvParamsRemoved), 4);
+}
+
+#[test]
+fn inference_paths_are_recognised_as_the_engines_servers_read_them() {
+    let mut c = Cluster::new(&config(""), 1);
+    c.ready();
+    let body = chat_body("m", "hello");
+    for path in [
+        "/v1/chat/%63ompletions",
+        "/v1/chat%2fcompletions",
+        "//v1//chat/completions/",
+        "/v1/./x/../chat/completions?y=1",
+    ] {
+        let (_, outcome) = post_on(&mut c, 0, path, &body);
+        assert!(matches!(outcome, BodyOutcome::Route(_)), "{path}: {outcome:?}");
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::abi;
 use super::node::Node;
-use crate::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
+use crate::flow::{BodyChunk, BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
 use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
 use crate::metrics::{Counter, Histogram};
 use crate::port::Host;
@@ -64,7 +64,8 @@ impl Filter {
             let Node { vm, host } = node;
             let started_us = host.now_us();
             // Oversize bodies are never copied out of the host.
-            let body = (body_size <= vm.config.max_body_bytes).then(|| {
+            let keep = !flow.discarding_body() && body_size <= vm.config.max_body_bytes;
+            let body = keep.then(|| {
                 abi::buffer(BufferType::HttpRequestBody, 0, body_size).unwrap_or_default()
             });
             let outcome = flow.on_request_body(vm, host, body.as_deref());
@@ -190,8 +191,18 @@ impl HttpContext for Filter {
         if !self.flow.waiting_for_body() {
             return Action::Continue;
         }
+        let chunk = self
+            .with_node(|flow, node| flow.on_body_chunk(&node.vm, body_size))
+            .unwrap_or(BodyChunk::Keep);
         self.body_len = body_size;
-        if !end_of_stream {
+        if chunk != BodyChunk::Keep {
+            // Emptied, Envoy's buffer never reaches its own limit (its 413 would come while the
+            // client is still sending, as a reset).
+            if body_size > 0 && abi::set_buffer(BufferType::HttpRequestBody, 0, body_size, &[]) {
+                self.body_len = 0;
+            }
+        }
+        if !end_of_stream && chunk != BodyChunk::AnswerNow {
             return Action::Pause; // Envoy buffers until the whole body is here (or trailers come)
         }
         self.timed(Histogram::PhaseRequestBodyUs, Filter::route_body)

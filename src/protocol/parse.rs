@@ -91,12 +91,12 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Matches the path without its query string or trailing slash, and without `prefix` (the
-    /// configured `api_path_prefix`, `""` for none) where it starts with it.
+    /// Matches the path as the engines' servers may read it (`super::path::normalize`: no query,
+    /// percent-decoded, no empty or dot segments), without `prefix` (the configured
+    /// `api_path_prefix`, `""` for none) where it starts with it.
     pub fn from_path(path: &str, prefix: &str) -> Option<Endpoint> {
-        let path = path.split('?').next().unwrap_or(path);
-        let path = without_prefix(path.trim_end_matches('/'), prefix);
-        match path {
+        let path = super::path::normalize(path);
+        match without_prefix(&path, prefix) {
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
             "/v1/responses" => Some(Endpoint::Responses),
