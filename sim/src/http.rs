@@ -81,8 +81,33 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .with_state(pod)
 }
 
-/// Stalls (fault) and stamps every response with the pod's address.
+/// Whether `body` names `transfer_param` in UTF-8 or UTF-16 (either order): a body a lenient
+/// JSON reader could take a client's `kv_transfer_params` from (also where the key's last letter
+/// is escaped, `kv_transfer_param\u0073`).
+fn names_kv_transfer_params(body: &[u8]) -> bool {
+    const NAME: &str = "transfer_param";
+    let utf16 = |big: bool| -> Vec<u8> {
+        NAME.encode_utf16()
+            .flat_map(|u| if big { u.to_be_bytes() } else { u.to_le_bytes() })
+            .collect()
+    };
+    [NAME.as_bytes().to_vec(), utf16(true), utf16(false)]
+        .iter()
+        .any(|needle| body.windows(needle.len()).any(|w| w == needle.as_slice()))
+}
+
+/// Stalls (fault), counts bodies naming a KV handle, and stamps every response with the pod's
+/// address.
 async fn pod_layer(State(pod): State<Arc<Pod>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+    };
+    if names_kv_transfer_params(&bytes) {
+        pod.count_body_naming_kv_transfer_params();
+    }
+    let req = Request::from_parts(parts, Body::from(bytes));
     if let Some(key) = &pod.cfg.api_key {
         let presented = req
             .headers()

@@ -95,6 +95,11 @@ pub struct SimStats {
     pub seen_headers: BTreeMap<String, u64>,
     /// The last `kv_transfer_params` this pod received (in a body or from a sidecar prefill).
     pub last_kv_transfer_params: Value,
+    /// Request bodies that reached this pod naming `transfer_param` in their bytes (UTF-8 or
+    /// UTF-16), whatever their path and whether or not they parse: what a server reading JSON
+    /// more leniently than kvsim (Python's `json`) could have taken a KV handle from.
+    #[serde(default)]
+    pub bodies_naming_kv_transfer_params: u64,
     pub running: usize,
     pub waiting: usize,
     pub kv_cache_usage: f64,
@@ -115,6 +120,7 @@ pub(crate) struct HttpCounters {
     /// `/v1/*` requests refused for a missing or wrong API key.
     pub unauthorized: u64,
     pub last_kv_transfer_params: Value,
+    pub bodies_naming_kv_transfer_params: u64,
 }
 
 /// Pods started together, so a fault request to one pod can target a sibling (the only way to clear
@@ -378,6 +384,10 @@ impl Pod {
         out
     }
 
+    pub fn count_body_naming_kv_transfer_params(&self) {
+        self.counters().bodies_naming_kv_transfer_params += 1;
+    }
+
     pub fn count_unauthorized(&self) {
         self.counters().unauthorized += 1;
     }
@@ -413,6 +423,7 @@ impl Pod {
             sidecar_prefill_failures: c.sidecar_prefill_failures,
             seen_headers,
             last_kv_transfer_params: c.last_kv_transfer_params.clone(),
+            bodies_naming_kv_transfer_params: c.bodies_naming_kv_transfer_params,
             running: snap.running,
             waiting: snap.waiting,
             kv_cache_usage: snap.kv_usage(&self.cfg),
