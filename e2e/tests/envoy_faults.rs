@@ -71,8 +71,8 @@ fn request_cases() -> Vec<RequestCase> {
             headers: vec![],
             chunked: false,
         },
-        // The model server answers malformed requests itself (kvroute passes what it cannot
-        // parse to the cluster balancer); never a 5xx.
+        // A 400, never a 5xx: kvroute's own `unparseable_body` for a body that is not JSON it
+        // reads, the model server's for JSON that is not a request it serves.
         expect: Expect::Status(&[400, 422]),
     };
     let spoof = |name, headers: Vec<(&'static str, String)>| RequestCase {

@@ -134,14 +134,15 @@ async fn the_filter_header_picks_the_pod_and_spoofed_headers_never_reach_one() {
     let r = client
         .post(envoy.url("/v1/completions"))
         .header("x-gateway-destination-endpoint", sim.pods[0].as_str())
-        .body("not json at all")
+        .body(format!(r#"{{"model":"{MODEL}"}}"#))
         .send()
         .await
         .unwrap();
+    assert!(r.headers().get("x-kvsim-pod").is_some());
     assert_eq!(
         r.status(),
         400,
-        "the model server answers a malformed body itself"
+        "the model server answers a body without a prompt itself"
     );
     let after: u64 = futures::future::join_all(sim.pods.iter().map(|p| sim_stats(p)))
         .await

@@ -312,7 +312,8 @@ async fn odd_requests_get_clear_answers() {
     let (sim, envoy) = stack(2, &[], json!({"max_body_bytes": 4096})).await;
     let client = fresh_client();
     let chat_url = envoy.url("/v1/chat/completions");
-    // Malformed JSON and binary bodies reach the model server, which answers 400 itself.
+    // Malformed JSON and binary bodies are kvroute's 400 (a body it cannot read could carry a
+    // `kv_transfer_params` it could not remove); JSON without a prompt is the model server's.
     let r = post_raw(
         &client,
         &chat_url,
@@ -321,8 +322,13 @@ async fn odd_requests_get_clear_answers() {
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "unparseable_body", "{}", r.body);
     let r = post_raw(&client, &chat_url, vec![0xff, 0x00, 0x13, 0x37, 0xfe], &[]).await;
     assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "unparseable_body", "{}", r.body);
+    let r = post_raw(&client, &chat_url, b"{\"model\": \"sim-model\"}".to_vec(), &[]).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.pod.is_some(), "the pod's own answer: {}", r.body);
     // Larger than max_body_bytes: refused with kvroute's JSON 413 (a body is read whole to be
     // routed and to remove what a client must not set), announced or chunked alike.
     let big = chat(&system_prompt("big", 3000), "q", 1, false);
@@ -373,7 +379,11 @@ async fn odd_requests_get_clear_answers() {
     let models = client.get(envoy.url("/v1/models")).send().await.unwrap();
     assert_eq!(models.status(), 200);
     assert!(models.headers().get("x-kvsim-pod").is_none());
-    assert!(envoy.stat("wasmcustom.kvroute.passthrough_total").await >= 3);
+    assert!(envoy.stat("wasmcustom.kvroute.passthrough_total").await >= 2);
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.unparseable_body_total").await,
+        2
+    );
     drop(sim);
 }
 
