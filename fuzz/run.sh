@@ -18,7 +18,7 @@ fi
 dict_for() {
   case "$1" in
     prom) echo "-dict=fuzz/dict/prom.dict" ;;
-    request_body|config|load_table|admin_clusters|inline_prefill|usage) echo "-dict=fuzz/dict/json.dict" ;;
+    request_body|body_differential|config|load_table|admin_clusters|inline_prefill|usage) echo "-dict=fuzz/dict/json.dict" ;;
   esac
 }
 failed=0

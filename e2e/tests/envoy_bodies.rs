@@ -39,14 +39,20 @@ fn unparseable_bodies() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("NaN", body_with(r#""temperature":NaN,"#).into_bytes()),
         ("-Infinity", body_with(r#""top_p":-Infinity,"#).into_bytes()),
-        ("1e400", body_with(r#""presence_penalty":1e400,"#).into_bytes()),
+        (
+            "1e400",
+            body_with(r#""presence_penalty":1e400,"#).into_bytes(),
+        ),
         (
             "UTF-8 BOM",
             [&[0xef, 0xbb, 0xbf][..], body_with("").as_bytes()].concat(),
         ),
         ("UTF-16LE", utf16),
         ("130 deep", body_with(&deep).into_bytes()),
-        ("lone surrogate", body_with(r#""user":"\ud800","#).into_bytes()),
+        (
+            "lone surrogate",
+            body_with(r#""user":"\ud800","#).into_bytes(),
+        ),
     ]
 }
 
@@ -67,13 +73,24 @@ async fn a_clients_kv_handle_never_reaches_a_pod_in_a_body_kvroute_cannot_parse(
     let chat_url = envoy.url("/v1/chat/completions");
     for (name, body) in unparseable_bodies() {
         let r = post_raw(&client, &chat_url, body, &[]).await;
-        assert_eq!(kv_bodies_seen(&sim).await, 0, "{name} reached a pod with its KV handle");
+        assert_eq!(
+            kv_bodies_seen(&sim).await,
+            0,
+            "{name} reached a pod with its KV handle"
+        );
         assert_eq!(r.status, 400, "{name}: {}", r.body);
-        assert_eq!(r.json()["error"]["code"], "unparseable_body", "{name}: {}", r.body);
+        assert_eq!(
+            r.json()["error"]["code"],
+            "unparseable_body",
+            "{name}: {}",
+            r.body
+        );
         assert_eq!(r.pod, None, "{name}: answered by kvroute, not a pod");
     }
     assert_eq!(
-        envoy.stat("wasmcustom.kvroute.unparseable_body_total").await,
+        envoy
+            .stat("wasmcustom.kvroute.unparseable_body_total")
+            .await,
         7
     );
     // Unchanged: a body kvroute reads is routed without its handle, and one that is JSON but not
@@ -106,8 +123,17 @@ async fn an_inference_path_is_recognised_as_the_engines_servers_read_it() {
         "//v1/chat//completions",
     ] {
         let r = post_raw(&client, &envoy.url(path), body_with("").into_bytes(), &[]).await;
-        assert_eq!(kv_bodies_seen(&sim).await, 0, "{path} reached a pod with its KV handle");
-        assert!(r.debug.is_some(), "{path} was not routed: {} {}", r.status, r.body);
+        assert_eq!(
+            kv_bodies_seen(&sim).await,
+            0,
+            "{path} reached a pod with its KV handle"
+        );
+        assert!(
+            r.debug.is_some(),
+            "{path} was not routed: {} {}",
+            r.status,
+            r.body
+        );
         assert!(r.pod.is_some(), "{path}: {} {}", r.status, r.body);
     }
     drop(sim);
@@ -121,8 +147,17 @@ async fn with_passthrough_unparseable_bodies_reach_the_pod_without_the_kv_handle
     let bodies = unparseable_bodies();
     for (name, body) in &bodies {
         let r = post_raw(&client, &chat_url, body.clone(), &[]).await;
-        assert!(r.pod.is_some(), "{name}: not passed on: {} {}", r.status, r.body);
-        assert_eq!(kv_bodies_seen(&sim).await, 0, "{name} reached a pod with its KV handle");
+        assert!(
+            r.pod.is_some(),
+            "{name}: not passed on: {} {}",
+            r.status,
+            r.body
+        );
+        assert_eq!(
+            kv_bodies_seen(&sim).await,
+            0,
+            "{name} reached a pod with its KV handle"
+        );
     }
     assert_eq!(
         envoy
@@ -131,7 +166,9 @@ async fn with_passthrough_unparseable_bodies_reach_the_pod_without_the_kv_handle
         bodies.len() as u64
     );
     assert_eq!(
-        envoy.stat("wasmcustom.kvroute.unparseable_body_total").await,
+        envoy
+            .stat("wasmcustom.kvroute.unparseable_body_total")
+            .await,
         0
     );
     drop(sim);
@@ -175,9 +212,10 @@ async fn post_big(listener: &str, len: usize, announced: bool) -> Result<(u16, V
     }
     let sent = Instant::now();
     for piece in wire.chunks(PACE_BYTES) {
-        stream.write_all(piece).await.map_err(|e| {
-            format!("writing the body: {e} after {:?}", sent.elapsed())
-        })?;
+        stream
+            .write_all(piece)
+            .await
+            .map_err(|e| format!("writing the body: {e} after {:?}", sent.elapsed()))?;
         tokio::time::sleep(PACE_EVERY).await;
     }
     let mut answer = Vec::new();
@@ -211,7 +249,9 @@ fn whole_answer(bytes: &[u8]) -> Option<(u16, &[u8])> {
         name.eq_ignore_ascii_case("content-length")
             .then(|| value.trim().parse().ok())?
     })?;
-    bytes.get(end + 4..end + 4 + length).map(|body| (status, body))
+    bytes
+        .get(end + 4..end + 4 + length)
+        .map(|body| (status, body))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,7 +266,11 @@ async fn a_body_past_max_body_bytes_gets_a_413_the_client_can_read() {
         )
         .await
         .unwrap_or_else(|_| Err("no answer in 30 s".to_string()));
-        let how = if announced { "content-length" } else { "chunked" };
+        let how = if announced {
+            "content-length"
+        } else {
+            "chunked"
+        };
         outcomes.push((format!("{mib} MiB, {how}"), answer));
     }
     // Every case sent before any is judged, so a failure shows all four.

@@ -326,7 +326,13 @@ async fn odd_requests_get_clear_answers() {
     let r = post_raw(&client, &chat_url, vec![0xff, 0x00, 0x13, 0x37, 0xfe], &[]).await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "unparseable_body", "{}", r.body);
-    let r = post_raw(&client, &chat_url, b"{\"model\": \"sim-model\"}".to_vec(), &[]).await;
+    let r = post_raw(
+        &client,
+        &chat_url,
+        b"{\"model\": \"sim-model\"}".to_vec(),
+        &[],
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.pod.is_some(), "the pod's own answer: {}", r.body);
     // Larger than max_body_bytes: refused with kvroute's JSON 413 (a body is read whole to be
@@ -381,7 +387,9 @@ async fn odd_requests_get_clear_answers() {
     assert!(models.headers().get("x-kvsim-pod").is_none());
     assert!(envoy.stat("wasmcustom.kvroute.passthrough_total").await >= 2);
     assert_eq!(
-        envoy.stat("wasmcustom.kvroute.unparseable_body_total").await,
+        envoy
+            .stat("wasmcustom.kvroute.unparseable_body_total")
+            .await,
         2
     );
     drop(sim);

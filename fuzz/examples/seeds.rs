@@ -206,6 +206,39 @@ fn main() {
         }
     }
 
+    // Bodies Python's `json` reads and serde_json refuses, after the client's KV handle (flag
+    // bit 1): strict and passed through (bit 0), as UTF-8, UTF-16 (bit 2) and behind a BOM
+    // (bit 3), on plain and encoded paths (bits 4-5).
+    let tails: [(&str, &str); 6] = [
+        (
+            "valid",
+            r#""model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        ("nan", r#""model":"m","prompt":"p","temperature":NaN}"#),
+        ("infinity", r#""model":"m","prompt":"p","top_p":-Infinity}"#),
+        ("1e400", r#""model":"m","prompt":"p","n":1e400}"#),
+        ("surrogate", r#""model":"m","prompt":"\ud800"}"#),
+        (
+            "escaped-key",
+            r#""kv_transfer_param\u0073":1,"model":"m","prompt":"p"}"#,
+        ),
+    ];
+    for (name, tail) in tails {
+        for flags in [2u8, 3, 6, 7, 10, 11, 0x22, 0x33] {
+            let input = [&[flags][..], tail.as_bytes()].concat();
+            c.put("body_differential", &format!("{name}-{flags:02x}"), &input);
+        }
+    }
+    let deep = format!(
+        r#""model":"m","prompt":"p","x":{}{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    for flags in [2u8, 3] {
+        let input = [&[flags][..], deep.as_bytes()].concat();
+        c.put("body_differential", &format!("deep-{flags:02x}"), &input);
+    }
+
     // Request headers as the host serialises them, with bytes that are not UTF-8 where kvroute
     // reads (session, priority, SLO, its own routing headers) and where it does not.
     let post: [(&[u8], &[u8]); 4] = [

@@ -61,6 +61,17 @@ pub fn aggregated_config() -> Config {
     Config::parse(json.as_bytes()).expect("the fuzz harness's configuration is valid")
 }
 
+/// [`aggregated_config`] that passes on bodies its strict parse refuses
+/// (`passthrough_unparseable_bodies`).
+pub fn passthrough_config() -> Config {
+    let json = format!(
+        r#"{{"pools":[{{"name":"p","endpoints":["{}","{}","{}"]}}],
+            "passthrough_unparseable_bodies":true}}"#,
+        PODS[0], PODS[1], PODS[2]
+    );
+    Config::parse(json.as_bytes()).expect("the fuzz harness's configuration is valid")
+}
+
 pub fn inline_pd_config() -> Config {
     let json = format!(
         r#"{{"pools":[{{"name":"p","role":"prefill","endpoints":["{}"]}},

@@ -18,15 +18,17 @@
 //! | `inline_prefill` | the prefill pod's answer            | the decode body is the client's with only the pod's `kv_transfer_params`; 4xx passed back as is |
 //! | `usage`          | a pod's response (`usage`)          | no allocation at all; the numbers found are the digits after the last key |
 //! | `header_bytes`   | a request's headers, as the host serialises them | linear memory; sizes that lie refused; only UTF-8 values read, the first of a repeated name; the request's path through a VM ends with no work left |
+//! | `body_differential` | the client, in shapes Python's `json` reads and serde_json refuses | what reaches the pod has no top-level `kv_transfer_params` as Python reads it (`python_json`), whether kvroute refuses such bodies or passes them on; every inference path variant is waited on |
 //! | `call_answers`   | what Envoy hands back for a dispatched call | any status (0: reset, overflow) and body on every poll, model list and admin call leaves the leader leading, a failed poll counted; an inline prefill answered so is resumed or answered, never left paused, and a status 0 is decode-only |
 
 pub mod alloc;
 pub mod gen;
 pub mod harness;
+pub mod python_json;
 
 use alloc::{linear_bound, peak_during};
 use gen::Gen;
-use harness::{aggregated_config, inline_pd_config, Gateway, PODS};
+use harness::{aggregated_config, inline_pd_config, passthrough_config, Gateway, PODS};
 use kvroute::config::{is_host_port, Config, Role, MAX_PODS};
 use kvroute::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, RequestFlow};
 use kvroute::headermap;
@@ -984,4 +986,72 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("usage", usage),
     ("header_bytes", header_bytes),
     ("call_answers", call_answers),
+    ("body_differential", body_differential),
 ];
+
+/// The KV handle a client must not hand a pod, as the fuzzer may prefix it to a body.
+const CLIENT_KV: &[u8] =
+    br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.6.6.6"},"#;
+
+/// `body_differential`: flags byte (bit 0 `passthrough_unparseable_bodies`; bit 1 the body opens
+/// with [`CLIENT_KV`]; bit 2 sent as UTF-16LE with its byte order mark, bit 3 behind a UTF-8 one;
+/// bits 4-5 the path: plain chat, completions, chat percent-encoded, completions with doubled
+/// slashes), then the body. Whatever kvroute lets through (routed, passed on, its rewritten body or
+/// the client's) must hold no top-level `kv_transfer_params` as Python's `json` reads it.
+pub fn body_differential(data: &[u8]) {
+    let Some((flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut body = Vec::new();
+    if flags & 2 != 0 {
+        body.extend_from_slice(CLIENT_KV);
+    }
+    body.extend_from_slice(rest);
+    if flags & 4 != 0 {
+        let text = String::from_utf8_lossy(&body).into_owned();
+        body = [0xff, 0xfe].to_vec();
+        body.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+    }
+    if flags & 8 != 0 {
+        body.splice(0..0, [0xef, 0xbb, 0xbf]);
+    }
+    let path = match (flags >> 4) & 3 {
+        0 => "/v1/chat/completions",
+        1 => "/v1/completions",
+        2 => "/v1/chat/%63ompletions",
+        _ => "//v1//completions/",
+    };
+    let config = if flags & 1 != 0 {
+        passthrough_config()
+    } else {
+        aggregated_config()
+    };
+    let mut g = Gateway::ready(&config, 1);
+    let (vm, host) = &mut g.vms[0];
+    let mut flow = RequestFlow::new();
+    let header = |name: &str| match name {
+        ":method" => Some("POST".to_string()),
+        ":path" => Some(path.to_string()),
+        _ => None,
+    };
+    let waits = flow.on_request_headers(vm, host, &header, false);
+    assert_eq!(
+        waits,
+        HeadersOutcome::WaitForBody,
+        "{path} is an inference path"
+    );
+    let sent = match flow.on_request_body(vm, host, Some(&body)) {
+        BodyOutcome::Reply(reply) => {
+            assert!(reply.status >= 400);
+            return;
+        }
+        BodyOutcome::Continue | BodyOutcome::Route(_) => flow.take_rewritten_body().unwrap_or(body),
+    };
+    if let Some(keys) = python_json::top_level_keys(&sent) {
+        assert!(
+            !keys.iter().any(|k| k == "kv_transfer_params"),
+            "a client's kv_transfer_params reaches the pod: {:?}",
+            String::from_utf8_lossy(&sent)
+        );
+    }
+}

@@ -88,7 +88,13 @@ fn names_kv_transfer_params(body: &[u8]) -> bool {
     const NAME: &str = "transfer_param";
     let utf16 = |big: bool| -> Vec<u8> {
         NAME.encode_utf16()
-            .flat_map(|u| if big { u.to_be_bytes() } else { u.to_le_bytes() })
+            .flat_map(|u| {
+                if big {
+                    u.to_be_bytes()
+                } else {
+                    u.to_le_bytes()
+                }
+            })
             .collect()
     };
     [NAME.as_bytes().to_vec(), utf16(true), utf16(false)]

@@ -95,8 +95,7 @@ impl RequestFlow {
             ));
         }
         if !vm.config.trust_client_kv_transfer_params {
-            if let Some(without) = crate::protocol::lenient::remove_member(body, OWNED_BODY_FIELD)
-            {
+            if let Some(without) = crate::protocol::lenient::remove_member(body, OWNED_BODY_FIELD) {
                 host.count(Counter::ClientKvParamsRemoved, 1);
                 self.rewritten_body = Some(without);
             }

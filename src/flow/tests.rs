@@ -701,15 +701,24 @@ fn an_oversize_body_is_refused_with_413_whether_or_not_its_length_is_announced()
         ("content-length", huge.as_str()),
     ]);
     let outcome = RequestFlow::new().on_request_headers(vm, host, &h, false);
-    assert!(matches!(outcome, HeadersOutcome::Reply(ref r) if r.status == 413), "{outcome:?}");
+    assert!(
+        matches!(outcome, HeadersOutcome::Reply(ref r) if r.status == 413),
+        "{outcome:?}"
+    );
     // Chunked: only the body's size tells; dropped from the chunk that crosses the limit, and
     // answered at once past the discard limit.
     let mut flow = RequestFlow::new();
     let h = headers(&[(":method", "POST"), (":path", "/v1/chat/completions")]);
-    assert_eq!(flow.on_request_headers(vm, host, &h, false), HeadersOutcome::WaitForBody);
+    assert_eq!(
+        flow.on_request_headers(vm, host, &h, false),
+        HeadersOutcome::WaitForBody
+    );
     assert_eq!(flow.on_body_chunk(vm, 1000), BodyChunk::Keep);
     assert_eq!(flow.on_body_chunk(vm, 1001), BodyChunk::Drop);
-    assert_eq!(flow.on_body_chunk(vm, DISCARD_LIMIT_BYTES), BodyChunk::AnswerNow);
+    assert_eq!(
+        flow.on_body_chunk(vm, DISCARD_LIMIT_BYTES),
+        BodyChunk::AnswerNow
+    );
     let (_, outcome) = send(&mut c, 0, &[], &chat_body("m", &"x".repeat(2000)));
     let BodyOutcome::Reply(reply) = outcome else {
         panic!("{outcome:?}")
@@ -1078,7 +1087,10 @@ fn a_routable_body_past_the_parse_budget_is_refused_and_bad_ones_still_pass_thro
     let mut truncated = chat_body("m", &long);
     truncated.pop();
     let (_, outcome) = send(&mut c, 0, &[], &truncated);
-    assert!(matches!(outcome, BodyOutcome::Reply(ref r) if r.status == 400), "{outcome:?}");
+    assert!(
+        matches!(outcome, BodyOutcome::Reply(ref r) if r.status == 400),
+        "{outcome:?}"
+    );
     assert!(Config::parse(br#"{"max_parse_bytes":0}"#).is_err());
 }
 
@@ -1446,10 +1458,16 @@ fn a_stored_response_is_found_under_the_api_path_prefix() {
 fn a_body_serde_json_refuses_is_refused_or_passed_on_without_its_kv_handle() {
     let kv = r#""kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9"}"#;
     let bodies = [
-        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"temperature":NaN,{kv}}}"#),
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"temperature":NaN,{kv}}}"#
+        ),
         format!(r#"{{"model":"m","prompt":"p","n":1e400,{kv}}}"#),
         format!(r#"{{"model":"m","prompt":"\udc00",{kv}}}"#),
-        format!(r#"{{{kv},"model":"m","prompt":"p","x":{}{}}}"#, "[".repeat(130), "]".repeat(130)),
+        format!(
+            r#"{{{kv},"model":"m","prompt":"p","x":{}{}}}"#,
+            "[".repeat(130),
+            "]".repeat(130)
+        ),
     ];
     let strict = config("");
     let mut c = Cluster::new(&strict, 1);
@@ -1500,6 +1518,9 @@ fn inference_paths_are_recognised_as_the_engines_servers_read_them() {
         "/v1/./x/../chat/completions?y=1",
     ] {
         let (_, outcome) = post_on(&mut c, 0, path, &body);
-        assert!(matches!(outcome, BodyOutcome::Route(_)), "{path}: {outcome:?}");
+        assert!(
+            matches!(outcome, BodyOutcome::Route(_)),
+            "{path}: {outcome:?}"
+        );
     }
 }

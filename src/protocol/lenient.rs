@@ -101,7 +101,10 @@ fn as_utf8(body: &[u8]) -> Cow<'_, [u8]> {
 
 fn utf16(bytes: &[u8], big: bool) -> Vec<u8> {
     let units = bytes.chunks(2).map(|c| {
-        let (x, y) = (c.first().copied().unwrap_or(0), c.get(1).copied().unwrap_or(0));
+        let (x, y) = (
+            c.first().copied().unwrap_or(0),
+            c.get(1).copied().unwrap_or(0),
+        );
         if big {
             u16::from_be_bytes([x, y])
         } else {
@@ -273,9 +276,18 @@ mod tests {
         let kv = r#""kv_transfer_params":{"remote_host":"10.0.0.9","x":[1,{"y":"}"}]}"#;
         for (body, left) in [
             (format!(r#"{{{kv},"t":NaN}}"#), r#"{"t":NaN}"#.to_string()),
-            (format!(r#"{{"t":-Infinity , {kv} }}"#), r#"{"t":-Infinity }"#.to_string()),
-            (format!(r#"{{"n":1e400,{kv},"m":"a"}}"#), r#"{"n":1e400,"m":"a"}"#.to_string()),
-            (format!(r#"{{"s":"\ud800",{kv}}}"#), r#"{"s":"\ud800"}"#.to_string()),
+            (
+                format!(r#"{{"t":-Infinity , {kv} }}"#),
+                r#"{"t":-Infinity }"#.to_string(),
+            ),
+            (
+                format!(r#"{{"n":1e400,{kv},"m":"a"}}"#),
+                r#"{"n":1e400,"m":"a"}"#.to_string(),
+            ),
+            (
+                format!(r#"{{"s":"\ud800",{kv}}}"#),
+                r#"{"s":"\ud800"}"#.to_string(),
+            ),
             (
                 format!(r#"{{"d":{}{},{kv}}}"#, "[".repeat(200), "]".repeat(200)),
                 format!(r#"{{"d":{}{}}}"#, "[".repeat(200), "]".repeat(200)),
@@ -285,19 +297,38 @@ mod tests {
                 r#"{"a":true}"#.to_string(),
             ),
         ] {
-            assert_eq!(removed(body.as_bytes()).as_deref(), Some(left.as_str()), "{body}");
+            assert_eq!(
+                removed(body.as_bytes()).as_deref(),
+                Some(left.as_str()),
+                "{body}"
+            );
         }
-        let bom = [&[0xef, 0xbb, 0xbf][..], br#"{"kv_transfer_params":1,"a":NaN}"#].concat();
+        let bom = [
+            &[0xef, 0xbb, 0xbf][..],
+            br#"{"kv_transfer_params":1,"a":NaN}"#,
+        ]
+        .concat();
         assert_eq!(removed(&bom).as_deref(), Some(r#"{"a":NaN}"#));
         for big in [true, false] {
             let text = r#"{"a":1,"kv_transfer_params":{"b":2}}"#;
-            let mut bytes = if big { vec![0xfe, 0xff] } else { vec![0xff, 0xfe] };
+            let mut bytes = if big {
+                vec![0xfe, 0xff]
+            } else {
+                vec![0xff, 0xfe]
+            };
             for unit in text.encode_utf16() {
-                let pair = if big { unit.to_be_bytes() } else { unit.to_le_bytes() };
+                let pair = if big {
+                    unit.to_be_bytes()
+                } else {
+                    unit.to_le_bytes()
+                };
                 bytes.extend_from_slice(&pair);
             }
             assert_eq!(removed(&bytes).as_deref(), Some(r#"{"a":1}"#));
-            assert_eq!(removed(bytes.get(2..).unwrap()).as_deref(), Some(r#"{"a":1}"#));
+            assert_eq!(
+                removed(bytes.get(2..).unwrap()).as_deref(),
+                Some(r#"{"a":1}"#)
+            );
         }
     }
 
