@@ -97,7 +97,8 @@ pub struct SimStats {
     pub last_kv_transfer_params: Value,
     /// Request bodies that reached this pod naming `transfer_param` in their bytes (UTF-8 or
     /// UTF-16), whatever their path and whether or not they parse: what a server reading JSON
-    /// more leniently than kvsim (Python's `json`) could have taken a KV handle from.
+    /// more leniently than kvsim (Python's `json`) could have taken a KV handle from. kvroute's
+    /// own P/D calls (`do_remote_decode`, the prefill pod's handle) count too.
     #[serde(default)]
     pub bodies_naming_kv_transfer_params: u64,
     pub running: usize,
