@@ -219,6 +219,11 @@ pub enum Counter {
     /// Inline prefill calls the prefill pod refused with 401/403: kvroute's call lacked the
     /// credential the pool wants (the request fell back to decode-only; not the client's fault).
     PdPrefillUnauthorized,
+    /// Prefill legs (inline calls, sidecar splits) that outran their first-byte bound: the
+    /// request went on decode-only, and the prefill pod was judged failed.
+    PdPrefillTimeouts,
+    /// Requests split although the split was predicted to lose (`pd.probe_interval_ms`).
+    PdProbes,
     /// Requests refused with 400: an SLO header was not a positive number.
     BadSlo,
     /// Requests with latency objectives routed although no pod was predicted to meet them.
@@ -296,7 +301,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 36] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -321,6 +326,8 @@ impl Counter {
         Counter::PdPrefillFailures,
         Counter::PdPrefillRejected,
         Counter::PdPrefillUnauthorized,
+        Counter::PdPrefillTimeouts,
+        Counter::PdProbes,
         Counter::BadSlo,
         Counter::SloPredictedMiss,
         Counter::SloTtftMissed,
@@ -360,6 +367,8 @@ impl Counter {
             Counter::PdPrefillFailures => "kvroute.pd.prefill_failures_total",
             Counter::PdPrefillRejected => "kvroute.pd.prefill_rejected_total",
             Counter::PdPrefillUnauthorized => "kvroute.pd.prefill_unauthorized_total",
+            Counter::PdPrefillTimeouts => "kvroute.pd.prefill_timeouts_total",
+            Counter::PdProbes => "kvroute.pd.probes_total",
             Counter::BadSlo => "kvroute.bad_slo_total",
             Counter::SloPredictedMiss => "kvroute.slo.predicted_miss_total",
             Counter::SloTtftMissed => "kvroute.slo.ttft_missed_total",

@@ -415,3 +415,203 @@ async fn sidecar_mode_never_forwards_a_client_kv_handle() {
 async fn inline_mode_never_forwards_a_client_kv_handle() {
     a_client_kv_handle_never_reaches_a_pod("inline").await;
 }
+
+/// The prefill leg's first-byte bound in the tests below (`health.first_byte_timeout_ms`); the
+/// module's own `pd.prefill_timeout_ms` (60 s) is left as it ships.
+const BOUND_MS: u64 = 1000;
+
+/// A stack whose prefill leg is bounded by the health machinery's first-byte bound alone
+/// (`pd.prefill_timeout_ms` at its default), with extra `health` settings.
+async fn pd_stack_bounded(mode: &str, health: Value) -> PdStack {
+    let mut h = json!({"first_byte_timeout_ms": BOUND_MS});
+    if let (Some(h), Value::Object(extra)) = (h.as_object_mut(), health) {
+        h.extend(extra);
+    }
+    pd_stack_with(mode, &[], json!({"pd": {"mode": mode}, "health": h})).await
+}
+
+/// One long prompt split through a healthy pool, so the test starts from splits that work.
+async fn split_once(s: &PdStack, tag: &str, stream: bool) {
+    let client = fresh_client();
+    let before = sum_stat(&s.decode.pods, "disaggregated_decodes").await;
+    let system = system_prompt(tag, 2000);
+    let r = post(
+        &client,
+        &s.envoy.url("/v1/chat/completions"),
+        &chat(&system, "q", 4, stream),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        sum_stat(&s.decode.pods, "disaggregated_decodes").await,
+        before + 1,
+        "the warm-up prompt was split: {:?}",
+        r.debug
+    );
+}
+
+/// Frozen prefill pods (every request to them stalls 15 s) hold no request much past the prefill
+/// leg's first-byte bound: the leg gives up at the bound and the decode pod prefills by itself.
+/// On ab4af28 inline waited for the 60 s call timeout (here: the 15 s stall), sidecar for the
+/// sidecar's own timeout.
+async fn a_frozen_prefill_pool_costs_about_the_first_byte_bound(mode: &str) {
+    let s = pd_stack_bounded(mode, json!({})).await;
+    split_once(&s, &format!("frozen-warm-{mode}-"), true).await;
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({"stall_ms": 15_000})).await;
+    }
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    let mut took = Vec::new();
+    for i in 0..4 {
+        let system = system_prompt(&format!("frozen-{mode}-{i}-"), 2000);
+        let started = std::time::Instant::now();
+        let r = post(&client, &url, &chat(&system, "q", 4, true), &[]).await;
+        let elapsed = started.elapsed();
+        took.push(elapsed.as_millis());
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(s.decode.pods.contains(&r.pod.clone().unwrap()));
+        assert!(
+            elapsed < Duration::from_millis(BOUND_MS * 3),
+            "request {i} took {elapsed:?} (bound {BOUND_MS} ms; all so far: {took:?} ms)"
+        );
+    }
+    eprintln!("{mode}: frozen prefill pool, requests answered in {took:?} ms");
+    let timeouts = s
+        .envoy
+        .stat("wasmcustom.kvroute.pd.prefill_timeouts_total")
+        .await;
+    assert!(timeouts >= 1, "prefill legs timed out: {timeouts}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_a_frozen_prefill_pod_costs_about_the_first_byte_bound() {
+    a_frozen_prefill_pool_costs_about_the_first_byte_bound("inline").await;
+}
+
+/// Sidecar mode: kvroute sends `x-prefiller-timeout-ms` (the bound), which kvsim's sidecar
+/// honours (llm-d's does not: see docs/design/reliability.md), and stretches the decode
+/// attempt's per-try timeout by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_mode_a_frozen_prefill_pod_costs_about_the_first_byte_bound() {
+    a_frozen_prefill_pool_costs_about_the_first_byte_bound("sidecar").await;
+}
+
+/// A prefill pod answering 500 to every leg is ejected by passive health like a decode pod and
+/// gets few legs after (on ab4af28 it took about half of them, 13-14 of 24, and was never
+/// ejected). Every request is still answered (decode-only where its leg failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_a_prefill_pod_failing_every_leg_is_ejected() {
+    let s = pd_stack_bounded("inline", json!({"base_ejection_ms": 30_000})).await;
+    let bad = s.prefill.pods[0].clone();
+    sim_fault(&bad, json!({"fail_ratio": 1.0})).await;
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    for i in 0..24 {
+        let system = system_prompt(&format!("failing-prefill-{i}-"), 2000);
+        let r = post(&client, &url, &chat(&system, "q", 4, false), &[]).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+    }
+    let legs = sim_stats(&bad).await["requests_failed"].as_u64().unwrap();
+    let good = sim_stats(&s.prefill.pods[1]).await["prefills_for_remote_decode"]
+        .as_u64()
+        .unwrap();
+    eprintln!("the failing prefill pod got {legs} of 24 legs, the healthy one {good}");
+    assert!(
+        legs <= 8,
+        "the failing prefill pod got {legs} of 24 legs (the healthy one {good})"
+    );
+    assert!(
+        s.envoy
+            .stat("wasmcustom.kvroute.health.ejections_total")
+            .await
+            >= 1
+    );
+}
+
+/// Long prompts sent one after another (200 ms apart) from now until three in a row are split
+/// by cost (split, and no probe among them): how long that took, and the prompts sent, split and
+/// probed on the way. Fails after `limit`.
+async fn time_until_splits_by_cost(s: &PdStack, tag: &str, limit: Duration) -> Duration {
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    let from = std::time::Instant::now();
+    let (mut sent, mut splits, mut probes, mut in_a_row) = (0, 0u64, 0u64, 0);
+    let probes_total = || async { s.envoy.stat("wasmcustom.kvroute.pd.probes_total").await };
+    loop {
+        let before = sum_stat(&s.decode.pods, "disaggregated_decodes").await;
+        let probes_before = probes_total().await;
+        // Equal lengths: the prompt's size is not what changes the decision.
+        let system = system_prompt(&format!("{tag}-{sent:04}-"), 2000);
+        let r = post(&client, &url, &chat(&system, "q", 4, true), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        sent += 1;
+        let split = sum_stat(&s.decode.pods, "disaggregated_decodes").await > before;
+        let probed = probes_total().await > probes_before;
+        splits += u64::from(split);
+        probes += u64::from(probed);
+        in_a_row = if split && !probed { in_a_row + 1 } else { 0 };
+        if in_a_row == 3 {
+            let took = from.elapsed();
+            eprintln!("{tag}: splits by cost back after {took:?} ({sent} sent, {splits} split, {probes} probes)");
+            return took;
+        }
+        assert!(
+            from.elapsed() < limit,
+            "{tag}: splits by cost not back within {limit:?} ({sent} sent, {splits} split, {probes} probes; last: {:?})",
+            r.debug
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// After a freeze of the prefill pool ends, long prompts are split again within a bounded time.
+/// On ab4af28 the two requests that waited out the freeze taught the prefill role a TTFT of
+/// seconds, and no long prompt was split for tens of seconds after; now their legs time out at
+/// the bound and teach nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_splits_again_soon_after_a_prefill_freeze_ends() {
+    let s = pd_stack_bounded("inline", json!({})).await;
+    split_once(&s, "thaw-warm-", true).await;
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({"stall_ms": 4_000})).await;
+    }
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    for i in 0..2 {
+        let system = system_prompt(&format!("thaw-frozen-{i}-"), 2000);
+        let r = post(&client, &url, &chat(&system, "q", 4, true), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({})).await;
+    }
+    let took = time_until_splits_by_cost(&s, "thawed", Duration::from_secs(15)).await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// A spell of slow but working prefills (each leg within its bound) legitimately teaches the
+/// prefill role a long TTFT, and splits stop. Probes (one split per `pd.probe_interval_ms`, 2 s,
+/// per VM while splits are predicted to lose) time the role again, and splits by cost come back.
+/// On ab4af28 nothing is split while the estimate is pessimistic, so nothing corrects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_probes_bring_splits_back_after_slow_prefills() {
+    // `pd.probe_interval_ms` at its default, so ab4af28 accepts the configuration.
+    let s = pd_stack_with("inline", &[], json!({"pd": {"mode": "inline"}})).await;
+    split_once(&s, "slow-warm-", true).await;
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({"stall_ms": 2_500})).await;
+    }
+    let client = fresh_client();
+    let url = s.envoy.url("/v1/chat/completions");
+    for i in 0..4 {
+        let system = system_prompt(&format!("slow-{i}-"), 2000);
+        let r = post(&client, &url, &chat(&system, "q", 4, true), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    for pod in &s.prefill.pods {
+        sim_fault(pod, json!({})).await;
+    }
+    time_until_splits_by_cost(&s, "healed", Duration::from_secs(30)).await;
+}

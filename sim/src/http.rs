@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use super::config::{EngineKind, Role};
 use super::engine::{Outcome, PullSource, SeqEvent, SeqSpec};
 use super::metrics;
-use super::pod::{prefiller_target, pull_source, Faults, Pod};
+use super::pod::{prefiller_target, prefiller_timeout, pull_source, Faults, Pod};
 use super::request::{parse, BadRequest, Endpoint, InferenceRequest};
 use super::tokens::block_hashes;
 
@@ -392,7 +392,10 @@ async fn plan_disaggregation(
             Endpoint::TokenGenerate => "/inference/v1/generate",
         };
         let result = match target {
-            Ok(target) => pod.sidecar_prefill(&target, path, req).await,
+            Ok(target) => {
+                let bound = prefiller_timeout(headers);
+                pod.sidecar_prefill(&target, path, req, bound).await
+            }
             Err(reason) => Err(anyhow::anyhow!("bad x-prefiller-host-port: {reason}")),
         };
         let mut c = pod.counters();

@@ -440,10 +440,12 @@ impl Pod {
         target: &str,
         path: &str,
         req: &InferenceRequest,
+        bound: Option<Duration>,
     ) -> Result<KvTransferParams> {
         let body = remote_decode_prefill(&req.body);
         // Generous: the prefill may queue behind other work on a busy prefill pod.
-        let timeout = Duration::from_secs_f64((600.0 * self.cfg.time_scale).max(10.0));
+        let generous = Duration::from_secs_f64((600.0 * self.cfg.time_scale).max(10.0));
+        let timeout = bound.map_or(generous, |b| b.min(generous));
         let resp = self
             .client
             .post(format!("http://{target}{path}"))
@@ -497,6 +499,20 @@ pub fn pull_source(kv: &KvTransferParams) -> Option<PullSource> {
 }
 
 /// The prefiller named by `x-prefiller-host-port`: `None` if absent, `Err` if unusable.
+/// kvroute's bound on the sidecar's prefill call (`x-prefiller-timeout-ms`), if it sent one. llm-d's
+/// routing sidecar does not read it; the simulated sidecar does, falling back to a local prefill
+/// as it does on any failed prefill.
+pub fn prefiller_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let ms: u64 = headers
+        .get("x-prefiller-timeout-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 pub fn prefiller_target(headers: &HeaderMap) -> Option<Result<String, String>> {
     let raw = headers.get(PREFILLER_HEADER)?;
     let Ok(text) = raw.to_str() else {

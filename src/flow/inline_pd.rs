@@ -1,8 +1,80 @@
-//! Inline P/D: the prefill call's outcomes (step 3 in the module map in `super`).
+//! P/D's prefill leg: its first-byte bound, the inline prefill call's outcomes (step 3 in the
+//! module map in `super`), and what either mode's leg tells passive health about the prefill pod.
+//!
+//! The prefill leg is held to the decode leg's rules (`crate::health`): bounded by the same
+//! first-byte timeout (inline: the call's timeout; sidecar: `x-prefiller-timeout-ms`, and the
+//! decode attempt's per-try timeout stretched by it), judged served or failed, and a leg that
+//! failed or outran its bound teaches the prefill role nothing.
 
 use super::*;
+use crate::pd::prefill_bound_ms;
 
 impl RequestFlow {
+    /// A split was routed (`outcome`, to `prefill`): bound its prefill leg and note the split.
+    pub(super) fn bound_prefill_leg(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        outcome: BodyOutcome,
+        prefill: String,
+    ) -> BodyOutcome {
+        let BodyOutcome::Route(mut route) = outcome else {
+            return outcome;
+        };
+        let predicted = self.awaiting.as_ref().map_or(0.0, |a| a.first.predicted_ms);
+        let bound = prefill_bound_ms(&vm.config.health, &vm.config.pd, predicted);
+        self.prefill_bound_ms = Some(bound);
+        self.split_routed_us = host.now_us();
+        vm.split_clock.split_at(host.now_ms());
+        if std::mem::take(&mut self.probing) {
+            host.count(Counter::PdProbes, 1);
+        }
+        if let Some(call) = route.prefill_call.as_mut() {
+            call.timeout_ms = bound;
+        } else if route.prefiller.is_some() {
+            self.prefill_pod = Some(prefill);
+            // The decode pod's response starts only after its sidecar's prefill: the attempt's
+            // first byte may take the prefill's bound and then the decode's own.
+            route.first_byte_timeout_ms = route
+                .first_byte_timeout_ms
+                .map(|ms| ms.saturating_add(bound));
+        }
+        BodyOutcome::Route(route)
+    }
+
+    /// Whether the prefill leg ran past its bound, as of now (by the share a poll is judged
+    /// timed out at: the leg's clock starts a little after this one).
+    fn prefill_leg_late(&self, host: &dyn Host) -> bool {
+        let elapsed_ms = host.now_us().saturating_sub(self.split_routed_us) / 1000;
+        self.prefill_bound_ms
+            .is_some_and(|bound| crate::health::poll_timed_out(elapsed_ms, bound))
+    }
+
+    /// Sidecar mode: the decode pod's response headers came, or the request ended without them
+    /// (`failed`: and failed, by `crate::health::judge`). kvroute never sees the sidecar's prefill
+    /// call: a leg
+    /// past its bound means the sidecar gave up on the prefiller (or Envoy's per-try timeout
+    /// did), which is the prefill pod's failure and no sample of its speed; one within it that
+    /// the decode pod answered with a 2xx is the pod's success (a prefiller failing fast is hidden
+    /// by the sidecar's own fallback: see the reliability notes).
+    pub(super) fn judge_sidecar_leg(&mut self, vm: &mut Vm, host: &mut dyn Host, failed: bool) {
+        let Some(pod) = self.prefill_pod.take() else {
+            return;
+        };
+        let verdict = if self.prefill_leg_late(host) || failed {
+            host.count(Counter::PdPrefillTimeouts, 1);
+            if let Some(a) = self.awaiting.as_mut() {
+                a.learnable = false;
+            }
+            Verdict::Failed
+        } else if self.response_ok {
+            Verdict::Served
+        } else {
+            return;
+        };
+        vm.record_verdicts(vec![(pod, verdict)]);
+    }
+
     /// The host could not send the inline prefill call: decode without it.
     pub fn on_prefill_not_sent(&mut self, host: &mut dyn Host) {
         log::warn!("kvroute: inline prefill not sent; decoding without it");
@@ -27,6 +99,14 @@ impl RequestFlow {
         let Some(original) = self.prefill_original.take() else {
             return PrefillOutcome::Resume(None);
         };
+        if let Some(pod) = self.prefill_pod.clone() {
+            if let Some(verdict) = inline::leg_verdict(status, body) {
+                vm.record_verdicts(vec![(pod, verdict)]);
+            }
+            if status != 200 && self.prefill_leg_late(host) {
+                host.count(Counter::PdPrefillTimeouts, 1);
+            }
+        }
         match inline::answer(status, body, &original) {
             Answer::Decode(body) => {
                 host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);

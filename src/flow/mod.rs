@@ -37,6 +37,8 @@ mod explain;
 mod headers_step;
 mod inline_pd;
 pub mod models;
+#[cfg(test)]
+mod pd_leg_tests;
 mod provisional;
 mod reply;
 mod response;
@@ -135,6 +137,12 @@ pub struct RequestFlow {
     /// Sidecar P/D: the request was sent to its decode pod with a prefiller, whose part is over
     /// when the decode pod's response headers come (see [`Self::on_response_headers`]).
     sidecar_split: bool,
+    /// A split request's prefill leg: its first-byte bound (`crate::pd::prefill_bound_ms`), and
+    /// when the split was routed (µs).
+    prefill_bound_ms: Option<u64>,
+    split_routed_us: u64,
+    /// The plan splits although the split was predicted to lose (`pd.probe_interval_ms`).
+    probing: bool,
     awaiting: Option<Awaiting>,
     /// The response's status, once its headers came.
     status: Option<u32>,
@@ -309,14 +317,19 @@ impl RequestFlow {
         self.count_routed(vm, host, &view, endpoint, &planned);
         let (route, prefill_pod) = self.commit(vm, host, &view, &mut planned, (now, board));
         match prefill_pod {
-            Some(prefill) => self.start_split(vm, host, route, planned, prefill, original),
+            Some(prefill) => {
+                let outcome = self.start_split(vm, host, route, planned, prefill.clone(), original);
+                self.bound_prefill_leg(vm, host, outcome, prefill)
+            }
             None => BodyOutcome::Route(route),
         }
     }
 
     /// The router's plan; `decode_only`: without a prefill pod (a split this request cannot take).
+    /// A long prompt whose split lost on cost is split anyway when this VM's probe is due
+    /// (`crate::pd::SplitClock`).
     fn plan(
-        &self,
+        &mut self,
         vm: &Vm,
         model: &str,
         blocks: &crate::router::Blocks,
@@ -324,12 +337,28 @@ impl RequestFlow {
         decode_only: bool,
     ) -> Plan {
         let mut plan = vm.router.plan(&vm.config, model, blocks, self.hints, now);
-        if decode_only {
-            if let Some(pd) = plan.pd.as_mut() {
+        self.probing = false;
+        if let Some(pd) = plan.pd.as_mut() {
+            if decode_only {
                 pd.prefill = None;
+            } else if pd.uncached_tokens >= crate::pd::PROBE_MIN_TOKENS
+                && vm
+                    .split_clock
+                    .probe_due(now, vm.config.pd.probe_interval_ms)
+            {
+                if let Some(probe) = pd.probe.take() {
+                    pd.prefill = Some(probe);
+                    pd.outcome = crate::pd::PdOutcome::Disaggregated;
+                    self.probing = true;
+                }
             }
         }
         plan
+    }
+
+    /// What the filter sets in `x-prefiller-timeout-ms` (a sidecar split's prefill bound).
+    pub fn prefill_bound_ms(&self) -> Option<u64> {
+        self.prefill_bound_ms
     }
 
     fn refuse(

@@ -61,6 +61,7 @@ impl RequestFlow {
             self.response_complete = end_of_stream;
             if std::mem::take(&mut self.sidecar_split) {
                 self.prefill_pod_done(vm, host);
+                self.judge_sidecar_leg(vm, host, false);
             }
             if end_of_stream || !self.response_ok {
                 self.first_byte(vm, host);
@@ -186,6 +187,10 @@ impl RequestFlow {
                 &self.labels.pairs(),
                 failed as u64,
             );
+        }
+        if std::mem::take(&mut self.sidecar_split) && !verdicts.is_empty() {
+            // No response headers: the sidecar's prefill never ended within the attempts.
+            self.judge_sidecar_leg(vm, host, failed > 0);
         }
         vm.record_verdicts(verdicts);
         if completed && self.chunks >= 3 {

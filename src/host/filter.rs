@@ -5,7 +5,9 @@
 use super::abi;
 use super::node::Node;
 use crate::flow::{BodyChunk, BodyOutcome, HeadersOutcome, PrefillOutcome, Reply, RequestFlow};
-use crate::headers::{DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER};
+use crate::headers::{
+    DESTINATION, OWNED_REQUEST_HEADERS, PER_TRY_TIMEOUT, PREFILLER, PREFILLER_TIMEOUT,
+};
 use crate::metrics::{Counter, Histogram};
 use crate::port::Host;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -87,6 +89,9 @@ impl Filter {
                 }
                 if let Some(prefiller) = &route.prefiller {
                     set_request_header(PREFILLER, prefiller);
+                    if let Some(ms) = self.flow.prefill_bound_ms() {
+                        set_request_header(PREFILLER_TIMEOUT, &ms.to_string());
+                    }
                 }
                 if let Some(ms) = route.first_byte_timeout_ms {
                     set_request_header(PER_TRY_TIMEOUT, &ms.to_string());

@@ -9,6 +9,7 @@
 //! decode-only.
 
 use crate::headers::DESTINATION;
+use crate::health::Verdict;
 use crate::port::HttpCall;
 use crate::protocol::body::{edit, Change};
 use serde_json::Value;
@@ -93,6 +94,20 @@ pub enum Answer {
     Fallback,
 }
 
+/// What a prefill pod's answer to kvroute's call says of the pod, for passive health
+/// (`crate::health`), by the decode leg's rules: a handle is served; a failure, a reset or a
+/// timeout (the host answers 503/504, or no status at all) or a 200 without a handle is failed; a
+/// 4xx refusing the request is served (the pod judged it); 429 (back-pressure) and 401/403 (the
+/// deployment's credentials) say nothing of the pod.
+pub fn leg_verdict(status: u32, body: &[u8]) -> Option<Verdict> {
+    match status {
+        401 | 403 | 429 => None,
+        200 if transfer_params(body).is_some() => Some(Verdict::Served),
+        400..=499 => Some(Verdict::Served),
+        _ => Some(Verdict::Failed),
+    }
+}
+
 pub fn answer(status: u32, body: &[u8], original: &[u8]) -> Answer {
     if status == 401 || status == 403 {
         return Answer::Unauthorized;
@@ -136,6 +151,19 @@ mod tests {
         assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
         assert_eq!(transfer_params(b"{\"choices\":[]}"), None);
         assert_eq!(transfer_params(b"garbage"), None);
+    }
+
+    #[test]
+    fn a_prefill_leg_is_judged_by_the_decode_legs_rules() {
+        let ok = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[3]}}"#;
+        assert_eq!(leg_verdict(200, ok), Some(Verdict::Served));
+        assert_eq!(leg_verdict(200, b"{}"), Some(Verdict::Failed), "no handle");
+        assert_eq!(leg_verdict(500, b""), Some(Verdict::Failed));
+        assert_eq!(leg_verdict(504, b""), Some(Verdict::Failed), "timed out");
+        assert_eq!(leg_verdict(0, b""), Some(Verdict::Failed), "reset");
+        assert_eq!(leg_verdict(400, b"too long"), Some(Verdict::Served));
+        assert_eq!(leg_verdict(429, b""), None);
+        assert_eq!(leg_verdict(401, b""), None);
     }
 
     #[test]

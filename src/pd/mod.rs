@@ -28,6 +28,7 @@
 
 pub mod inline;
 
+use crate::health::HealthConfig;
 use crate::scheduler::{Choice, Decision, Hints, Prediction};
 use serde::Deserialize;
 
@@ -45,8 +46,14 @@ pub enum PdMode {
 #[serde(deny_unknown_fields, default)]
 pub struct PdConfig {
     pub mode: PdMode,
-    /// Inline mode: how long the prefill call may take before the request falls back to decode-only.
+    /// The longest a prefill leg may take before the request falls back to decode-only: the ceiling
+    /// of the leg's first-byte bound ([`prefill_bound_ms`]), and the whole bound where
+    /// `health.first_byte_timeout_ms` is 0.
     pub prefill_timeout_ms: u64,
+    /// While splits are predicted to lose, one long prompt in this many ms is split anyway (per
+    /// VM), so a prefill role whose estimate turned pessimistic is timed again and can recover;
+    /// 0: never.
+    pub probe_interval_ms: u64,
     /// What a split costs beyond the prefill itself, before any split request was observed: the
     /// second request, the KV transfer's setup, the decode pod's first step. Added to the prior of
     /// prefill pods' cost models only; their fits learn the real figure from split requests' first
@@ -63,6 +70,9 @@ impl Default for PdConfig {
         PdConfig {
             mode: PdMode::Sidecar,
             prefill_timeout_ms: 60_000,
+            // A probe costs one request at most the prefill bound; at 2 s each VM probes a handful
+            // of requests in a recovery of seconds, not tens.
+            probe_interval_ms: 2_000,
             split_overhead_ms: 20.0,
             forward_headers: ["authorization", "traceparent", "tracestate", "x-request-id"]
                 .map(String::from)
@@ -105,6 +115,48 @@ pub fn local_cost_ms(ttft_ms: f64, prefill_ms: f64, decoding: f64) -> f64 {
     ttft_ms + decoding.max(1.0) * prefill_ms.max(0.0)
 }
 
+/// The first-byte bound of a prefill leg whose pod is predicted to answer in `predicted_ms`: the
+/// decode leg's rule (`health.first_byte_timeout`: its floor, or its factor times the prediction if
+/// longer), never beyond `pd.prefill_timeout_ms`. A prefill pod's answer is its first byte (one
+/// token, not streamed), so a pod silent past the bound is as hung as a decode pod would be.
+pub fn prefill_bound_ms(health: &HealthConfig, pd: &PdConfig, predicted_ms: f64) -> u64 {
+    health
+        .first_byte_timeout(predicted_ms)
+        .map_or(pd.prefill_timeout_ms, |bound| {
+            bound.min(pd.prefill_timeout_ms)
+        })
+}
+
+/// Uncached tokens below which no probe is made: the previous design's split threshold. A split
+/// of a shorter prompt seldom pays, so timing one teaches the estimate where it matters least, at
+/// a client's expense.
+pub const PROBE_MIN_TOKENS: f64 = 512.0;
+
+/// When this VM last split a request, so a split predicted to lose is still tried once in a while.
+///
+/// The prefill role's cost model learns only from split requests: once it predicts every split to
+/// lose (a spell of slow prefills taught it so), no split is made and nothing corrects it. A probe
+/// is one split made against the prediction; its first byte is a fresh sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SplitClock {
+    last_split_ms: Option<u64>,
+}
+
+impl SplitClock {
+    /// Whether a request whose split lost on cost at `now_ms` should be split anyway.
+    pub fn probe_due(&self, now_ms: u64, interval_ms: u64) -> bool {
+        interval_ms > 0
+            && self
+                .last_split_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) >= interval_ms)
+    }
+
+    /// A request was split (by cost or as a probe) at `now_ms`.
+    pub fn split_at(&mut self, now_ms: u64) {
+        self.last_split_ms = Some(now_ms);
+    }
+}
+
 /// What `plan` decided about prefill/decode disaggregation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PdOutcome {
@@ -119,6 +171,8 @@ pub enum PdOutcome {
 pub struct PdPlan {
     pub prefill: Option<Choice>,
     pub outcome: PdOutcome,
+    /// The best prefill pod where the split lost on cost: what a probe would split to.
+    pub probe: Option<Choice>,
     /// Prompt tokens the decode pod does not hold.
     pub uncached_tokens: f64,
     /// The two costs compared (ms): decode-pod TTFT + stall of its streams, and the prefill pod's
@@ -169,14 +223,15 @@ pub fn plan_split(
         Decision::NoEndpoint(_) => None,
     };
     let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
-    let (prefill, outcome) = match (prefill, split_cost) {
-        (Some(p), Some(c)) if c < local_cost => (Some(p), PdOutcome::Disaggregated),
-        (Some(_), _) => (None, PdOutcome::LocalCheaper),
-        (None, _) => (None, PdOutcome::NoPrefillPod),
+    let (prefill, outcome, probe) = match (prefill, split_cost) {
+        (Some(p), Some(c)) if c < local_cost => (Some(p), PdOutcome::Disaggregated, None),
+        (Some(p), _) => (None, PdOutcome::LocalCheaper, Some(p)),
+        (None, _) => (None, PdOutcome::NoPrefillPod, None),
     };
     PdPlan {
         prefill,
         outcome,
+        probe,
         uncached_tokens: local.uncached_tokens,
         local_cost_ms: local_cost,
         split_cost_ms: split_cost,
@@ -195,6 +250,35 @@ mod tests {
             ..PdConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().field, "pd.prefill_timeout_ms");
+    }
+
+    #[test]
+    fn a_prefill_leg_is_bounded_like_a_decode_leg_under_the_configured_ceiling() {
+        let health = HealthConfig::default();
+        let pd = PdConfig::default();
+        assert_eq!(prefill_bound_ms(&health, &pd, 100.0), 5_000, "the floor");
+        assert_eq!(
+            prefill_bound_ms(&health, &pd, 3_000.0),
+            12_000,
+            "4x the prediction"
+        );
+        assert_eq!(prefill_bound_ms(&health, &pd, 1e9), 60_000, "the ceiling");
+        let off = HealthConfig {
+            first_byte_timeout_ms: 0,
+            ..HealthConfig::default()
+        };
+        assert_eq!(prefill_bound_ms(&off, &pd, 100.0), 60_000);
+    }
+
+    #[test]
+    fn a_probe_is_due_once_per_interval_after_the_last_split() {
+        let mut clock = SplitClock::default();
+        assert!(clock.probe_due(0, 2_000), "never split yet");
+        clock.split_at(1_000);
+        assert!(!clock.probe_due(1_500, 2_000));
+        assert!(!clock.probe_due(2_999, 2_000));
+        assert!(clock.probe_due(3_000, 2_000));
+        assert!(!clock.probe_due(10_000, 0), "0 turns probing off");
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub struct Vm {
     /// (the prefix's last block, the pod) → (ms, the pod's LRU touches then) (see
     /// [`Vm::observe_routing`]).
     recent_touches: HashMap<(u64, u64), (u64, u64)>,
+    /// When this VM last split a request (P/D probes, `crate::pd::SplitClock`).
+    pub split_clock: crate::pd::SplitClock,
 }
 
 /// What a routed prompt's pod was already known to hold, observed there within this long, is not
@@ -143,6 +145,7 @@ impl Vm {
             unsent: Vec::new(),
             verdicts: HashMap::new(),
             recent_touches: HashMap::new(),
+            split_clock: crate::pd::SplitClock::default(),
         }
     }
 
