@@ -47,9 +47,11 @@ pub enum NoEndpointPolicy {
     Passthrough,
 }
 
-/// The overload guard of the picker (see `crate::scheduler` picker): a pod whose queue (requests
-/// not yet started) is this far above the shortest candidate queue is ranked behind the others
-/// (the SGLang router's `balance_abs_threshold` / `balance_rel_threshold` shape).
+/// The overload guard of the picker (see `crate::scheduler` picker): a pod at the engine's cap on
+/// running requests whose queue (requests not yet started) is this far above the shortest
+/// candidate queue is ranked behind the others (the SGLang router's `balance_abs_threshold` /
+/// `balance_rel_threshold` shape). Without `max_running` it never fires: below the cap a queue is
+/// prefill work, which the prediction prices.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
@@ -57,8 +59,9 @@ pub struct OverloadGuard {
     pub abs_gap: f64,
     pub rel_gap: f64,
     /// The engine's cap on requests running at once (vLLM's `--max-num-seqs`, SGLang's
-    /// `--max-running-requests`), which no engine exports. When set, a pod with that many requests
-    /// is guarded by its queue even when that queue is prefill work: its queue waits for decodes.
+    /// `--max-running-requests`, llama.cpp's `--parallel`), which no engine exports. Unset, the
+    /// guard is off; set, a pod with that many requests is guarded by its queue: that queue waits
+    /// for decodes, which the prediction does not see.
     pub max_running: Option<u32>,
 }
 

@@ -113,6 +113,25 @@ impl DecisionFields {
     }
 }
 
+/// Every ranked pod's prediction, in rank order (why the primary won), and the pods the overload
+/// guard ranked behind the others whatever their prediction.
+fn write_ranking(line: &mut String, ranked: &[Choice]) {
+    use std::fmt::Write as _;
+    let predictions: Vec<String> = ranked
+        .iter()
+        .map(|c| format!("{}/{:.1}", c.addr, c.prediction.ttft_ms))
+        .collect();
+    let _ = write!(line, "; predictions={}", predictions.join(","));
+    let guarded: Vec<&str> = ranked
+        .iter()
+        .filter(|c| c.guarded)
+        .map(|c| c.addr.as_str())
+        .collect();
+    if !guarded.is_empty() {
+        let _ = write!(line, "; guarded_pods={}", guarded.join(","));
+    }
+}
+
 pub fn debug_line(
     vm: &Vm,
     blocks: &Blocks,
@@ -153,12 +172,7 @@ pub fn debug_line(
             .map(|(a, n)| format!("{a}/{n}"))
             .unwrap_or_default(),
     );
-    // Every ranked pod's prediction, in rank order: why the primary won.
-    let predictions: Vec<String> = ranked
-        .iter()
-        .map(|c| format!("{}/{:.1}", c.addr, c.prediction.ttft_ms))
-        .collect();
-    let _ = write!(line, "; predictions={}", predictions.join(","));
+    write_ranking(&mut line, ranked);
     if let Some(slo) = primary.meets_slo {
         let _ = write!(line, "; meets_slo={slo}");
     }
@@ -277,5 +291,20 @@ mod tests {
         assert_eq!(exported(PREDICTED_TTFT_MS).as_deref(), Some("120.5"));
         assert_eq!(exported(EXPECTED_CACHED_TOKENS).as_deref(), Some("64"));
         assert_eq!(exported(PD).as_deref(), Some("split_inline"));
+    }
+
+    #[test]
+    fn the_ranking_names_each_pods_prediction_and_only_the_guarded_pods() {
+        let mut ranked = vec![
+            choice("10.0.0.1:8000", 0, 300.0),
+            choice("10.0.0.2:8000", 9, 100.0),
+        ];
+        let mut line = String::new();
+        write_ranking(&mut line, &ranked);
+        assert_eq!(line, "; predictions=10.0.0.1:8000/300.0,10.0.0.2:8000/100.0");
+        ranked[1].guarded = true;
+        let mut line = String::new();
+        write_ranking(&mut line, &ranked);
+        assert!(line.ends_with("; guarded_pods=10.0.0.2:8000"), "{line}");
     }
 }

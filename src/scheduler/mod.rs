@@ -84,6 +84,20 @@ impl PodView<'_> {
     pub fn queue(&self) -> f64 {
         self.waiting.max(self.queued_requests)
     }
+
+    /// Requests the pod reports waiting beyond this gateway's own unstarted ones, but no more than
+    /// the pod holds that this gateway did not send (another replica's traffic, invisible on our
+    /// board). The poll is up to an interval old (at the bench's time scale a 100 ms poll is 2 s
+    /// of simulated prefill), so ours are counted as of when it was sent as well as now,
+    /// whichever is more: a request of ours that was waiting then and has started or finished
+    /// since still counts as waiting on the page. Counting it as another gateway's over-predicted
+    /// the busiest pods by whole typical requests.
+    pub fn unseen_waiting(&self) -> f64 {
+        let ours_waiting = self.queued_requests.max(self.ours_at_poll.prefilling);
+        let ours_held = self.inflight.max(self.ours_at_poll.inflight);
+        let foreign = (self.waiting + self.running - ours_held).max(0.0);
+        (self.waiting - ours_waiting).max(0.0).min(foreign)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

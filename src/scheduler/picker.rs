@@ -27,29 +27,22 @@
 //!   the support assistant of …`: one 64-character block) went to the same pod once one pod held
 //!   that opening. A hot prefix spilling off its holder still keys on one block of that prefix
 //!   (the holder is not tied with the pods it spills to), so it spills to one pod, not to all.
-//! * **Overload guard.** A pod whose queue (requests not yet started, [`PodView::queue`]) exceeds
-//!   the shortest candidate queue by more than `overload_guard.abs_gap` and by more than `rel_gap`
-//!   times is ranked after every pod that is not. The prediction sees the prefill work queued on a
-//!   pod, but not an engine's cap on running sequences (vLLM does not export `max_num_seqs`): a
-//!   burst beyond it waits for decodes to finish, which no prefill term shows, and those requests
-//!   pile up unstarted. Measured in the real-Envoy test
-//!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod` (32 requests, 4 slots per pod).
-//!   A pod whose queued prefill work is at least what the request would recompute elsewhere (the
-//!   tokens of the prompt it holds) is not guarded: that queue is work the prediction sees, and
-//!   the pool cost already prices waiting behind it against moving — unless the pod has as many
-//!   requests as the engine runs at once (`overload_guard.max_running`, vLLM's `max_num_seqs`,
-//!   which no engine exports): then its queue waits for decodes, which no prefill term shows.
-//!   Guarded by count alone, a holder whose queue filled with a cold start's whole-prompt
-//!   prefills was ranked last and its tenants moved to pods without their prompts, each move another whole prefill
-//!   (`kvbench compare --workload multi-tenant-stall … --records`: 8 of 11 misses in one seed's
-//!   measured window were moves off a holder ranked behind pods without the prompt, 4 of them off
-//!   a holder predicted sooner than the pod chosen; docs/results.md "A matrix of workloads").
-//!   Without the seat cap, a hot prefix's second home whose queue held its own two recomputes of
-//!   the prompt took 23 of the burst's 32 requests (1 run in 3 of the test above). Counting
-//!   the exemption instead in units of the held prompt (a queue of cheap hits counted as unpriced)
-//!   or capping it at twice the gap fixed that and broke the multi-tenant cell: 5 and 6 of 6
-//!   seeds at 4–82 s p90 against 2–3 of 6 with the exemption as it is (docs/results.md, "The
-//!   overload guard's exemption").
+//! * **Overload guard.** Only where the engine's cap on running requests is configured
+//!   (`overload_guard.max_running`: vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`,
+//!   llama.cpp's `--parallel`; no engine exports it): a pod running that many whose queue
+//!   (requests not yet started, [`PodView::queue`]) exceeds the shortest candidate queue by more
+//!   than `abs_gap` and by more than `rel_gap` times is ranked after every pod that is not. Below
+//!   its seat cap a request waits on a pod only for the prefills ahead of it, which the
+//!   prediction prices; at the cap it waits for decodes to end, which no prefill term shows, and
+//!   a burst piles up unstarted there (the real-Envoy test
+//!   `a_hot_prefix_spills_over_instead_of_queueing_behind_one_pod`: 32 requests, 4 slots per
+//!   pod). Without the cap the guard used to fire on the queue's count alone, exempting a holder
+//!   whose queued prefill was at least the prompt it held; in the multi-tenant cell (12 tenants
+//!   × 6,000-word prompts) a cold start filled holders' queues with cheap hits behind
+//!   whole-prompt recomputes, the guard ranked each such holder last though its prediction was a
+//!   third of the chosen pod's, and every move was another whole prefill queueing hits on the
+//!   next pod: 4 of 6 seeds thrashed (p90 4.6–13.6 s, hit 93–97%) where the cost alone kept all
+//!   6 at 0.23–0.30 s (hit 98.4%) in the same runs (docs/results.md, "The overload guard").
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
@@ -123,23 +116,15 @@ pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
 
 /// The overload guard (see the module header): `min_queue` is the shortest [`PodView::queue`]
 /// among the candidates.
-pub fn overloaded(
-    config: &SelectionConfig<'_>,
-    pod: &PodView<'_>,
-    request: &RouteRequest<'_>,
-    min_queue: f64,
-) -> bool {
+pub fn overloaded(config: &SelectionConfig<'_>, pod: &PodView<'_>, min_queue: f64) -> bool {
     let guard = config.overload_guard;
+    let Some(seats) = guard.max_running else {
+        return false;
+    };
     let queue = pod.queue();
-    let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
-    let seat_bound = guard
-        .max_running
-        .is_some_and(|seats| pod.load() >= f64::from(seats));
-    let queue_is_priced_prefill =
-        held_tokens > 0.0 && pod.queued_tokens >= held_tokens && !seat_bound;
-    queue - min_queue > guard.abs_gap
+    pod.load() >= f64::from(seats)
+        && queue - min_queue > guard.abs_gap
         && queue > guard.rel_gap * min_queue
-        && !queue_is_priced_prefill
 }
 
 /// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's
@@ -189,7 +174,7 @@ pub fn pick(
             cost: ranking_cost(pod, p, request),
             ttft: p.ttft_ms,
             rank: 0,
-            guarded: overloaded(config, pod, request, min_queue),
+            guarded: overloaded(config, pod, min_queue),
             tied: false,
             meets_slo: request.hints.slo.met_by(p.ttft_ms, pod.itl_ms),
             matched: pod.matched_blocks,

@@ -86,16 +86,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         pod.matched_blocks,
         request.tokens_per_block,
     );
-    // Requests the pod reports waiting beyond this gateway's own unstarted ones, but only as many
-    // as the pod holds that this gateway did not send. The poll is up to an interval old (at the
-    // bench's time scale a 100 ms poll is 2 s of simulated prefill), so ours are counted as of
-    // when it was sent as well as now, whichever is more: a request of ours that was waiting then
-    // and has started or finished since still counts as waiting on the page. Counting it as
-    // another gateway's over-predicted the busiest pods by whole typical requests.
-    let ours_waiting = pod.queued_requests.max(pod.ours_at_poll.prefilling);
-    let ours_held = pod.inflight.max(pod.ours_at_poll.inflight);
-    let foreign = (pod.waiting + pod.running - ours_held).max(0.0);
-    let unseen_waiting = (pod.waiting - ours_waiting).max(0.0).min(foreign);
+    let unseen_waiting = pod.unseen_waiting();
     let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);

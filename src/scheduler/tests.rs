@@ -156,11 +156,15 @@ fn a_holder_queued_behind_prefill_work_is_priced_not_guarded() {
     }
     let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_eq!(primary(&d), ADDRS[0]);
-    // The same count of requests carrying little prefill (held back by a cap on running
-    // sequences, which no prefill term shows): guarded, the request goes elsewhere.
+    // The same count of requests carrying little prefill: with no seat cap configured, every
+    // request queued on a pod waits only for the prefill ahead of it, which the prediction prices.
     pods[0].queued_tokens = 500.0;
     let d = decide(&cfg.selection(), &pods, &request(&hashes));
-    assert_ne!(primary(&d), ADDRS[0]);
+    assert_eq!(primary(&d), ADDRS[0]);
+    let Decision::Route { ranked, .. } = d else {
+        unreachable!()
+    };
+    assert!(ranked.iter().all(|c| !c.guarded), "{ranked:?}");
 }
 
 #[test]
@@ -264,8 +268,8 @@ fn a_faster_pod_gets_the_request_a_slower_one_would_finish_later() {
 }
 
 #[test]
-fn a_buried_pod_is_guarded_whatever_its_prefix() {
-    let cfg = Config::default();
+fn a_buried_pod_at_its_seat_cap_is_guarded_whatever_its_prefix() {
+    let mut cfg = Config::default();
     let mut pods: Vec<PodView> = ADDRS.iter().map(|a| pod(a)).collect();
     pods[0].matched_blocks = 100;
     pods[0].running = 32.0;
@@ -273,6 +277,12 @@ fn a_buried_pod_is_guarded_whatever_its_prefix() {
     pods[0].queued_requests = 10.0;
     pods[1].running = 1.0;
     let hashes: Vec<u64> = (1..=100).collect();
+    // Without the engine's seat cap the ten waiting requests are prefill work, priced: the
+    // holder of the whole prompt keeps it.
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
+    assert_eq!(primary(&d), ADDRS[0]);
+    // At a cap of 32 running, they wait for decodes to end, which no prefill term shows.
+    cfg.overload_guard.max_running = Some(32);
     let d = decide(&cfg.selection(), &pods, &request(&hashes));
     let Decision::Route { ranked, .. } = d else {
         unreachable!()
@@ -519,7 +529,9 @@ fn a_fast_pod_running_many_streams_is_not_guarded_against_a_slow_idle_one() {
     };
     assert_ne!(ranked[0].addr, ADDRS[3], "{ranked:?}");
     assert!(ranked.iter().all(|c| !c.guarded), "{ranked:?}");
-    // The same fast pods with requests piling up unstarted (a seat cap): guarded.
+    // The same fast pods at their seat cap, requests piling up unstarted: guarded.
+    let mut cfg = cfg;
+    cfg.overload_guard.max_running = Some(19);
     for p in pods.iter_mut().take(3) {
         p.waiting = 12.0;
     }
