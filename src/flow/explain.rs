@@ -301,7 +301,10 @@ mod tests {
         ];
         let mut line = String::new();
         write_ranking(&mut line, &ranked);
-        assert_eq!(line, "; predictions=10.0.0.1:8000/300.0,10.0.0.2:8000/100.0");
+        assert_eq!(
+            line,
+            "; predictions=10.0.0.1:8000/300.0,10.0.0.2:8000/100.0"
+        );
         ranked[1].guarded = true;
         let mut line = String::new();
         write_ranking(&mut line, &ranked);
