@@ -55,6 +55,8 @@ enum MetricsAnswer {
     ResetMidAnswer,
     /// A 48 MiB page (a valid one, padded with comments).
     Oversize,
+    /// A good page whose response headers carry every byte 0x80–0xFF ([`HIGH_BYTE_HEADERS`]).
+    HighBytesInHeaders,
 }
 
 /// What a [`HostilePod`] answers on an inference `POST`.
@@ -64,6 +66,18 @@ enum InferenceAnswer {
     ResetMidAnswer,
     /// A chat completion whose `usage` claims 10^18 cached tokens of a 651-token prompt.
     AbsurdCachedTokens,
+    /// An ordinary chat completion whose response headers carry every byte 0x80–0xFF.
+    HighBytesInHeaders,
+}
+
+/// Response headers that are not UTF-8 (HTTP allows obs-text): every byte 0x80–0xFF in one value,
+/// and two in `server`. Sent on every answer of a pod whose answers are `HighBytesInHeaders`,
+/// `/v1/models` included.
+fn high_byte_headers() -> Vec<u8> {
+    let mut h = b"x-pod-note: a".to_vec();
+    h.extend(0x80u8..=0xFF);
+    h.extend_from_slice(b"z\r\nserver: \xff\xfe\r\n");
+    h
 }
 
 const ABSURD_CACHED: u64 = 1_000_000_000_000_000_000;
@@ -169,18 +183,24 @@ async fn serve(
             .unwrap()
             .entry(format!("{method} {path}"))
             .or_default() += 1;
+        let high_bytes = metrics == MetricsAnswer::HighBytesInHeaders
+            || inference == InferenceAnswer::HighBytesInHeaders;
         let reply = |content_type: &str, body: &[u8]| {
             let mut r = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
                 body.len()
             )
             .into_bytes();
+            if high_bytes {
+                r.extend_from_slice(&high_byte_headers());
+            }
+            r.extend_from_slice(b"\r\n");
             r.extend_from_slice(body);
             r
         };
         match (method.as_str(), path.as_str()) {
             ("GET", "/metrics") => match metrics {
-                MetricsAnswer::Good => {
+                MetricsAnswer::Good | MetricsAnswer::HighBytesInHeaders => {
                     stream
                         .write_all(&reply("text/plain", vllm_page().as_bytes()))
                         .await?
@@ -201,6 +221,17 @@ async fn serve(
                 InferenceAnswer::ResetMidAnswer => {
                     let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n{\"id\":";
                     return reset_after(stream, head).await;
+                }
+                InferenceAnswer::HighBytesInHeaders => {
+                    let body = json!({
+                        "id": "chatcmpl-high-bytes", "object": "chat.completion", "model": MODEL,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "ok"}}],
+                        "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21}
+                    });
+                    stream
+                        .write_all(&reply("application/json", body.to_string().as_bytes()))
+                        .await?
                 }
                 InferenceAnswer::AbsurdCachedTokens => {
                     let body = json!({
@@ -530,4 +561,59 @@ async fn a_pod_reporting_impossible_cached_tokens_moves_no_counter() {
             .await,
         2
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_headers_that_are_not_utf8_abort_no_vm() {
+    // Every answer of this pod (its /metrics and /v1/models to the leader's polls, its inference
+    // responses to clients) carries every byte 0x80–0xFF in its headers.
+    let pod = HostilePod::start(
+        MetricsAnswer::HighBytesInHeaders,
+        InferenceAnswer::HighBytesInHeaders,
+    )
+    .await;
+    let pods = vec![pod.addr.clone()];
+    let envoy = Envoy::start(&EnvoyOptions::new(
+        &pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&pods, json!({}))),
+    ))
+    .await
+    .unwrap();
+    // Healthy: the leader read its /metrics answer through those headers.
+    wait_healthy(&envoy, 1).await;
+    let before = vms_created(&envoy).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    for i in 0..20 {
+        let stream = i % 2 == 0;
+        let r = post(&client, &url, &chat("high-bytes", "hello", 1, stream), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        // kvroute routed it and wrote its debug header beside the pod's.
+        assert_eq!(
+            r.debug_field("pod").as_deref(),
+            Some(pod.addr.as_str()),
+            "{r:?}"
+        );
+    }
+    // The bytes reached the client as the pod sent them: Envoy passed them through kvroute.
+    let answer = client
+        .post(&url)
+        .json(&chat("high-bytes", "hello", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let note = answer
+        .headers()
+        .get("x-pod-note")
+        .map(|v| v.as_bytes().to_vec());
+    let mut sent = b"a".to_vec();
+    sent.extend(0x80u8..=0xFF);
+    sent.push(b'z');
+    assert_eq!(note, Some(sent));
+    assert!(pod.hits("GET /metrics") >= 2 && pod.hits("GET /v1/models") >= 1);
+    assert_eq!(pod.hits("POST /v1/chat/completions"), 21);
+    assert_no_vm_aborted(&envoy, before).await;
+    assert_eq!(envoy.stat("wasmcustom.kvroute.pods_healthy").await, 1);
 }
