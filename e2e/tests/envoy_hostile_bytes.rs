@@ -381,6 +381,12 @@ async fn every_high_byte_in_every_header_kvroute_reads_is_served_and_no_vm_abort
     );
 }
 
+/// Envoy and kvroute with its test defaults in front of `pods` alone.
+async fn envoy_in_front_of(pods: &[String]) -> Envoy {
+    let options = EnvoyOptions::new(pods, Lb::OverrideHost, Some(plugin_config(pods, json!({}))));
+    Envoy::start(&options).await.unwrap()
+}
+
 /// Two kvsim pods and `hostile` in one pool; the leader polls all of them every 50 ms.
 async fn stack_with(hostile: &[&HostilePod], extra: Value) -> (Sim, Envoy) {
     let sim = Sim::start(2, &["--time-scale", TIME_SCALE]).unwrap();
@@ -506,13 +512,7 @@ async fn an_inline_prefill_pod_that_resets_is_answered_decode_only_at_once() {
 async fn a_pod_reporting_impossible_cached_tokens_moves_no_counter() {
     let liar = HostilePod::start(MetricsAnswer::Good, InferenceAnswer::AbsurdCachedTokens).await;
     let pods = vec![liar.addr.clone()];
-    let envoy = Envoy::start(&EnvoyOptions::new(
-        &pods,
-        Lb::OverrideHost,
-        Some(plugin_config(&pods, json!({}))),
-    ))
-    .await
-    .unwrap();
+    let envoy = envoy_in_front_of(&pods).await;
     wait_healthy(&envoy, 1).await;
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
@@ -573,13 +573,7 @@ async fn response_headers_that_are_not_utf8_abort_no_vm() {
     )
     .await;
     let pods = vec![pod.addr.clone()];
-    let envoy = Envoy::start(&EnvoyOptions::new(
-        &pods,
-        Lb::OverrideHost,
-        Some(plugin_config(&pods, json!({}))),
-    ))
-    .await
-    .unwrap();
+    let envoy = envoy_in_front_of(&pods).await;
     // Healthy: the leader read its /metrics answer through those headers.
     wait_healthy(&envoy, 1).await;
     let before = vms_created(&envoy).await;
