@@ -41,8 +41,9 @@
 //!   × 6,000-word prompts) a cold start filled holders' queues with cheap hits behind
 //!   whole-prompt recomputes, the guard ranked each such holder last though its prediction was a
 //!   third of the chosen pod's, and every move was another whole prefill queueing hits on the
-//!   next pod: 4 of 6 seeds thrashed (p90 4.6–13.6 s, hit 93–97%) where the cost alone kept all
-//!   6 at 0.23–0.30 s (hit 98.4%) in the same runs (docs/results.md, "The overload guard").
+//!   next pod: in two runs of seeds 1–6, 9 of 12 thrashed (p90 4.6–13.6 s, hit 93–97%) where
+//!   the cost alone kept all 12 at 0.23–0.30 s (hit 98.4%) in the same runs (docs/results.md,
+//!   "The overload guard").
 //!   It compares queues, not requests in flight: it used to compare the latter, and in a pool with
 //!   one pod half as fast the fast pods, running ~19 streams each against the slow one's ~5 and
 //!   admitting new work at once, were all guarded, so the slow pod got requests predicted 2–10×
