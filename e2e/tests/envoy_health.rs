@@ -279,6 +279,38 @@ async fn a_pod_that_never_starts_answering_a_stream_is_retried_elsewhere() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_streamed_request_to_a_frozen_pod_is_retried_elsewhere_within_its_bound() {
+    let (sim, envoy) = stack(3, &[], json!({"health": {"first_byte_timeout_ms": 800}})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt("frozen-whole-", 600);
+    // A stream times the pod's tokens (its inter-token latency), which bounds what a
+    // non-streamed request's whole answer should take.
+    let first = post(&fresh_client(), &url, &chat(&system, "q", 8, true), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.pod.unwrap();
+    // Every worker VM adopts the timing through the shared fits (a tick is 25 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sim_fault(&holder, json!({"stall_ms": 15000})).await;
+    for i in 0..2 {
+        let start = Instant::now();
+        let body = chat(&system, &format!("again {i}"), 4, false);
+        let r = post(&fresh_client(), &url, &body, &[]).await;
+        let took = start.elapsed();
+        println!(
+            "non-streamed request {i} beside a frozen holder: {took:?}, {:?}",
+            r.pod
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_ne!(r.pod.as_deref(), Some(holder.as_str()));
+        // The bound: 800 ms, or 4 × the predicted whole answer if longer; not the 15 s freeze.
+        assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    }
+    assert!(envoy.stat("cluster.pool.upstream_rq_per_try_timeout").await >= 1);
+    sim_fault(&holder, json!({})).await;
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_pool_answers_in_json_before_and_after_the_poll_notices() {
     let (mut sim, envoy) = stack(2, &[], json!({})).await;
     let url = envoy.url("/v1/chat/completions");

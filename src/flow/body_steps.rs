@@ -236,6 +236,11 @@ impl RequestFlow {
             .stream
             .then(|| vm.config.health.first_byte_timeout(slowest))
             .flatten();
+        let attempt_timeout_ms = if view.stream {
+            first_byte_timeout_ms
+        } else {
+            whole_answer_timeout(vm, ranked, view.max_tokens)
+        };
         if let Some(first) = first_token {
             let pending = Some(vm.router.prefill_start(&first, now, first_byte_timeout_ms));
             self.awaiting = Some(Awaiting {
@@ -290,7 +295,7 @@ impl RequestFlow {
             destinations,
             prefiller: None,
             prefill_call: None,
-            first_byte_timeout_ms,
+            first_byte_timeout_ms: attempt_timeout_ms,
         };
         (route, prefill_pod)
     }
@@ -336,4 +341,27 @@ impl RequestFlow {
         }
         BodyOutcome::Route(route)
     }
+}
+
+/// The per-attempt timeout of a non-streamed request: its first byte is its whole answer, so the
+/// first-byte rule (`health`) applies to the predicted end, each destination's predicted TTFT
+/// plus `max_tokens` times an inter-token latency — the slowest this gateway timed among the
+/// destinations (a pod not yet timed is taken to be as slow). Without `max_tokens`, or before any
+/// destination has streamed, there is no prediction to bound it by: the route's own timeout
+/// stands. A timed-out attempt is retried on the next pod and counted against the first by
+/// passive health, as for streams, so a frozen pod costs a non-streamed request about the bound
+/// instead of its freeze.
+fn whole_answer_timeout(vm: &Vm, ranked: &[Choice], max_tokens: Option<u64>) -> Option<u64> {
+    let tokens = max_tokens? as f64;
+    let itl_ms = ranked
+        .iter()
+        .filter_map(|c| vm.router.itl_of(&c.addr))
+        .fold(None, |slowest: Option<f64>, itl| {
+            Some(slowest.map_or(itl, |s| s.max(itl)))
+        })?;
+    let slowest_end_ms = ranked
+        .iter()
+        .map(|c| c.prediction.ttft_ms + tokens * itl_ms)
+        .fold(0.0, f64::max);
+    vm.config.health.first_byte_timeout(slowest_end_ms)
 }

@@ -86,7 +86,8 @@ pub struct Route {
     pub prefiller: Option<String>,
     /// Inline P/D: make this call first and give its answer to [`RequestFlow::on_prefill_answer`].
     pub prefill_call: Option<HttpCall>,
-    /// `x-envoy-upstream-rq-per-try-timeout-ms` (streamed requests, see `crate::health`).
+    /// `x-envoy-upstream-rq-per-try-timeout-ms`: the first-byte bound (see `crate::health`) of
+    /// a stream, or of a non-streamed request's whole answer (`body_steps::whole_answer_timeout`).
     pub first_byte_timeout_ms: Option<u64>,
 }
 

@@ -178,7 +178,7 @@ impl Router {
     }
 
     /// `addr`'s inter-token latency: the mean of what this VM and the others timed.
-    pub(super) fn itl_of(&self, addr: &str) -> Option<f64> {
+    pub fn itl_of(&self, addr: &str) -> Option<f64> {
         let values: Vec<f64> = self
             .itl_ms
             .get(addr)
