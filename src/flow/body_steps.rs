@@ -356,9 +356,7 @@ fn whole_answer_timeout(vm: &Vm, ranked: &[Choice], max_tokens: Option<u64>) -> 
     let itl_ms = ranked
         .iter()
         .filter_map(|c| vm.router.itl_of(&c.addr))
-        .fold(None, |slowest: Option<f64>, itl| {
-            Some(slowest.map_or(itl, |s| s.max(itl)))
-        })?;
+        .reduce(f64::max)?;
     let slowest_end_ms = ranked
         .iter()
         .map(|c| c.prediction.ttft_ms + tokens * itl_ms)
