@@ -284,12 +284,16 @@ async fn a_non_streamed_request_to_a_frozen_pod_is_retried_elsewhere_within_its_
     let url = envoy.url("/v1/chat/completions");
     let system = system_prompt("frozen-whole-", 600);
     // A stream times the pod's tokens (its inter-token latency), which bounds what a
-    // non-streamed request's whole answer should take.
-    let first = post(&fresh_client(), &url, &chat(&system, "q", 8, true), &[]).await;
+    // non-streamed request's whole answer should take. Timing needs three response chunks, and a
+    // loaded Envoy may coalesce a fast pod's tokens into fewer: 64 tokens, not 8.
+    let first = post(&fresh_client(), &url, &chat(&system, "q", 64, true), &[]).await;
     assert_eq!(first.status, 200, "{}", first.body);
     let holder = first.pod.unwrap();
-    // Every worker VM adopts the timing through the shared fits (a tick is 25 ms).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every worker VM adopts the timing through the shared fits, which a VM rewrites at most once
+    // per 1 s heartbeat: the stream's first byte may already have had its row written, so its
+    // inter-token latency can wait a whole heartbeat. 300 ms here failed CI (15.0 s on a 2-core run:
+    // the worker that took the request had no timing, so no bound).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     sim_fault(&holder, json!({"stall_ms": 15000})).await;
     for i in 0..2 {
         let start = Instant::now();
