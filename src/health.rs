@@ -163,8 +163,8 @@ pub struct HealthConfig {
     /// … or this many times the slowest predicted TTFT among the destinations, if longer.
     pub first_byte_timeout_factor: f64,
     /// Non-streamed requests: the per-attempt timeout where kvroute cannot predict the whole
-    /// answer (no `max_tokens`, or no inter-token latency timed among the destinations yet), and
-    /// the most a predicted one may reach; 0: none (the route's own timeout).
+    /// answer (no `max_tokens`, or no inter-token latency timed among the destinations yet);
+    /// 0: none (the route's own timeout).
     pub non_streamed_timeout_ms: u64,
     pub consecutive_failures: u32,
     pub min_requests: f64,
@@ -249,14 +249,11 @@ impl HealthConfig {
     }
 
     /// The per-attempt timeout for a non-streamed request: `predicted` (the first-byte rule on
-    /// its predicted whole answer, if there is one) capped at `non_streamed_timeout_ms`, or that
-    /// ceiling alone where there is none.
+    /// its predicted whole answer), or `non_streamed_timeout_ms` where nothing predicts it. A
+    /// prediction is not capped by the ceiling: a client that sets a large `max_tokens` allows an
+    /// answer that long, and cutting it would only retry the same work on another pod.
     pub fn non_streamed_timeout(&self, predicted: Option<u64>) -> Option<u64> {
-        let ceiling = (self.non_streamed_timeout_ms > 0).then_some(self.non_streamed_timeout_ms);
-        match (predicted, ceiling) {
-            (Some(p), Some(c)) => Some(p.min(c)),
-            (p, c) => p.or(c),
-        }
+        predicted.or((self.non_streamed_timeout_ms > 0).then_some(self.non_streamed_timeout_ms))
     }
 }
 
@@ -635,11 +632,15 @@ mod tests {
     }
 
     #[test]
-    fn a_non_streamed_attempt_is_bounded_by_its_prediction_under_the_ceiling() {
+    fn a_non_streamed_attempt_is_bounded_by_its_prediction_or_else_the_ceiling() {
         let mut c = HealthConfig::default();
         assert_eq!(c.non_streamed_timeout(None), Some(300_000), "no prediction");
         assert_eq!(c.non_streamed_timeout(Some(8_000)), Some(8_000));
-        assert_eq!(c.non_streamed_timeout(Some(900_000)), Some(300_000));
+        assert_eq!(
+            c.non_streamed_timeout(Some(900_000)),
+            Some(900_000),
+            "not capped"
+        );
         c.non_streamed_timeout_ms = 0;
         assert_eq!(c.non_streamed_timeout(None), None, "the route's timeout");
         assert_eq!(c.non_streamed_timeout(Some(900_000)), Some(900_000));

@@ -348,7 +348,7 @@ impl RequestFlow {
 /// plus `max_tokens` times an inter-token latency — the slowest this gateway timed among the
 /// destinations (a pod not yet timed is taken to be as slow). Without `max_tokens`, or before any
 /// destination has streamed, there is no prediction: `health.non_streamed_timeout_ms` is the
-/// bound, and it caps a predicted one too. A timed-out attempt is retried on the next pod and
+/// bound. A timed-out attempt is retried on the next pod and
 /// counted against the first by passive health, as for streams, so a frozen pod costs a
 /// non-streamed request about the bound instead of its freeze, and is ejected after
 /// `consecutive_failures` of them.
