@@ -162,6 +162,10 @@ pub struct HealthConfig {
     pub first_byte_timeout_ms: u64,
     /// … or this many times the slowest predicted TTFT among the destinations, if longer.
     pub first_byte_timeout_factor: f64,
+    /// Non-streamed requests: the per-attempt timeout where kvroute cannot predict the whole
+    /// answer (no `max_tokens`, or no inter-token latency timed among the destinations yet);
+    /// 0: none (the route's own timeout).
+    pub non_streamed_timeout_ms: u64,
     pub consecutive_failures: u32,
     pub min_requests: f64,
     pub max_failure_ratio: f64,
@@ -179,6 +183,12 @@ impl Default for HealthConfig {
             // (SIGSTOP, a wedged API process), not busy.
             first_byte_timeout_ms: 5_000,
             first_byte_timeout_factor: 4.0,
+            // A non-streamed answer arrives whole, so only its length can bound it; without
+            // `max_tokens` nothing says how long it may be. Five minutes is ~15,000 tokens at
+            // 20 ms each and well inside the 900 s `stream_idle_timeout` of the shipped Envoy
+            // configurations (which already cut any answer silent for longer), yet it lets passive
+            // health see a frozen pod instead of it holding such requests until that idle timeout.
+            non_streamed_timeout_ms: 300_000,
             // Envoy's outlier detection ejects after 5 consecutive 5xx; the ratio catches a pod
             // failing every other request, which rarely fails five in a row.
             consecutive_failures: 5,
@@ -236,6 +246,14 @@ impl HealthConfig {
             let relative = (slowest_predicted_ms.max(0.0) * self.first_byte_timeout_factor) as u64;
             self.first_byte_timeout_ms.max(relative)
         })
+    }
+
+    /// The per-attempt timeout for a non-streamed request: `predicted` (the first-byte rule on
+    /// its predicted whole answer), or `non_streamed_timeout_ms` where nothing predicts it. A
+    /// prediction is not capped by the ceiling: a client that sets a large `max_tokens` allows an
+    /// answer that long, and cutting it would only retry the same work on another pod.
+    pub fn non_streamed_timeout(&self, predicted: Option<u64>) -> Option<u64> {
+        predicted.or((self.non_streamed_timeout_ms > 0).then_some(self.non_streamed_timeout_ms))
     }
 }
 
@@ -611,6 +629,21 @@ mod tests {
             "half of four; none of one prefill pod"
         );
         assert_eq!(h.ejected_until("p"), 0);
+    }
+
+    #[test]
+    fn a_non_streamed_attempt_is_bounded_by_its_prediction_or_else_the_ceiling() {
+        let mut c = HealthConfig::default();
+        assert_eq!(c.non_streamed_timeout(None), Some(300_000), "no prediction");
+        assert_eq!(c.non_streamed_timeout(Some(8_000)), Some(8_000));
+        assert_eq!(
+            c.non_streamed_timeout(Some(900_000)),
+            Some(900_000),
+            "not capped"
+        );
+        c.non_streamed_timeout_ms = 0;
+        assert_eq!(c.non_streamed_timeout(None), None, "the route's timeout");
+        assert_eq!(c.non_streamed_timeout(Some(900_000)), Some(900_000));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! stale figures, not a dead pod; a proxy that stops ticking for a while refuses nothing; a pod
 //! that refuses connections is avoided within a poll interval; a pod failing half its requests is
 //! ejected, costs the clients nothing, and comes back; a pod that never starts answering a stream
-//! is retried elsewhere instead of hanging it; a pod of an engine kvroute does not know is routed
+//! is retried elsewhere instead of hanging it, and so is a non-streamed request (within its
+//! predicted whole answer, or `non_streamed_timeout_ms` where nothing predicts it, each timeout
+//! counted until the frozen pod is ejected); a pod of an engine kvroute does not know is routed
 //! on the gateway's own view, one whose `/metrics` is an HTML page is not; a pod restarted with
 //! other weights stops getting the model it dropped within a few polls.
 
@@ -310,6 +312,55 @@ async fn a_non_streamed_request_to_a_frozen_pod_is_retried_elsewhere_within_its_
         assert!(took < Duration::from_secs(5), "answered after {took:?}");
     }
     assert!(envoy.stat("cluster.pool.upstream_rq_per_try_timeout").await >= 1);
+    sim_fault(&holder, json!({})).await;
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpredicted_non_streamed_request_is_bounded_by_the_ceiling_and_a_frozen_pod_ejected() {
+    let health = json!({"first_byte_timeout_ms": 800, "non_streamed_timeout_ms": 1500});
+    let (sim, envoy) = stack(3, &[], json!({"health": health})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let system = system_prompt("frozen-unbounded-", 600);
+    // Nothing is streamed, so no pod's inter-token latency is timed, and no request says how
+    // long its answer may be: only the ceiling bounds them.
+    let unbounded = |user: &str| {
+        json!({"model": MODEL, "stream": false, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    let first = post(&fresh_client(), &url, &unbounded("q"), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.pod.unwrap();
+    sim_fault(&holder, json!({"stall_ms": 15000})).await;
+    let frozen_at = Instant::now();
+    for i in 0..6 {
+        let start = Instant::now();
+        let r = post(
+            &fresh_client(),
+            &url,
+            &unbounded(&format!("again {i}")),
+            &[],
+        )
+        .await;
+        let took = start.elapsed();
+        println!(
+            "unpredicted non-streamed request {i} beside a frozen holder: {took:?}, {:?}, ejected {}",
+            r.pod,
+            counter(&envoy, "pods_ejected").await
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_ne!(r.pod.as_deref(), Some(holder.as_str()));
+        // The ceiling (1.5 s) and a healthy pod's answer; not the 15 s freeze.
+        assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    }
+    assert!(envoy.stat("cluster.pool.upstream_rq_per_try_timeout").await >= 1);
+    // Each timed-out attempt counts against the holder: it is ejected while still frozen.
+    gauge_reaches(&envoy, "pods_ejected", 1, Duration::from_secs(2)).await;
+    println!(
+        "frozen holder ejected {:?} after its freeze began",
+        frozen_at.elapsed()
+    );
+    assert!(frozen_at.elapsed() < Duration::from_secs(15));
     sim_fault(&holder, json!({})).await;
     drop(sim);
 }

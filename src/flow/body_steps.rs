@@ -347,11 +347,22 @@ impl RequestFlow {
 /// first-byte rule (`health`) applies to the predicted end, each destination's predicted TTFT
 /// plus `max_tokens` times an inter-token latency — the slowest this gateway timed among the
 /// destinations (a pod not yet timed is taken to be as slow). Without `max_tokens`, or before any
-/// destination has streamed, there is no prediction to bound it by: the route's own timeout
-/// stands. A timed-out attempt is retried on the next pod and counted against the first by
-/// passive health, as for streams, so a frozen pod costs a non-streamed request about the bound
-/// instead of its freeze.
+/// destination has streamed, there is no prediction: `health.non_streamed_timeout_ms` is the
+/// bound. A timed-out attempt is retried on the next pod and
+/// counted against the first by passive health, as for streams, so a frozen pod costs a
+/// non-streamed request about the bound instead of its freeze, and is ejected after
+/// `consecutive_failures` of them.
 fn whole_answer_timeout(vm: &Vm, ranked: &[Choice], max_tokens: Option<u64>) -> Option<u64> {
+    let health = &vm.config.health;
+    health.non_streamed_timeout(predicted_whole_answer_timeout(vm, ranked, max_tokens))
+}
+
+/// The first-byte rule on the slowest destination's predicted whole answer, where one is predicted.
+fn predicted_whole_answer_timeout(
+    vm: &Vm,
+    ranked: &[Choice],
+    max_tokens: Option<u64>,
+) -> Option<u64> {
     let tokens = max_tokens? as f64;
     let itl_ms = ranked
         .iter()
