@@ -227,7 +227,7 @@ impl RequestFlow {
             let pd = planned.pd.as_ref();
             self.debug = Some(explain::debug_line(vm, blocks, ranked, planned.reason, pd));
         }
-        vm.router.inflight_start(&primary.addr);
+        vm.router.work.inflight_start(&primary.addr);
         let slowest = ranked
             .iter()
             .map(|c| c.prediction.ttft_ms)
@@ -242,7 +242,11 @@ impl RequestFlow {
             whole_answer_timeout(vm, ranked, view.max_tokens)
         };
         if let Some(first) = first_token {
-            let pending = Some(vm.router.prefill_start(&first, now, first_byte_timeout_ms));
+            let pending = Some(
+                vm.router
+                    .work
+                    .prefill_start(&first, now, first_byte_timeout_ms),
+            );
             self.awaiting = Some(Awaiting {
                 first,
                 pending,

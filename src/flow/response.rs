@@ -82,7 +82,7 @@ impl RequestFlow {
     pub(super) fn prefill_pod_done(&mut self, vm: &mut Vm, host: &mut dyn Host) {
         if let Some(id) = self.awaiting.as_mut().and_then(|a| a.pending.take()) {
             let now = host.now_ms();
-            if vm.router.prefill_done(id, now) {
+            if vm.router.work.prefill_done(id, now) {
                 vm.write_inflight_row(host, now);
             }
         }
@@ -198,7 +198,7 @@ impl RequestFlow {
             let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
             vm.router.observe_itl(&addr, itl_ms);
         }
-        vm.router.inflight_end(&addr);
+        vm.router.work.inflight_end(&addr);
         let now = host.now_ms();
         vm.write_inflight_row(host, now);
     }
@@ -218,7 +218,7 @@ impl RequestFlow {
         let now = host.now_ms();
         let changed = awaiting
             .pending
-            .is_some_and(|id| vm.router.prefill_done(id, now));
+            .is_some_and(|id| vm.router.work.prefill_done(id, now));
         if awaiting.learnable && self.response_ok {
             let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
             vm.learn(&awaiting.first, observed_ms);

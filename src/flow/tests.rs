@@ -86,7 +86,7 @@ fn a_routed_request_counts_as_work_until_its_first_byte_then_teaches_the_pod() {
         let (vm, host) = &mut c.vms[1];
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
-        let w = vm.router.work(&pod);
+        let w = vm.router.work.of(&pod);
         assert_eq!((w.inflight, w.prefill_requests), (1, 1));
         assert!(w.prefill_tokens > 500, "{w:?}");
     }
@@ -100,10 +100,10 @@ fn a_routed_request_counts_as_work_until_its_first_byte_then_teaches_the_pod() {
         "routing to first byte"
     );
     assert!(vm.router.fit_samples(&pod) > 0.0);
-    let w = vm.router.work(&pod);
+    let w = vm.router.work.of(&pod);
     assert_eq!((w.inflight, w.prefill_requests), (1, 0), "prefill done");
     flow.on_done(vm, host, None, None);
-    assert_eq!(vm.router.work(&pod).inflight, 0);
+    assert_eq!(vm.router.work.of(&pod).inflight, 0);
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn an_inline_prefill_that_times_out_falls_back_to_decode_only() {
     assert_eq!(sent["kv_transfer_params"]["do_remote_decode"], true);
     let (vm, host) = &mut c.vms[0];
     assert_eq!(
-        vm.router.work(PODS[0]).prefill_requests,
+        vm.router.work.of(PODS[0]).prefill_requests,
         1,
         "the prefill pod's work"
     );
@@ -190,7 +190,7 @@ fn an_inline_prefill_that_times_out_falls_back_to_decode_only() {
     assert_eq!(outcome, PrefillOutcome::Resume(None), "decode without it");
     assert_eq!(host.counter(Counter::PdPrefillFailures), 1);
     assert_eq!(host.counter(Counter::PdDecodeOnly), 1);
-    assert_eq!(vm.router.work(PODS[0]).prefill_requests, 0);
+    assert_eq!(vm.router.work.of(PODS[0]).prefill_requests, 0);
     // Its first byte teaches nothing about the split path.
     flow.on_response_headers(vm, host, Some("200"), false);
     flow.on_response_body(vm, host, 10, None, false);
@@ -287,12 +287,16 @@ fn a_sidecar_prefill_leaves_the_prefill_pod_at_the_decode_pods_headers_and_teach
     };
     assert_eq!(route.prefiller.as_deref(), Some(PODS[0]));
     let (vm, host) = &mut c.vms[0];
-    assert_eq!(vm.router.work(PODS[0]).prefill_requests, 1, "queued");
+    assert_eq!(vm.router.work.of(PODS[0]).prefill_requests, 1, "queued");
     host.advance_ms(300);
     // The sidecar sends the decode request once the prefiller answered: its headers end the
     // prefill pod's part, while the KV pull and the first token are still to come.
     assert_eq!(flow.on_response_headers(vm, host, Some("200"), false), None);
-    assert_eq!(vm.router.work(PODS[0]).prefill_requests, 0, "prefill over");
+    assert_eq!(
+        vm.router.work.of(PODS[0]).prefill_requests,
+        0,
+        "prefill over"
+    );
     assert_eq!(vm.router.fit_samples(PODS[0]), 0.0, "not learned yet");
     host.advance_ms(80);
     flow.on_response_body(vm, host, 40, None, false);
@@ -303,7 +307,7 @@ fn a_sidecar_prefill_leaves_the_prefill_pod_at_the_decode_pods_headers_and_teach
     );
     assert!(vm.router.fit_samples(PODS[0]) > 0.0);
     flow.on_done(vm, host, None, None);
-    assert_eq!(vm.router.work(PODS[1]).inflight, 0);
+    assert_eq!(vm.router.work.of(PODS[1]).inflight, 0);
 }
 
 /// A poll's answer: status (0: none), body, and how long after the poll it came.

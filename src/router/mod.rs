@@ -6,14 +6,11 @@
 //!   role's pods, [`Router::plan`] adds the prefill/decode split;
 //! * `index.rs` — what the pods hold: a request's block hashes, this VM's copy of the prefix index
 //!   (observations, pages, snapshots), and the check of the index against what responses report;
-//! * `work.rs` — the work the pods have to do first: this VM's requests in flight and prefills not
-//!   yet at their first byte, and the other VMs' from the work board;
 //! * `fits.rs` — how fast each pod works: the learned first-token cost and inter-token latency,
 //!   this VM's and the other VMs' from the fits board.
 
 mod fits;
 mod index;
-mod work;
 
 pub use crate::pd::{PdOutcome, PdPlan};
 pub use crate::prefix::Tokenizer;
@@ -29,22 +26,17 @@ use crate::scheduler::cost::CostFit;
 use crate::scheduler::fit_board::PodFit;
 use crate::scheduler::predict::head_progress;
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
-use crate::work::PodWork;
+pub use crate::work::FirstToken;
+use crate::work::WorkBook;
 use hashbrown::HashMap;
-use work::{PendingPrefill, DEFAULT_TYPICAL_TOKENS};
 
 #[derive(Default)]
 pub struct Router {
     index: PrefixIndex,
     slot_of: HashMap<String, usize>,
     load: LoadTable,
-    /// This VM's unfinished requests per pod, live.
-    local_inflight: HashMap<String, u32>,
-    /// This VM's prefills not yet at their first byte.
-    pending: Vec<PendingPrefill>,
-    next_pending_id: u64,
-    /// Every other VM's unfinished work per pod, from the work board.
-    others_work: HashMap<String, PodWork>,
+    /// Work in flight per pod: this VM's and the other VMs' from the work board.
+    pub work: WorkBook,
     /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
     /// first bytes on every pod of the role.
     role_fits: [Option<CostFit>; 3],
@@ -58,8 +50,6 @@ pub struct Router {
     role_by_addr: HashMap<String, Role>,
     /// Every other VM's fits, from the fits board.
     others_fits: HashMap<String, Vec<PodFit>>,
-    /// Running mean of the uncached tokens of the requests this VM routed.
-    typical_tokens: Option<f64>,
     /// Running mean of each pod's inter-token latency, from the streams this VM timed.
     itl_ms: HashMap<String, f64>,
     /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
@@ -77,19 +67,6 @@ pub struct Plan {
     pub pd: Option<PdPlan>,
     /// Every candidate's metrics were stale (see `crate::health`).
     pub observer_suspect: bool,
-}
-
-/// Whose prefill a routed request is and what was predicted for it: what the work board carries
-/// until its first byte, and what that first byte teaches.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FirstToken {
-    /// The pod that prefills (the prefill pod of a split request).
-    pub addr: String,
-    pub uncached_tokens: f64,
-    /// The model's features at routing time: tokens ahead + uncached, sequences decoding.
-    pub tokens: f64,
-    pub decoding: f64,
-    pub predicted_ms: f64,
 }
 
 impl Plan {
@@ -230,7 +207,7 @@ impl Router {
         let pods: Vec<PodView> = of_role
             .into_iter()
             .map(|(p, health)| {
-                let work = self.work(&p.addr);
+                let work = self.work.of(&p.addr);
                 let cost = self.cost_in(config, &p.addr, p.role, &pool_costs);
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
@@ -273,7 +250,7 @@ impl Router {
                 prompt_tokens: blocks.prompt_tokens,
                 tokens_per_block: config.block.tokens_per_block,
                 affinity_key: blocks.affinity_key,
-                typical_tokens: self.typical_tokens.unwrap_or(DEFAULT_TYPICAL_TOKENS),
+                typical_tokens: self.work.typical_tokens(),
                 hints,
             },
         );

@@ -1,4 +1,3 @@
-use super::work::MAX_PENDING;
 use super::*;
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
@@ -8,6 +7,7 @@ use crate::protocol::parse::RequestView;
 use crate::protocol::parse::{parse, Endpoint};
 use crate::scheduler::Decision;
 use crate::state::messages::{Observation, Page};
+use crate::work::{PodWork, MAX_PENDING};
 
 fn table(addrs: &[&str], now: u64) -> LoadTable {
     LoadTable {
@@ -194,8 +194,8 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
     }
     let mut board = Board::default();
-    vm1.inflight_start("a:1");
-    vm1.inflight_start("a:1");
+    vm1.work.inflight_start("a:1");
+    vm1.work.inflight_start("a:1");
     let first = FirstToken {
         addr: "a:1".into(),
         uncached_tokens: 3000.0,
@@ -203,27 +203,30 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         decoding: 0.0,
         predicted_ms: 100.0,
     };
-    let id = vm1.prefill_start(&first, 100, None);
-    board.put_row(1, 100, &vm1.own_work(), 3000);
-    vm2.inflight_start("a:1");
-    vm2.set_others_work(board.others(2, 100, 3000), 100);
-    let w = vm2.work("a:1");
+    let id = vm1.work.prefill_start(&first, 100, None);
+    board.put_row(1, 100, &vm1.work.own_work(), 3000);
+    vm2.work.inflight_start("a:1");
+    vm2.work.set_others_work(board.others(2, 100, 3000), 100);
+    let w = vm2.work.of("a:1");
     assert_eq!(
         (w.inflight, w.prefill_tokens, w.prefill_requests),
         (3, 3000, 1)
     );
-    assert_eq!(vm2.work("b:1"), PodWork::default());
+    assert_eq!(vm2.work.of("b:1"), PodWork::default());
     // The other VM's queued prefill makes a new prompt cheaper on the idle pod.
     let b = Router::blocks(&cfg, &chat("fresh", "prompt"), None);
     assert_eq!(
         primary(&vm2.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)),
         "b:1"
     );
-    assert!(vm1.prefill_done(id, 150));
-    assert!(!vm1.prefill_done(id, 150), "done once");
-    vm1.inflight_end("a:1");
-    vm1.inflight_end("a:1");
-    assert!(vm1.own_work().is_empty(), "finished requests leave the row");
+    assert!(vm1.work.prefill_done(id, 150));
+    assert!(!vm1.work.prefill_done(id, 150), "done once");
+    vm1.work.inflight_end("a:1");
+    vm1.work.inflight_end("a:1");
+    assert!(
+        vm1.work.own_work().is_empty(),
+        "finished requests leave the row"
+    );
 }
 
 #[test]
@@ -243,26 +246,31 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
     };
     let mut board = Board::default();
     // vm1's prompt is computed first; vm2's, routed a little later, waits behind it.
-    let first = vm1.prefill_start(&long(9000.0), 1000, Some(60_000));
-    board.put_row(1, 1000, &vm1.own_work(), 60_000);
-    let second = vm2.prefill_start(&long(8000.0), 1200, Some(60_000));
-    assert!(!vm2.set_others_work(board.others(2, 1200, 60_000), 1200));
-    board.put_row(2, 1200, &vm2.own_work(), 60_000);
+    let first = vm1.work.prefill_start(&long(9000.0), 1000, Some(60_000));
+    board.put_row(1, 1000, &vm1.work.own_work(), 60_000);
+    let second = vm2.work.prefill_start(&long(8000.0), 1200, Some(60_000));
+    assert!(!vm2
+        .work
+        .set_others_work(board.others(2, 1200, 60_000), 1200));
+    board.put_row(2, 1200, &vm2.work.own_work(), 60_000);
     // Work stays queued: vm2 reads the board again, nothing moved.
-    assert!(!vm2.set_others_work(board.others(2, 3000, 60_000), 3000));
+    assert!(!vm2
+        .work
+        .set_others_work(board.others(2, 3000, 60_000), 3000));
     assert_eq!(
-        vm2.work("a:1").head_since_ms,
+        vm2.work.of("a:1").head_since_ms,
         1000,
         "vm1's prompt is the head"
     );
     // vm1's prompt ends at 5000; vm2 reads the board at 5010.
-    assert!(vm1.prefill_done(first, 5000));
-    board.put_row(1, 5000, &vm1.own_work(), 60_000);
+    assert!(vm1.work.prefill_done(first, 5000));
+    board.put_row(1, 5000, &vm1.work.own_work(), 60_000);
     assert!(
-        vm2.set_others_work(board.others(2, 5010, 60_000), 5010),
+        vm2.work
+            .set_others_work(board.others(2, 5010, 60_000), 5010),
         "vm2's row changed"
     );
-    let w = vm2.work("a:1");
+    let w = vm2.work.of("a:1");
     assert_eq!((w.head_since_ms, w.head_tokens), (5010, 8000));
     // Computing since 5010, not since it was routed at 1200 (at the prior's 40 µs per token it
     // would be long done): 100 ms later most of it is still ahead.
@@ -270,27 +278,35 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
     let ahead = w.prefill_tokens as f64 - crate::scheduler::predict::head_progress(&w, &cost, 5110);
     assert!(ahead > 5000.0, "{ahead} tokens still ahead");
     // A prefill routed by another VM is not an end.
-    let behind = vm1.prefill_start(&long(500.0), 5020, Some(60_000));
-    board.put_row(1, 5020, &vm1.own_work(), 60_000);
-    assert!(!vm1.set_others_work(board.others(1, 5020, 60_000), 5020));
-    assert!(!vm2.set_others_work(board.others(2, 5030, 60_000), 5030));
+    let behind = vm1.work.prefill_start(&long(500.0), 5020, Some(60_000));
+    board.put_row(1, 5020, &vm1.work.own_work(), 60_000);
+    assert!(!vm1
+        .work
+        .set_others_work(board.others(1, 5020, 60_000), 5020));
+    assert!(!vm2
+        .work
+        .set_others_work(board.others(2, 5030, 60_000), 5030));
     // vm2's prompt ends; vm1's moves on, and vm1 moving on (its start, not its tokens) does not
     // echo back to a prefill vm2 routed meanwhile.
-    assert!(vm2.prefill_done(second, 8000));
-    vm2.prefill_start(&long(700.0), 8005, Some(60_000));
-    board.put_row(2, 8005, &vm2.own_work(), 60_000);
-    assert!(vm1.set_others_work(board.others(1, 8010, 60_000), 8010));
-    board.put_row(1, 8010, &vm1.own_work(), 60_000);
+    assert!(vm2.work.prefill_done(second, 8000));
+    vm2.work.prefill_start(&long(700.0), 8005, Some(60_000));
+    board.put_row(2, 8005, &vm2.work.own_work(), 60_000);
+    assert!(vm1
+        .work
+        .set_others_work(board.others(1, 8010, 60_000), 8010));
+    board.put_row(1, 8010, &vm1.work.own_work(), 60_000);
     assert_eq!(
-        vm1.work("a:1").head_since_ms,
+        vm1.work.of("a:1").head_since_ms,
         8005,
         "vm2's new one is older"
     );
-    assert!(!vm2.set_others_work(board.others(2, 8020, 60_000), 8020));
-    let own = vm2.own_work();
+    assert!(!vm2
+        .work
+        .set_others_work(board.others(2, 8020, 60_000), 8020));
+    let own = vm2.work.own_work();
     assert_eq!(own.len(), 1);
     assert_eq!(own[0].1.head_since_ms, 8005);
-    assert!(vm1.prefill_done(behind, 9000));
+    assert!(vm1.work.prefill_done(behind, 9000));
 }
 
 #[test]
@@ -374,9 +390,9 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         decoding: 0.0,
         predicted_ms: 1e6,
     };
-    let head = r.prefill_start(&first(4000.0), 1000, None);
-    r.prefill_start(&first(2000.0), 1500, None);
-    let w = r.work("a:1");
+    let head = r.work.prefill_start(&first(4000.0), 1000, None);
+    r.work.prefill_start(&first(2000.0), 1500, None);
+    let w = r.work.of("a:1");
     assert_eq!(
         (w.prefill_tokens, w.head_since_ms, w.head_tokens),
         (6000, 1000, 4000)
@@ -393,8 +409,8 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         "at most the whole head"
     );
     // The next prefill becomes the head when the first ends, computing only since then.
-    assert!(r.prefill_done(head, 9000));
-    let w = r.work("a:1");
+    assert!(r.work.prefill_done(head, 9000));
+    let w = r.work.of("a:1");
     assert_eq!((w.head_since_ms, w.head_tokens), (9000, 2000));
     assert_eq!(head_progress(&w, &cost, 9000), 0.0);
 }
@@ -411,18 +427,21 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         decoding: 0.0,
         predicted_ms: 100.0,
     };
-    r.prefill_start(&first, 1000, None);
-    assert!(!r.expire_prefills(1000 + 200));
-    assert!(r.expire_prefills(1000 + 251), "2 × 100 ms + 50 ms margin");
+    r.work.prefill_start(&first, 1000, None);
+    assert!(!r.work.expire_prefills(1000 + 200));
+    assert!(
+        r.work.expire_prefills(1000 + 251),
+        "2 × 100 ms + 50 ms margin"
+    );
     // A streamed response shows its first byte at the first token: it stays queued until its
     // first-byte deadline, however low the prediction ran.
-    r.prefill_start(&first, 1000, Some(5000));
-    assert!(!r.expire_prefills(1000 + 4999));
-    assert!(r.expire_prefills(1000 + 5000));
+    r.work.prefill_start(&first, 1000, Some(5000));
+    assert!(!r.work.expire_prefills(1000 + 4999));
+    assert!(r.work.expire_prefills(1000 + 5000));
     for _ in 0..MAX_PENDING + 10 {
-        r.prefill_start(&first, 1000, None);
+        r.work.prefill_start(&first, 1000, None);
     }
-    assert_eq!(r.pending.len(), MAX_PENDING);
+    assert_eq!(r.work.pending_prefills(), MAX_PENDING);
 }
 
 #[test]
@@ -467,7 +486,7 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
             decoding: 0.0,
             predicted_ms: 1e9,
         };
-        r.prefill_start(&first, 100, None);
+        r.work.prefill_start(&first, 100, None);
         queued[usize::from(pod == "slow:1")] += 1;
     }
     assert!(

@@ -44,6 +44,7 @@ impl Vm {
         let (board, cas) = read_board(host);
         if self
             .router
+            .work
             .set_others_work(board.others(self.id, now, INFLIGHT_ROW_TTL_MS), now)
         {
             self.row_write_pending = true;
@@ -93,12 +94,14 @@ impl Vm {
         now: u64,
         read: Option<(Board, Option<u32>)>,
     ) {
-        let own = self.router.own_work();
+        let own = self.router.work.own_work();
         let (id, router) = (self.id, &mut self.router);
         // A re-read that moves this VM's own prefills on leaves the row just written behind.
         let mut moved = false;
         let written = put_board_row(host, id, now, &own, read, |board| {
-            moved |= router.set_others_work(board.others(id, now, INFLIGHT_ROW_TTL_MS), now);
+            moved |= router
+                .work
+                .set_others_work(board.others(id, now, INFLIGHT_ROW_TTL_MS), now);
         });
         if written {
             self.last_row_write_ms = now;

@@ -117,7 +117,7 @@ impl Vm {
                 self.timeout(),
             ) {
                 Some(token) => {
-                    let work = self.router.work(&addr);
+                    let work = self.router.work.of(&addr);
                     let ours = GatewayShare {
                         prefilling: f64::from(work.prefill_requests),
                         inflight: f64::from(work.inflight),

@@ -192,7 +192,7 @@ impl Vm {
             }
         }
         self.refresh_load_table(host);
-        let expired = self.router.expire_prefills(now);
+        let expired = self.router.work.expire_prefills(now);
         if expired
             || self.row_write_pending
             || now.saturating_sub(self.last_row_write_ms) >= INFLIGHT_HEARTBEAT_MS

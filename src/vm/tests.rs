@@ -194,7 +194,7 @@ fn a_work_row_that_loses_every_race_is_written_on_the_next_tick() {
     c.ready();
     c.store.borrow_mut().lose_cas_races = 1000;
     let (vm, host) = &mut c.vms[1];
-    vm.router.inflight_start(PODS[0]);
+    vm.router.work.inflight_start(PODS[0]);
     let now = host.now_ms();
     vm.write_inflight_row(host, now);
     let others = |c: &Cluster| {
@@ -240,7 +240,7 @@ fn values_another_module_version_wrote_are_never_misread() {
     let now = host.now_ms();
     vm.read_inflight_board(host, now);
     // The foreign in-flight entry is not counted against the pod ...
-    assert_eq!(vm.router.work(PODS[0]), PodWork::default());
+    assert_eq!(vm.router.work.of(PODS[0]), PodWork::default());
     // ... and the foreign page is not applied as observations.
     vm.sync_pages(host);
     assert_eq!(vm.router.index_entries(), 0);
@@ -332,7 +332,7 @@ fn replicas_learn_each_others_placements_without_echo() {
     );
     let first = prefill_on(PODS[0], 640.0, 100.0);
     let now = host.now_ms();
-    let queued = vm.router.prefill_start(&first, now, Some(60_000));
+    let queued = vm.router.work.prefill_start(&first, now, Some(60_000));
     vm.write_inflight_row(host, now);
     for _ in 0..4 {
         round(&mut envoys, &mut asks_of);
@@ -355,7 +355,7 @@ fn replicas_learn_each_others_placements_without_echo() {
     for (v, (vm, host)) in envoys[1].vms.iter_mut().enumerate() {
         let now = host.now_ms();
         vm.read_inflight_board(host, now);
-        let work = vm.router.work(PODS[0]);
+        let work = vm.router.work.of(PODS[0]);
         assert_eq!(
             (work.prefill_tokens, work.prefill_requests),
             (640, 1),
@@ -366,11 +366,11 @@ fn replicas_learn_each_others_placements_without_echo() {
     let (vm, host) = &mut envoys[0].vms[0];
     let now = host.now_ms();
     vm.read_inflight_board(host, now);
-    assert_eq!(vm.router.work(PODS[0]).prefill_tokens, 640);
+    assert_eq!(vm.router.work.of(PODS[0]).prefill_tokens, 640);
     // The prefill ends: the other replica stops counting it a pull later.
     let (vm, host) = &mut envoys[0].vms[1];
     let now = host.now_ms();
-    vm.router.prefill_done(queued, now);
+    vm.router.work.prefill_done(queued, now);
     vm.write_inflight_row(host, now);
     for _ in 0..3 {
         round(&mut envoys, &mut asks_of);
@@ -378,7 +378,7 @@ fn replicas_learn_each_others_placements_without_echo() {
     let (vm, host) = &mut envoys[1].vms[1];
     let now = host.now_ms();
     vm.read_inflight_board(host, now);
-    assert_eq!(vm.router.work(PODS[0]).prefill_tokens, 0);
+    assert_eq!(vm.router.work.of(PODS[0]).prefill_tokens, 0);
     // What Envoy 1 learned is not served back: its answer holds no pages at all.
     let served = peers::Answer::decode(&peers::answer(
         &envoys[1].vms[0].1,
@@ -408,9 +408,9 @@ fn a_poll_is_read_against_the_requests_on_the_pod_when_it_was_sent() {
     // The other worker has a prefill waiting on the first pod.
     let (vm, host) = &mut c.vms[worker];
     let now = host.now_ms();
-    vm.router.inflight_start(PODS[0]);
+    vm.router.work.inflight_start(PODS[0]);
     let first = prefill_on(PODS[0], 7000.0, 50.0);
-    let id = vm.router.prefill_start(&first, now, Some(60_000));
+    let id = vm.router.work.prefill_start(&first, now, Some(60_000));
     vm.write_inflight_row(host, now);
     // The leader sends its polls now ...
     c.advance_ms(cfg.poll_interval_ms);
@@ -427,8 +427,8 @@ fn a_poll_is_read_against_the_requests_on_the_pod_when_it_was_sent() {
     // ... the request finishes before the answers come, which still count it as waiting.
     let (vm, host) = &mut c.vms[worker];
     let now = host.now_ms();
-    assert!(vm.router.prefill_done(id, now));
-    vm.router.inflight_end(PODS[0]);
+    assert!(vm.router.work.prefill_done(id, now));
+    vm.router.work.inflight_end(PODS[0]);
     vm.write_inflight_row(host, now);
     let (vm, host) = &mut c.vms[leader];
     let now = host.now_ms();

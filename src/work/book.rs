@@ -1,19 +1,45 @@
 //! The work each pod has to do first: this VM's requests in flight and its prefills not yet at
-//! their first byte (what its row on the work board carries, see `crate::work`), plus
+//! their first byte (what its row on the work board carries, see `super::board`), plus
 //! the other VMs' rows.
 
-use super::{FirstToken, Router};
-use crate::work::PodWork;
+use super::PodWork;
 use hashbrown::HashMap;
+
+/// Whose prefill a routed request is and what was predicted for it: what the work board carries
+/// until its first byte, and what that first byte teaches (`crate::cost`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstToken {
+    /// The pod that prefills (the prefill pod of a split request).
+    pub addr: String,
+    pub uncached_tokens: f64,
+    /// The model's features at routing time: tokens ahead + uncached, sequences decoding.
+    pub tokens: f64,
+    pub decoding: f64,
+    pub predicted_ms: f64,
+}
+
+/// This VM's work in flight per pod and the other VMs' as last read from the board.
+#[derive(Debug, Default)]
+pub struct WorkBook {
+    /// This VM's unfinished requests per pod, live.
+    local_inflight: HashMap<String, u32>,
+    /// This VM's prefills not yet at their first byte.
+    pending: Vec<PendingPrefill>,
+    next_pending_id: u64,
+    /// Every other VM's unfinished work per pod, from the work board.
+    others_work: HashMap<String, PodWork>,
+    /// Running mean of the uncached tokens of the requests this VM routed.
+    typical_tokens: Option<f64>,
+}
 
 /// A prefill this VM routed that has not produced its first byte yet.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct PendingPrefill {
+struct PendingPrefill {
     id: u64,
     addr: String,
     tokens: u64,
     /// Since when the pod can have been computing it: when it was routed, or when the prefill before
-    /// it on the same pod ended, whichever is later (the board's head, see `state::inflight`).
+    /// it on the same pod ended, whichever is later (the board's head, see `super::board`).
     since_ms: u64,
     /// When it counts as done even without a first byte seen: a non-streaming response shows its
     /// first byte only at the end, so the predicted first token with margin; a streamed one shows it
@@ -23,7 +49,7 @@ pub(super) struct PendingPrefill {
 
 /// Before any request was routed, requests a pod reports waiting that the board does not show are
 /// counted at this size.
-pub(super) const DEFAULT_TYPICAL_TOKENS: f64 = 512.0;
+pub const DEFAULT_TYPICAL_TOKENS: f64 = 512.0;
 /// Weight of the newest request in the running mean of request sizes.
 const TYPICAL_TOKENS_ALPHA: f64 = 0.05;
 /// A prefill with no first byte seen counts as done after its predicted TTFT times this (plus
@@ -32,11 +58,11 @@ const PENDING_SLACK: f64 = 2.0;
 const PENDING_MARGIN_MS: u64 = 50;
 /// At most this many prefills are tracked per VM; beyond it the oldest stops counting (bounded
 /// memory whatever the traffic; a VM has far fewer requests in flight than this).
-pub(super) const MAX_PENDING: usize = 4096;
+pub const MAX_PENDING: usize = 4096;
 
-impl Router {
+impl WorkBook {
     /// Unfinished work on `addr`: the other VMs' rows on the board plus this VM's live state.
-    pub fn work(&self, addr: &str) -> PodWork {
+    pub fn of(&self, addr: &str) -> PodWork {
         let mut w = self.others_work.get(addr).copied().unwrap_or_default();
         w.inflight = w
             .inflight
@@ -49,6 +75,18 @@ impl Router {
         w
     }
 
+    /// How many prefills this VM tracks (bounded by [`MAX_PENDING`]).
+    #[cfg(test)]
+    pub fn pending_prefills(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The mean uncached size of the requests this VM routed ([`DEFAULT_TYPICAL_TOKENS`] before
+    /// the first): what a request a pod reports waiting, unseen on the board, is counted as.
+    pub fn typical_tokens(&self) -> f64 {
+        self.typical_tokens.unwrap_or(DEFAULT_TYPICAL_TOKENS)
+    }
+
     pub fn inflight_start(&mut self, addr: &str) {
         *self.local_inflight.entry_ref(addr).or_insert(0) += 1;
     }
@@ -59,7 +97,7 @@ impl Router {
         }
     }
 
-    /// Puts a routed request's prefill on the board until [`Router::prefill_done`] (or its deadline:
+    /// Puts a routed request's prefill on the board until [`Self::prefill_done`] (or its deadline:
     /// `streamed_deadline_ms` after `now_ms` for a streamed response, else twice the predicted
     /// first token); returns its handle.
     pub fn prefill_start(
