@@ -52,11 +52,11 @@ fn main() {
                     r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {round} {i}"}}]}}"#
                 );
                 let view = parse(&body);
-                let blocks = kvroute::router::Router::blocks(&config, &view, None);
+                let blocks = kvroute::affinity::Blocks::of(&config.block, &view, None);
                 let plan = router.plan(&config, &view.model, &blocks, Default::default(), now);
                 if let kvroute::scheduler::Decision::Route { ranked, .. } = &plan.decision {
                     let addr = ranked[0].addr.clone();
-                    router.observe(&kvroute::state::messages::Observation {
+                    router.affinity.observe(&kvroute::state::messages::Observation {
                         addr,
                         hashes: blocks.hashes,
                     });

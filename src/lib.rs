@@ -16,6 +16,7 @@
 //! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
 //! * `headermap` — header bytes from the host, read without trusting them (values that are not UTF-8)
 
+pub mod affinity;
 pub mod common;
 pub mod config;
 pub mod flow;
@@ -27,7 +28,6 @@ pub mod pd;
 pub mod peers;
 pub mod pod;
 pub mod port;
-pub mod prefix;
 pub mod protocol;
 pub mod router;
 pub mod scheduler;

@@ -31,11 +31,11 @@ LAYERS = [
     # what the gateway knows about a pod: metrics pages, served models, the load table
     "pod",
     "health",
-    # prefix affinity: block hashing, the prefix index, tiktoken blocks
-    "prefix",
     # what VMs share in the host's shared data: rows, messages, the leader lease
     "state",
-    # work in flight, per pod
+    # prefix affinity: block hashing, the prefix index, this VM's belief of what each pod holds
+    "affinity",
+    # work in flight, per pod: the board VMs share and this VM's book
     "work",
     # which pod stored a Responses API answer
     "stored_responses",

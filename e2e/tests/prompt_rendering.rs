@@ -5,7 +5,7 @@
 //! A router that renders less than the engine (one that ignores tool-call arguments, say) reports a
 //! prefix the pod does not hold; one that renders more loses hits the pod would give.
 
-use kvroute::prefix::{chain_seed, char_block_hashes};
+use kvroute::affinity::{chain_seed, char_block_hashes};
 use kvroute::protocol::parse::{parse, Endpoint};
 use kvsim::{block_hashes, prompt_tokens};
 use serde_json::{json, Value};

@@ -203,7 +203,7 @@ impl Gateway {
     pub fn leftover_work(&mut self) -> usize {
         self.vms
             .iter_mut()
-            .map(|(vm, _)| vm.router.own_work().len())
+            .map(|(vm, _)| vm.router.work.own_work().len())
             .sum()
     }
 

@@ -38,6 +38,7 @@ use kvroute::pod::load::{LoadTable, PodLoad, LOAD_FORMAT};
 use kvroute::pod::prom::{self, GatewayShare, PodMetrics};
 use kvroute::port::Host;
 use kvroute::protocol::parse::{self, Endpoint};
+use kvroute::affinity::Blocks;
 use kvroute::router::Router;
 use kvroute::scheduler::fit_board::{FitBoard, PodFit};
 use kvroute::scheduler::{Decision, Hints};
@@ -109,7 +110,7 @@ fn route_some_prompt(router: &Router, config: &Config, now: u64) -> Decision {
     let body =
         br#"{"model":"m","messages":[{"role":"user","content":"hello there, general kenobi"}]}"#;
     let view = parse::parse(Endpoint::ChatCompletions, body).unwrap();
-    let blocks = Router::blocks(config, &view, None);
+    let blocks = Blocks::of(&config.block, &view, None);
     let decision = router.route(
         config,
         "m",
@@ -197,8 +198,8 @@ pub fn request_body(data: &[u8]) {
     for (vm, _) in &g.vms {
         let held: usize = PODS
             .iter()
-            .filter_map(|p| vm.router.slot_of(p))
-            .map(|s| vm.router.index().blocks_held(s))
+            .filter_map(|p| vm.router.affinity.slot_of(p))
+            .map(|s| vm.router.affinity.index().blocks_held(s))
             .sum();
         // Two requests, each observed on its pod (and an inline prefill pod).
         assert!(held <= 4 * kvroute::router::MAX_BLOCKS_PER_REQUEST);
@@ -237,13 +238,13 @@ pub fn prom(data: &[u8]) {
     assert_eq!(decoded, table);
     let mut router = Router::new();
     router.apply_load_table(&config, decoded);
-    if let Some(slot) = router.slot_of(PODS[0]) {
-        router.observe(&Observation {
+    if let Some(slot) = router.affinity.slot_of(PODS[0]) {
+        router.affinity.observe(&Observation {
             addr: PODS[0].to_string(),
             hashes: (1..=64).collect(),
         });
         assert!(
-            router.index().blocks_held(slot) <= config.max_pod_capacity_blocks as usize,
+            router.affinity.index().blocks_held(slot) <= config.max_pod_capacity_blocks as usize,
             "capacity bounded by configuration"
         );
     }
@@ -409,7 +410,7 @@ pub fn load_table(data: &[u8]) {
         router.apply_load_table(&config, t);
         let _ = route_some_prompt(&router, &config, now);
         router.apply_load_table(&config, LoadTable::default());
-        assert_eq!(router.index_entries(), 0);
+        assert_eq!(router.affinity.index_entries(), 0);
     }
     let built = gen_table(&mut Gen::new(data));
     assert_eq!(LoadTable::decode(&built.encode()).as_ref(), Some(&built));
@@ -417,12 +418,12 @@ pub fn load_table(data: &[u8]) {
     let now = built.published_ms;
     router.apply_load_table(&config, built.clone());
     for p in &built.pods {
-        if let Some(slot) = router.slot_of(&p.addr) {
-            router.observe(&Observation {
+        if let Some(slot) = router.affinity.slot_of(&p.addr) {
+            router.affinity.observe(&Observation {
                 addr: p.addr.clone(),
                 hashes: vec![1, 2, 3],
             });
-            assert!(router.index().blocks_held(slot) <= 3);
+            assert!(router.affinity.index().blocks_held(slot) <= 3);
         }
     }
     let _ = route_some_prompt(&router, &config, now);
@@ -488,8 +489,8 @@ pub fn messages(data: &[u8]) {
     vm.tick(host, now);
     let held: usize = PODS
         .iter()
-        .filter_map(|p| vm.router.slot_of(p))
-        .map(|s| vm.router.index().blocks_held(s))
+        .filter_map(|p| vm.router.affinity.slot_of(p))
+        .map(|s| vm.router.affinity.index().blocks_held(s))
         .sum();
     assert!(held <= data.len() / 8);
 }
@@ -505,8 +506,8 @@ fn gen_page(g: &mut Gen) -> Page {
 
 fn index_held(router: &Router) -> usize {
     PODS.iter()
-        .filter_map(|p| router.slot_of(p))
-        .map(|s| router.index().blocks_held(s))
+        .filter_map(|p| router.affinity.slot_of(p))
+        .map(|s| router.affinity.index().blocks_held(s))
         .sum()
 }
 
@@ -525,22 +526,22 @@ pub fn pages(data: &[u8]) {
         assert_eq!(Page::decode(&page.encode()).as_ref(), Some(page));
         let mut router = Router::new();
         router.apply_load_table(&config, table.clone());
-        router.apply_page(page);
-        assert_eq!(router.applied_page, page.seq);
+        router.affinity.apply_page(page);
+        assert_eq!(router.affinity.applied_page, page.seq);
         let held = index_held(&router);
         // What a VM re-publishes from it reads back as the same index.
-        let snapshot = router.snapshot(page.seq);
+        let snapshot = router.affinity.snapshot(page.seq);
         assert_eq!(Page::decode(&snapshot.encode()).as_ref(), Some(&snapshot));
         let mut follower = Router::new();
         follower.apply_load_table(&config, table.clone());
-        follower.load_snapshot(&snapshot);
+        follower.affinity.load_snapshot(&snapshot);
         assert_eq!(index_held(&follower), held);
         for p in PODS {
-            let (a, b) = (router.slot_of(p), follower.slot_of(p));
+            let (a, b) = (router.affinity.slot_of(p), follower.affinity.slot_of(p));
             if let (Some(a), Some(b)) = (a, b) {
                 assert_eq!(
-                    router.index().slot_blocks_oldest_first(a),
-                    follower.index().slot_blocks_oldest_first(b)
+                    router.affinity.index().slot_blocks_oldest_first(a),
+                    follower.affinity.index().slot_blocks_oldest_first(b)
                 );
             }
         }
@@ -616,7 +617,7 @@ pub fn work_board(data: &[u8]) {
     let config = aggregated_config();
     let mut router = Router::new();
     router.apply_load_table(&config, harness_table());
-    router.set_others_work(decoded.others(0, now, 3000), now);
+    router.work.set_others_work(decoded.others(0, now, 3000), now);
     let _ = route_some_prompt(&router, &config, 1000);
 }
 

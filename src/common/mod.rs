@@ -84,6 +84,13 @@ pub struct Blocking {
     pub scheme: BlockScheme,
 }
 
+impl Blocking {
+    /// Bytes per block in chars mode.
+    pub fn bytes(&self) -> usize {
+        (self.tokens_per_block as usize) * (self.chars_per_token as usize)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockScheme {
     /// Blocks of `tokens_per_block × chars_per_token` bytes: cheap, tokenizer-free.

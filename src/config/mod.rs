@@ -303,7 +303,7 @@ impl Config {
 
     /// Bytes per block in chars mode.
     pub fn block_bytes(&self) -> usize {
-        (self.block.tokens_per_block as usize) * (self.block.chars_per_token as usize)
+        self.block.bytes()
     }
 }
 

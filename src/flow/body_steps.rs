@@ -20,7 +20,7 @@ use crate::pd::{PdMode, PdPlan};
 use crate::port::Host;
 use crate::protocol::body;
 use crate::protocol::parse::{self, Endpoint, ParseError, RequestView};
-use crate::router::{Blocks, FirstToken, Plan, Router};
+use crate::router::{Blocks, FirstToken, Plan};
 use crate::scheduler::{Choice, Decision, Rejection, RouteReason};
 use crate::state::messages::Observation;
 use crate::vm::Vm;
@@ -115,8 +115,8 @@ impl RequestFlow {
         now: u64,
         decode_only: bool,
     ) -> Result<Planned, Box<BodyOutcome>> {
-        let blocks = Router::blocks_in_cache(
-            &vm.config,
+        let blocks = Blocks::in_cache(
+            &vm.config.block,
             view,
             vm.router.cache_model(&view.model),
             vm.tokenizer.as_deref(),
@@ -228,19 +228,7 @@ impl RequestFlow {
             self.debug = Some(explain::debug_line(vm, blocks, ranked, planned.reason, pd));
         }
         vm.router.work.inflight_start(&primary.addr);
-        let slowest = ranked
-            .iter()
-            .map(|c| c.prediction.ttft_ms)
-            .fold(0.0, f64::max);
-        let first_byte_timeout_ms = view
-            .stream
-            .then(|| vm.config.health.first_byte_timeout(slowest))
-            .flatten();
-        let attempt_timeout_ms = if view.stream {
-            first_byte_timeout_ms
-        } else {
-            whole_answer_timeout(vm, ranked, view.max_tokens)
-        };
+        let (first_byte_timeout_ms, attempt_timeout_ms) = attempt_timeouts(vm, ranked, view);
         if let Some(first) = first_token {
             let pending = Some(
                 vm.router
@@ -276,6 +264,7 @@ impl RequestFlow {
         if prefill_pod.is_none() {
             self.cache_check =
                 vm.router
+                    .affinity
                     .expect_cache(&primary.addr, blocks, primary.matched_blocks);
         }
         vm.write_inflight_row_over(host, now, Some(board));
@@ -345,6 +334,20 @@ impl RequestFlow {
         }
         BodyOutcome::Route(route)
     }
+}
+
+/// A request's first-byte timeout (streams only) and its per-attempt timeout: the first-byte
+/// rule on the slowest destination's predicted TTFT for a stream, on its whole answer otherwise.
+fn attempt_timeouts(vm: &Vm, ranked: &[Choice], view: &RequestView) -> (Option<u64>, Option<u64>) {
+    if !view.stream {
+        return (None, whole_answer_timeout(vm, ranked, view.max_tokens));
+    }
+    let slowest = ranked
+        .iter()
+        .map(|c| c.prediction.ttft_ms)
+        .fold(0.0, f64::max);
+    let first_byte = vm.config.health.first_byte_timeout(slowest);
+    (first_byte, first_byte)
 }
 
 /// The per-attempt timeout of a non-streamed request: its first byte is its whole answer, so the

@@ -164,11 +164,11 @@ pub fn debug_line(
         primary.stale,
         fallbacks.join(","),
         vm.id(),
-        vm.router.applied_page,
+        vm.router.affinity.applied_page,
         vm.router.load_table().pods.len(),
-        vm.router.index_entries(),
+        vm.router.affinity.index_entries(),
         vm.router
-            .longest_holder(&blocks.hashes)
+            .affinity.longest_holder(&blocks.hashes)
             .map(|(a, n)| format!("{a}/{n}"))
             .unwrap_or_default(),
     );

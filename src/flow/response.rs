@@ -26,13 +26,14 @@ impl RequestFlow {
         if let Some(a) = self.awaiting.as_mut() {
             a.learnable = false;
         }
-        let Some(slot) = vm.router.slot_of(upstream) else {
+        let Some(slot) = vm.router.affinity.slot_of(upstream) else {
             return;
         };
         let held = vm
             .router
+            .affinity
             .index()
-            .match_lengths(&hashes, crate::prefix::index::MAX_SLOTS)
+            .match_lengths(&hashes, crate::affinity::index::MAX_SLOTS)
             .get(slot)
             .copied()
             .unwrap_or(0);
@@ -299,8 +300,10 @@ impl RequestFlow {
             (share.min(1.0) * prompt as f64) as u64,
         );
         host.count_in(Counter::CacheReportedTokens, &labels, cached);
-        if let CacheVerdict::Evicted { kept, lost } =
-            vm.router.on_cache_report(&expected, cached, prompt)
+        if let CacheVerdict::Evicted { kept, lost } = vm
+            .router
+            .affinity
+            .on_cache_report(&expected, cached, prompt)
         {
             log::debug!(
                 "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {kept} blocks",

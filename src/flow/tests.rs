@@ -1,7 +1,7 @@
 //! One request through the core on the fake host, from headers to the last response byte.
 
 use super::*;
-use crate::router::Router;
+use crate::router::{Blocks, Router};
 use crate::vm::tests::{config, Cluster, PODS};
 use serde_json::json;
 
@@ -735,9 +735,9 @@ fn an_oversize_body_is_refused_with_413_whether_or_not_its_length_is_announced()
 fn held(c: &Cluster, i: usize, pod: &str, body: &[u8]) -> usize {
     let vm = &c.vms[i].0;
     let view = parse::parse(Endpoint::ChatCompletions, body).unwrap();
-    let blocks = Router::blocks(&vm.config, &view, None);
-    let slot = vm.router.slot_of(pod).unwrap();
-    vm.router.index().match_lengths(&blocks.hashes, 64)[slot]
+    let blocks = Blocks::of(&vm.config.block, &view, None);
+    let slot = vm.router.affinity.slot_of(pod).unwrap();
+    vm.router.affinity.index().match_lengths(&blocks.hashes, 64)[slot]
 }
 
 #[test]
@@ -837,14 +837,17 @@ fn a_block_withdrawn_and_learned_again_in_one_tick_stays_learned_everywhere() {
     assert_eq!(held(&c, 0, &pod, &body), blocks, "pages keep the order");
     // And a VM that loads the snapshot agrees.
     let (leader, _) = &c.vms[0];
-    let snapshot = leader.router.snapshot(1);
+    let snapshot = leader.router.affinity.snapshot(1);
     let mut follower = Router::new();
     follower.apply_load_table(&cfg, leader.router.load_table().clone());
-    follower.load_snapshot(&snapshot);
+    follower.affinity.load_snapshot(&snapshot);
     let view = parse::parse(Endpoint::ChatCompletions, &body).unwrap();
-    let hashes = Router::blocks(&cfg, &view, None).hashes;
-    let slot = follower.slot_of(&pod).unwrap();
-    assert_eq!(follower.index().match_lengths(&hashes, 64)[slot], blocks);
+    let hashes = Blocks::of(&cfg.block, &view, None).hashes;
+    let slot = follower.affinity.slot_of(&pod).unwrap();
+    assert_eq!(
+        follower.affinity.index().match_lengths(&hashes, 64)[slot],
+        blocks
+    );
 }
 
 #[test]
@@ -959,10 +962,10 @@ fn aliases_and_adapters_route_by_the_pods_model_lists_and_unknown_names_are_refu
     let keyed = |c: &Cluster, model: &str| {
         let vm = &c.vms[1].0;
         let view = parse::parse(Endpoint::ChatCompletions, &chat_body(model, &system)).unwrap();
-        let blocks = Router::blocks_in_cache(&vm.config, &view, vm.router.cache_model(model), None);
-        let slot = vm.router.slot_of(&pod).unwrap();
+        let blocks = Blocks::in_cache(&vm.config.block, &view, vm.router.cache_model(model), None);
+        let slot = vm.router.affinity.slot_of(&pod).unwrap();
         (
-            vm.router.index().match_lengths(&blocks.hashes, 64)[slot],
+            vm.router.affinity.index().match_lengths(&blocks.hashes, 64)[slot],
             blocks.hashes.len(),
         )
     };
@@ -1268,7 +1271,7 @@ fn route(c: &mut Cluster, body: &[u8]) -> String {
 
 /// VM 0's index stamps of `blocks` on `slot` (`None` where not held).
 fn stamps_of(c: &Cluster, slot: usize, blocks: &[u64]) -> Vec<Option<u64>> {
-    let index = c.vms[0].0.router.index();
+    let index = c.vms[0].0.router.affinity.index();
     blocks.iter().map(|h| index.stamp_of(slot, *h)).collect()
 }
 
@@ -1281,9 +1284,12 @@ fn what_a_pod_holds_is_observed_again_only_after_a_second() {
     let body = chat_body("m", &prefix);
     let newest_stamp = |c: &Cluster, pod: &str| {
         let vm = &c.vms[0].0;
-        let slot = vm.router.slot_of(pod).unwrap();
-        let first = vm.router.index().slot_blocks_oldest_first(slot);
-        vm.router.index().stamp_of(slot, *first.last().unwrap())
+        let slot = vm.router.affinity.slot_of(pod).unwrap();
+        let first = vm.router.affinity.index().slot_blocks_oldest_first(slot);
+        vm.router
+            .affinity
+            .index()
+            .stamp_of(slot, *first.last().unwrap())
     };
     let pod = route(&mut c, &body);
     let learned = newest_stamp(&c, &pod);
@@ -1307,14 +1313,19 @@ fn what_a_pod_holds_is_observed_again_only_after_a_second() {
     assert!(refreshed > learned, "1.1 s later its recency is refreshed");
 
     // The same start with more after it, within the second: only the new blocks are observed.
-    let slot = c.vms[0].0.router.slot_of(&pod).unwrap();
-    let held_before = c.vms[0].0.router.index().slot_blocks_oldest_first(slot);
+    let slot = c.vms[0].0.router.affinity.slot_of(&pod).unwrap();
+    let held_before = c.vms[0]
+        .0
+        .router
+        .affinity
+        .index()
+        .slot_blocks_oldest_first(slot);
     let stamps = |c: &Cluster| stamps_of(c, slot, &held_before);
     let before = stamps(&c);
     c.advance_ms(10);
     let longer = |tail: &str| chat_body("m", &format!("{prefix}{}", tail.repeat(100)));
     assert_eq!(route(&mut c, &longer("more ")), pod);
-    let index = c.vms[0].0.router.index();
+    let index = c.vms[0].0.router.affinity.index();
     assert!(
         index.blocks_held(slot) > held_before.len(),
         "the new blocks are learned"
@@ -1338,8 +1349,12 @@ fn a_prefix_its_pod_could_have_evicted_since_is_observed_whole() {
     let held_after = |c: &mut Cluster, body: &[u8]| {
         let pod = route(c, body);
         let vm = &c.vms[0].0;
-        let slot = vm.router.slot_of(&pod).unwrap();
-        (pod, slot, vm.router.index().slot_blocks_oldest_first(slot))
+        let slot = vm.router.affinity.slot_of(&pod).unwrap();
+        (
+            pod,
+            slot,
+            vm.router.affinity.index().slot_blocks_oldest_first(slot),
+        )
     };
     // How many blocks the prompt and its longer form take, on a pod with room to spare.
     let mut roomy = Cluster::new(&config(""), 1);

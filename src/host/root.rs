@@ -4,11 +4,11 @@
 use super::filter::Filter;
 use super::node::Node;
 use super::ProxyHost;
+use crate::affinity::Tokenizer;
 use crate::common::BlockScheme;
 use crate::config::Config;
 use crate::metrics::{self, Gauge};
 use crate::port::Host;
-use crate::prefix::Tokenizer;
 use crate::vm::Vm;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -124,7 +124,9 @@ fn build_tokenizer(config: &Config) -> Result<Option<Box<dyn Tokenizer>>, String
     match config.block.scheme {
         BlockScheme::Chars => Ok(None),
         #[cfg(feature = "tiktoken")]
-        BlockScheme::Tiktoken(encoding) => crate::prefix::tokenize::Tiktoken::new(encoding.name())
-            .map(|t| Some(Box::new(t) as Box<dyn Tokenizer>)),
+        BlockScheme::Tiktoken(encoding) => {
+            crate::affinity::tokenize::Tiktoken::new(encoding.name())
+                .map(|t| Some(Box::new(t) as Box<dyn Tokenizer>))
+        }
     }
 }

@@ -197,7 +197,7 @@ impl Router {
 
     /// A stream on `addr` delivered its tokens `itl_ms` apart on average.
     pub fn observe_itl(&mut self, addr: &str, itl_ms: f64) {
-        let known = self.slot_of.contains_key(addr);
+        let known = self.role_by_addr.contains_key(addr);
         if !(itl_ms.is_finite() && itl_ms >= 0.0 && known) {
             return;
         }

@@ -4,24 +4,21 @@
 //!
 //! * `mod.rs` — the state, the load table's adoption, and the decision: [`Router::route`] ranks one
 //!   role's pods, [`Router::plan`] adds the prefill/decode split;
-//! * `index.rs` — what the pods hold: a request's block hashes, this VM's copy of the prefix index
-//!   (observations, pages, snapshots), and the check of the index against what responses report;
 //! * `fits.rs` — how fast each pod works: the learned first-token cost and inter-token latency,
 //!   this VM's and the other VMs' from the fits board.
 
 mod fits;
-mod index;
 
+pub use crate::affinity::Tokenizer;
+pub use crate::affinity::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER_REQUEST};
 pub use crate::pd::{PdOutcome, PdPlan};
-pub use crate::prefix::Tokenizer;
 pub use fits::PoolCosts;
-pub use index::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER_REQUEST};
 
+use crate::affinity::{Affinity, IndexSizes};
 use crate::config::{Config, Role};
 use crate::health::{health_of, Health};
 use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::PodMetrics;
-use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
 use crate::scheduler::cost::CostFit;
 use crate::scheduler::fit_board::PodFit;
 use crate::scheduler::predict::head_progress;
@@ -32,8 +29,8 @@ use hashbrown::HashMap;
 
 #[derive(Default)]
 pub struct Router {
-    index: PrefixIndex,
-    slot_of: HashMap<String, usize>,
+    /// What each pod holds: the prefix index and its place in the leader's pages.
+    pub affinity: Affinity,
     load: LoadTable,
     /// Work in flight per pod: this VM's and the other VMs' from the work board.
     pub work: WorkBook,
@@ -56,8 +53,6 @@ pub struct Router {
     ttft_scale: [crate::scheduler::cost::MedianScale; 3],
     /// Per role, how widely served predictions miss (see `cost::ErrorBand`).
     ttft_error: [crate::scheduler::cost::ErrorBand; 3],
-    /// Sequence number of the last delta page applied.
-    pub applied_page: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,62 +96,32 @@ impl Router {
         &self.load
     }
 
+    /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
+    /// it), a LoRA adapter's its own, as the first pod listing `model` reports (see
+    /// `crate::pod::models`); the name itself where no pod lists it.
+    pub fn cache_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.load
+            .pods
+            .iter()
+            .find_map(|p| crate::pod::models::cache_key(&p.served, model))
+            .unwrap_or(model)
+    }
+
     /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
     /// capacities follow what the pods report.
     pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
+        let sizes = IndexSizes {
+            tokens_per_block: config.block.tokens_per_block,
+            default_pod_blocks: config.default_pod_capacity_blocks,
+            max_pod_blocks: config.max_pod_capacity_blocks,
+            max_index_blocks: config.max_index_blocks,
+        };
+        self.affinity.list_pods(&table, &sizes);
         {
             let listed: hashbrown::HashSet<&str> =
                 table.pods.iter().map(|p| p.addr.as_str()).collect();
-            let removed: Vec<String> = self
-                .slot_of
-                .keys()
-                .filter(|addr| !listed.contains(addr.as_str()))
-                .cloned()
-                .collect();
-            for addr in removed {
-                if let Some(slot) = self.slot_of.remove(&addr) {
-                    self.index.clear_slot(slot);
-                }
-            }
             self.speeds.retain(|addr, _| listed.contains(addr.as_str()));
             self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
-        }
-        // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods
-        // joining at once cost 130,000 comparisons each).
-        let mut used = vec![false; MAX_SLOTS];
-        for &s in self.slot_of.values() {
-            if let Some(u) = used.get_mut(s) {
-                *u = true;
-            }
-        }
-        let mut next_free = 0;
-        let index_share = (config.max_index_blocks as usize / table.pods.len().max(1)).max(1);
-        for pod in &table.pods {
-            let slot = match self.slot_of.get(&pod.addr) {
-                Some(&s) => s,
-                None => {
-                    while used.get(next_free).copied().unwrap_or(false) {
-                        next_free += 1;
-                    }
-                    if next_free >= MAX_SLOTS {
-                        continue;
-                    }
-                    let free = next_free;
-                    if let Some(u) = used.get_mut(free) {
-                        *u = true;
-                    }
-                    self.slot_of.insert(pod.addr.clone(), free);
-                    free
-                }
-            };
-            let capacity = pod
-                .capacity_blocks(
-                    config.block.tokens_per_block,
-                    config.default_pod_capacity_blocks,
-                    config.max_pod_capacity_blocks,
-                )
-                .min(index_share);
-            self.index.set_capacity(slot, capacity);
         }
         self.role_by_addr = table
             .pods
@@ -193,7 +158,7 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> (Decision, bool) {
-        let lengths = self.index.match_lengths(&blocks.hashes, MAX_SLOTS);
+        let lengths = self.affinity.match_lengths(&blocks.hashes);
         let of_role: Vec<(&PodLoad, Health)> = self
             .load
             .pods
@@ -232,11 +197,7 @@ impl Router {
                     error_band: self.error_band_of(p.role).log_width(),
                     itl_ms: self.itl_of(&p.addr),
                     models: &p.serves,
-                    matched_blocks: self
-                        .slot_of
-                        .get(&p.addr)
-                        .and_then(|&s| lengths.get(s).copied())
-                        .unwrap_or(0),
+                    matched_blocks: self.affinity.matched_of(&lengths, &p.addr),
                 }
             })
             .collect();

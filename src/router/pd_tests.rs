@@ -95,7 +95,7 @@ fn a_prompt_cached_on_the_decode_pod_stays_there() {
     let cfg = pd_config();
     let mut r = router(&cfg, 0.0);
     let b = blocks(8000);
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "10.0.1.1:1".into(),
         hashes: b.hashes.clone(),
     });
@@ -174,14 +174,14 @@ fn a_context_only_the_decode_pod_holds_is_prefilled_there() {
     let b = blocks(12_000);
     // The decode pod holds all but the last 1,000 tokens; no prefill pod holds any of it.
     let held = (12_000 - 1_000) / 16;
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "10.0.1.1:1".into(),
         hashes: b.hashes[..held].to_vec(),
     });
     let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
     assert_eq!(pd.outcome, PdOutcome::LocalCheaper);
     // Once a prefill pod holds the context too, the split pays again.
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "10.0.0.1:1".into(),
         hashes: b.hashes[..held].to_vec(),
     });

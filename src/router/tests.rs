@@ -54,7 +54,7 @@ fn a_shared_prefix_follows_the_first_choice() {
     let mut r = Router::new();
     r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
     let system = "You are a helpful assistant. ".repeat(100);
-    let first = Router::blocks(&cfg, &chat(&system, "question one"), None);
+    let first = Blocks::of(&cfg.block, &chat(&system, "question one"), None);
     let d = r.route(
         &cfg,
         "m",
@@ -64,7 +64,7 @@ fn a_shared_prefix_follows_the_first_choice() {
         100,
     );
     let pod = primary(&d);
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: pod.clone(),
         hashes: first.hashes.clone(),
     });
@@ -80,7 +80,11 @@ fn a_shared_prefix_follows_the_first_choice() {
     r.apply_load_table(&cfg, busier);
     let mut followed = 0;
     for i in 0..20 {
-        let b = Router::blocks(&cfg, &chat(&system, &format!("another question {i}")), None);
+        let b = Blocks::of(
+            &cfg.block,
+            &chat(&system, &format!("another question {i}")),
+            None,
+        );
         if primary(&r.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)) == pod {
             followed += 1;
         }
@@ -115,15 +119,15 @@ fn removed_pods_leave_the_index_and_stale_tables_still_route() {
     let cfg = Config::default();
     let mut r = Router::new();
     r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "a:1".into(),
         hashes: vec![1, 2, 3],
     });
-    assert_eq!(r.index_entries(), 3);
+    assert_eq!(r.affinity.index_entries(), 3);
     r.apply_load_table(&cfg, table(&["b:1"], 100));
-    assert_eq!(r.index_entries(), 0);
-    assert_eq!(r.slot_of("a:1"), None);
-    let b = Router::blocks(&cfg, &chat("x", "y"), None);
+    assert_eq!(r.affinity.index_entries(), 0);
+    assert_eq!(r.affinity.slot_of("a:1"), None);
+    let b = Blocks::of(&cfg.block, &chat("x", "y"), None);
     let late = 100 + cfg.stale_after_ms + 1;
     let plan = r.plan(&cfg, "m", &b, Hints::default(), late);
     assert_eq!(
@@ -149,39 +153,41 @@ fn snapshot_reproduces_the_index() {
     let cfg = Config::default();
     let mut a = Router::new();
     a.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
-    a.observe(&Observation {
+    a.affinity.observe(&Observation {
         addr: "a:1".into(),
         hashes: vec![1, 2, 3],
     });
-    a.observe(&Observation {
+    a.affinity.observe(&Observation {
         addr: "b:1".into(),
         hashes: vec![1, 9],
     });
     let mut b = Router::new();
     b.apply_load_table(&cfg, table(&["b:1", "a:1"], 100));
-    b.observe(&Observation {
+    b.affinity.observe(&Observation {
         addr: "a:1".into(),
         hashes: vec![77],
     });
-    b.load_snapshot(&a.snapshot(5));
-    assert_eq!(b.applied_page, 5);
+    b.affinity.load_snapshot(&a.affinity.snapshot(5));
+    assert_eq!(b.affinity.applied_page, 5);
     assert_eq!(
-        b.index().match_lengths(&[1, 2, 3], 64)[b.slot_of("a:1").unwrap()],
+        b.affinity.index().match_lengths(&[1, 2, 3], 64)[b.affinity.slot_of("a:1").unwrap()],
         3
     );
     assert_eq!(
-        b.index().match_lengths(&[1, 9], 64)[b.slot_of("b:1").unwrap()],
+        b.affinity.index().match_lengths(&[1, 9], 64)[b.affinity.slot_of("b:1").unwrap()],
         2
     );
     assert_eq!(
-        b.index().match_lengths(&[77], 64)[b.slot_of("a:1").unwrap()],
+        b.affinity.index().match_lengths(&[77], 64)[b.affinity.slot_of("a:1").unwrap()],
         0
     );
     assert_eq!(
-        a.index()
-            .slot_blocks_oldest_first(a.slot_of("a:1").unwrap()),
-        b.index()
-            .slot_blocks_oldest_first(b.slot_of("a:1").unwrap())
+        a.affinity
+            .index()
+            .slot_blocks_oldest_first(a.affinity.slot_of("a:1").unwrap()),
+        b.affinity
+            .index()
+            .slot_blocks_oldest_first(b.affinity.slot_of("a:1").unwrap())
     );
 }
 
@@ -214,7 +220,7 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
     );
     assert_eq!(vm2.work.of("b:1"), PodWork::default());
     // The other VM's queued prefill makes a new prompt cheaper on the idle pod.
-    let b = Router::blocks(&cfg, &chat("fresh", "prompt"), None);
+    let b = Blocks::of(&cfg.block, &chat("fresh", "prompt"), None);
     assert_eq!(
         primary(&vm2.route(&cfg, "m", &[Role::Aggregated], &b, Hints::default(), 100)),
         "b:1"
@@ -314,40 +320,41 @@ fn a_reported_miss_trims_what_the_pod_evidently_lost() {
     let cfg = Config::default();
     let mut r = Router::new();
     r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
-    let older = Router::blocks(&cfg, &chat(&"older tenant ".repeat(200), "q"), None);
-    let newer = Router::blocks(&cfg, &chat(&"newer tenant ".repeat(200), "q"), None);
+    let older = Blocks::of(&cfg.block, &chat(&"older tenant ".repeat(200), "q"), None);
+    let newer = Blocks::of(&cfg.block, &chat(&"newer tenant ".repeat(200), "q"), None);
     for b in [&older, &newer] {
-        r.observe(&Observation {
+        r.affinity.observe(&Observation {
             addr: "a:1".into(),
             hashes: b.hashes.clone(),
         });
     }
-    let slot = r.slot_of("a:1").unwrap();
-    let matched = r.index().match_lengths(&newer.hashes, 64)[slot];
-    let expected = r.expect_cache("a:1", &newer, matched).unwrap();
+    let slot = r.affinity.slot_of("a:1").unwrap();
+    let matched = r.affinity.index().match_lengths(&newer.hashes, 64)[slot];
+    let expected = r.affinity.expect_cache("a:1", &newer, matched).unwrap();
     assert_eq!(expected.matched_blocks, newer.hashes.len());
     assert!(
-        r.expect_cache("b:1", &newer, 0).is_none(),
+        r.affinity.expect_cache("b:1", &newer, 0).is_none(),
         "b holds nothing"
     );
     // Routing observes the prompt again (the pod recomputes it) ...
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "a:1".into(),
         hashes: newer.hashes.clone(),
     });
     // ... a report that matches changes nothing ...
     let prompt = newer.prompt_tokens;
     assert_eq!(
-        r.on_cache_report(&expected, prompt - 10, prompt),
+        r.affinity.on_cache_report(&expected, prompt - 10, prompt),
         CacheVerdict::Confirmed
     );
     assert_eq!(
-        r.index().match_lengths(&older.hashes, 64)[slot],
+        r.affinity.index().match_lengths(&older.hashes, 64)[slot],
         older.hashes.len()
     );
     // ... but "nothing cached" means the pod's LRU dropped the newer prompt, so the older one
     // is surely gone too; what was touched since (this request's own blocks) stays.
-    let CacheVerdict::Evicted { kept, lost } = r.on_cache_report(&expected, 0, prompt) else {
+    let CacheVerdict::Evicted { kept, lost } = r.affinity.on_cache_report(&expected, 0, prompt)
+    else {
         panic!("not detected")
     };
     assert_eq!(kept, newer.hashes.len() as u32);
@@ -360,20 +367,20 @@ fn a_reported_miss_trims_what_the_pod_evidently_lost() {
         lost_sorted, older_sorted,
         "exactly the older prompt's blocks"
     );
-    assert_eq!(r.index().match_lengths(&older.hashes, 64)[slot], 0);
+    assert_eq!(r.affinity.index().match_lengths(&older.hashes, 64)[slot], 0);
     assert_eq!(
-        r.index().match_lengths(&newer.hashes, 64)[slot],
+        r.affinity.index().match_lengths(&newer.hashes, 64)[slot],
         newer.hashes.len()
     );
     // The pod is not taken to have shrunk: the next table leaves its capacity as reported, and
     // the older prompt, routed there again, is held whole beside the newer one.
     r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: "a:1".into(),
         hashes: older.hashes.clone(),
     });
     assert_eq!(
-        r.index().blocks_held(slot),
+        r.affinity.index().blocks_held(slot),
         older.hashes.len() + newer.hashes.len()
     );
 }
@@ -473,8 +480,8 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
     // about twice the slow one's.
     let mut queued = [0u64; 2];
     for i in 0..30 {
-        let b = Router::blocks(
-            &cfg,
+        let b = Blocks::of(
+            &cfg.block,
             &chat(&format!("unique {i} "), &"w ".repeat(1000)),
             None,
         );
@@ -556,12 +563,12 @@ fn an_observation_travels_from_one_vm_to_another() {
     for r in [&mut w1, &mut leader, &mut w2] {
         r.apply_load_table(&cfg, table(&["a:1", "b:1", "c:1", "d:1"], 100));
     }
-    let blocks = Router::blocks(&cfg, &chat(&"word ".repeat(5000), "q"), None);
+    let blocks = Blocks::of(&cfg.block, &chat(&"word ".repeat(5000), "q"), None);
     let o = Observation {
         addr: "c:1".into(),
         hashes: blocks.hashes.clone(),
     };
-    w1.observe(&o);
+    w1.affinity.observe(&o);
     let msg = Message::Observation {
         vm: 1,
         observation: o,
@@ -570,7 +577,7 @@ fn an_observation_travels_from_one_vm_to_another() {
     let Some(Message::Observation { observation, .. }) = Message::decode(&msg) else {
         panic!()
     };
-    leader.observe(&observation);
+    leader.affinity.observe(&observation);
     let page = Page {
         seq: 1,
         observations: vec![observation],
@@ -578,10 +585,10 @@ fn an_observation_travels_from_one_vm_to_another() {
         from_peer: false,
     }
     .encode();
-    w2.apply_page(&Page::decode(&page).unwrap());
-    let slot = w2.slot_of("c:1").unwrap();
+    w2.affinity.apply_page(&Page::decode(&page).unwrap());
+    let slot = w2.affinity.slot_of("c:1").unwrap();
     assert_eq!(
-        w2.index().match_lengths(&blocks.hashes, 64)[slot],
+        w2.affinity.index().match_lengths(&blocks.hashes, 64)[slot],
         blocks.hashes.len()
     );
     assert_eq!(
@@ -610,11 +617,11 @@ fn tiktoken_mode_uses_the_tokenizer() {
     let mut cfg = Config::default();
     cfg.block.scheme = BlockScheme::Tiktoken(crate::common::Encoding::Cl100kBase);
     let v = chat(&"word ".repeat(64), "q");
-    let b = Router::blocks(&cfg, &v, Some(&Words));
+    let b = Blocks::of(&cfg.block, &v, Some(&Words));
     assert_eq!(b.prompt_tokens, 65);
     assert_eq!(b.hashes.len(), 4);
     // Without a tokenizer it falls back to characters rather than failing.
-    let c = Router::blocks(&cfg, &v, None);
+    let c = Blocks::of(&cfg.block, &v, None);
     assert_eq!(c.hashes.len(), v.prompt.len() / 64);
 }
 
@@ -630,7 +637,10 @@ fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
     let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
     let mut r = Router::new();
     r.apply_load_table(&cfg, table(&refs, 100));
-    let mut slots: Vec<usize> = refs.iter().map(|a| r.slot_of(a).unwrap()).collect();
+    let mut slots: Vec<usize> = refs
+        .iter()
+        .map(|a| r.affinity.slot_of(a).unwrap())
+        .collect();
     slots.sort_unstable();
     slots.dedup();
     assert_eq!(slots.len(), 512, "every pod has its own slot");
@@ -638,14 +648,23 @@ fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
     let share = cfg.max_index_blocks as usize / 512;
     let pod = refs[300];
     let hashes: Vec<u64> = (1..=(share as u64 + 500)).collect();
-    r.observe(&Observation {
+    r.affinity.observe(&Observation {
         addr: pod.into(),
         hashes: hashes.clone(),
     });
-    assert_eq!(r.index().blocks_held(r.slot_of(pod).unwrap()), share);
+    assert_eq!(
+        r.affinity
+            .index()
+            .blocks_held(r.affinity.slot_of(pod).unwrap()),
+        share
+    );
     // A prompt held by pod 300 (beyond the first 64) goes there.
-    let held = Router::blocks(&cfg, &chat(&"shared system prompt ".repeat(300), "q"), None);
-    r.observe(&Observation {
+    let held = Blocks::of(
+        &cfg.block,
+        &chat(&"shared system prompt ".repeat(300), "q"),
+        None,
+    );
+    r.affinity.observe(&Observation {
         addr: pod.into(),
         hashes: held.hashes.clone(),
     });
@@ -654,7 +673,10 @@ fn a_pool_of_512_pods_is_indexed_whole_within_the_index_budget() {
     // Half the pods leave and come back: slots are reused, none is shared.
     r.apply_load_table(&cfg, table(&refs[..256], 200));
     r.apply_load_table(&cfg, table(&refs, 300));
-    let mut again: Vec<usize> = refs.iter().map(|a| r.slot_of(a).unwrap()).collect();
+    let mut again: Vec<usize> = refs
+        .iter()
+        .map(|a| r.affinity.slot_of(a).unwrap())
+        .collect();
     again.sort_unstable();
     again.dedup();
     assert_eq!(again.len(), 512);

@@ -154,7 +154,7 @@ impl Churn {
         if let BodyOutcome::Route(route) = &outcome {
             let primary = route.destinations.split(',').next().unwrap().to_string();
             let view = parse(Endpoint::ChatCompletions, body.as_bytes()).unwrap();
-            let blocks = crate::router::Router::blocks(&vm.config, &view, None);
+            let blocks = crate::router::Blocks::of(&vm.config.block, &view, None);
             self.routed
                 .entry(primary)
                 .or_default()
@@ -189,7 +189,7 @@ impl Churn {
                 .collect();
             let mut held_total = 0;
             for addr in ROSTER_ADDRS.with(|r| r.clone()) {
-                let slot = vm.router.slot_of(&addr);
+                let slot = vm.router.affinity.slot_of(&addr);
                 if !table.contains(&addr.as_str()) {
                     assert_eq!(
                         slot, None,
@@ -198,7 +198,7 @@ impl Churn {
                     continue;
                 }
                 let Some(slot) = slot else { continue };
-                let blocks = vm.router.index().slot_blocks_oldest_first(slot);
+                let blocks = vm.router.affinity.index().slot_blocks_oldest_first(slot);
                 assert!(
                     blocks.len() <= POD_BLOCKS,
                     "round {round}: {addr} holds {}",
@@ -216,7 +216,7 @@ impl Churn {
                     "round {round}: VM {i} credits {addr} with {foreign} blocks never routed to it since it joined"
                 );
             }
-            let entries = vm.router.index_entries();
+            let entries = vm.router.affinity.index_entries();
             assert!(
                 entries <= held_total,
                 "round {round}: {entries} entries, {held_total} held"
@@ -327,7 +327,7 @@ fn a_hundred_thousand_prefixes_and_pods_coming_and_going_stay_bounded() {
     let held: Vec<usize> = c
         .vms
         .iter()
-        .map(|(vm, _)| vm.router.index_entries())
+        .map(|(vm, _)| vm.router.affinity.index_entries())
         .collect();
     while let Some((vm, host)) = c.vms.pop() {
         drop(host);

@@ -56,8 +56,8 @@ impl Vm {
         self.sync_pages(host);
         let head = get_u64(host, PAGE_HEAD_KEY)
             .unwrap_or(0)
-            .max(self.router.applied_page);
-        self.router.applied_page = head;
+            .max(self.router.affinity.applied_page);
+        self.router.affinity.applied_page = head;
         let epoch = match get_u64(host, EPOCH_KEY) {
             Some(epoch) => epoch,
             None => {

@@ -50,11 +50,11 @@ impl Vm {
             };
             match Message::decode(&bytes) {
                 Some(Message::Observation { observation, .. }) => {
-                    self.router.observe(&observation);
+                    self.router.affinity.observe(&observation);
                     st.pending.push(Change::Observed(observation));
                 }
                 Some(Message::Eviction { eviction, .. }) => {
-                    self.router.forget(&eviction);
+                    self.router.affinity.forget(&eviction);
                     st.pending.push(Change::Forgotten(eviction));
                 }
                 Some(Message::Verdicts { pods, .. }) => {
@@ -215,7 +215,10 @@ impl Vm {
             );
             host.gauge_in(Gauge::PoolRequestsWaiting, &labels, waiting.round() as u64);
         }
-        host.gauge(Gauge::IndexEntries, self.router.index_entries() as u64);
+        host.gauge(
+            Gauge::IndexEntries,
+            self.router.affinity.index_entries() as u64,
+        );
         let pool_costs = self.router.pool_costs();
         for pod in &table.pods {
             let cost = self
@@ -272,7 +275,7 @@ impl Vm {
                     for mut page in answer.pages {
                         let blocks: usize = page.observations.iter().map(|o| o.hashes.len()).sum();
                         host.count(Counter::PeerBlocksLearned, blocks as u64);
-                        self.router.apply_changes(&page);
+                        self.router.affinity.apply_changes(&page);
                         page.from_peer = true;
                         st.pending.push(Change::FromPeer(page));
                     }

@@ -11,21 +11,21 @@ impl Vm {
         let Some(head) = get_u64(host, PAGE_HEAD_KEY) else {
             return;
         };
-        let applied = self.router.applied_page;
+        let applied = self.router.affinity.applied_page;
         if head <= applied || self.leader.is_some() {
             return;
         }
         if head - applied >= PAGE_RING - 1 {
             self.load_snapshot(host, head);
         }
-        let from = self.router.applied_page + 1;
+        let from = self.router.affinity.applied_page + 1;
         for seq in from..=head.min(from + MAX_PAGES_PER_SYNC - 1) {
             let page = host
                 .shared_get(&page_key(seq))
                 .0
                 .and_then(|b| Page::decode(&b));
             match page {
-                Some(p) if p.seq == seq => self.router.apply_page(&p),
+                Some(p) if p.seq == seq => self.router.affinity.apply_page(&p),
                 // Overwritten while we read (we are a full ring behind): start from the snapshot.
                 _ => {
                     self.load_snapshot(host, head);
@@ -42,16 +42,16 @@ impl Vm {
             .and_then(|b| Page::decode(&b))
         {
             Some(snapshot) if snapshot.seq + PAGE_RING > head => {
-                self.router.load_snapshot(&snapshot)
+                self.router.affinity.load_snapshot(&snapshot)
             }
             // No usable snapshot yet: skip ahead and let new observations rebuild the view.
-            _ => self.router.applied_page = head.saturating_sub(1),
+            _ => self.router.affinity.applied_page = head.saturating_sub(1),
         }
     }
 
     /// Records a routing decision locally and tells the leader.
     pub fn observe(&mut self, host: &mut dyn Host, observation: Observation) {
-        self.router.observe(&observation);
+        self.router.affinity.observe(&observation);
         self.tell_leader(
             host,
             Message::Observation {
@@ -93,8 +93,8 @@ impl Vm {
         let pod = xxhash_rust::xxh3::xxh3_64(observation.addr.as_bytes());
         let held = held.min(hashes.len());
         let new_blocks = (hashes.len() - held) as u64;
-        let slot = self.router.slot_of(&observation.addr);
-        let turnover = slot.and_then(|slot| self.router.index().turnover(slot));
+        let slot = self.router.affinity.slot_of(&observation.addr);
+        let turnover = slot.and_then(|slot| self.router.affinity.index().turnover(slot));
         let prefix_fresh_since = held
             .checked_sub(1)
             .and_then(|i| hashes.get(i))
@@ -130,7 +130,7 @@ impl Vm {
         let held_end = held.checked_sub(1).and_then(|i| hashes.get(i)).copied();
         self.observe(host, observation);
         let touches_now = slot
-            .and_then(|slot| self.router.index().turnover(slot))
+            .and_then(|slot| self.router.affinity.index().turnover(slot))
             .map_or(0, |(_, touches)| touches);
         self.recent_touches
             .insert((last, pod), (now_ms, touches_now));
@@ -144,7 +144,7 @@ impl Vm {
     /// once, and in every VM through the leader's pages like an eviction, in order after the
     /// observation it undoes.
     pub fn withdraw(&mut self, host: &mut dyn Host, observation: Observation) {
-        self.router.forget(&observation);
+        self.router.affinity.forget(&observation);
         self.tell_leader(
             host,
             Message::Eviction {
@@ -223,11 +223,15 @@ impl Vm {
         if !page.observations.is_empty() || !page.evictions.is_empty() {
             Self::put_page(host, st, page);
         }
-        self.router.applied_page = st.head;
+        self.router.affinity.applied_page = st.head;
         if st.head >= st.snapshot_seq + SNAPSHOT_EVERY_PAGES
             || (st.snapshot_seq == 0 && st.head > 0)
         {
-            let _ = host.shared_set(SNAPSHOT_KEY, &self.router.snapshot(st.head).encode(), None);
+            let _ = host.shared_set(
+                SNAPSHOT_KEY,
+                &self.router.affinity.snapshot(st.head).encode(),
+                None,
+            );
             st.snapshot_seq = st.head;
         }
     }

@@ -168,11 +168,12 @@ fn a_vm_a_whole_page_ring_behind_reloads_the_snapshot() {
     let head = get_u64(&c.vms[leader].1, PAGE_HEAD_KEY).unwrap();
     assert!(head >= PAGE_RING + 2, "head {head}");
     let (vm, host) = &mut c.vms[laggard];
-    assert!(vm.router.applied_page + PAGE_RING < head);
+    assert!(vm.router.affinity.applied_page + PAGE_RING < head);
     vm.sync_pages(host);
     for hashes in &all {
         let holders: usize = vm
             .router
+            .affinity
             .index()
             .match_lengths(hashes, 64)
             .iter()
@@ -184,7 +185,7 @@ fn a_vm_a_whole_page_ring_behind_reloads_the_snapshot() {
     for _ in 0..3 {
         vm.sync_pages(host);
     }
-    assert_eq!(vm.router.applied_page, head);
+    assert_eq!(vm.router.affinity.applied_page, head);
 }
 
 #[test]
@@ -243,7 +244,7 @@ fn values_another_module_version_wrote_are_never_misread() {
     assert_eq!(vm.router.work.of(PODS[0]), PodWork::default());
     // ... and the foreign page is not applied as observations.
     vm.sync_pages(host);
-    assert_eq!(vm.router.index_entries(), 0);
+    assert_eq!(vm.router.affinity.index_entries(), 0);
 }
 
 #[test]
@@ -338,9 +339,9 @@ fn replicas_learn_each_others_placements_without_echo() {
         round(&mut envoys, &mut asks_of);
     }
     for (v, (vm, host)) in envoys[1].vms.iter().enumerate() {
-        let slot = vm.router.slot_of(PODS[0]).unwrap();
+        let slot = vm.router.affinity.slot_of(PODS[0]).unwrap();
         assert_eq!(
-            vm.router.index().match_lengths(&hashes, 64)[slot],
+            vm.router.affinity.index().match_lengths(&hashes, 64)[slot],
             hashes.len(),
             "VM {v} of the other Envoy knows the placement"
         );

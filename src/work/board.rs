@@ -20,7 +20,7 @@
 //! since then, so part of the head is already computed; the predictor discounts it
 //! (`crate::scheduler::predict::head_progress`) instead of counting a prefill that is nearly done as
 //! wholly ahead. Summing rows keeps the earliest head. "The one before it" may be another VM's: a
-//! VM that sees another's prefill on a pod end moves its own there on (`Router::set_others_work`),
+//! VM that sees another's prefill on a pod end moves its own there on (`super::WorkBook::set_others_work`),
 //! so the earliest head is never one that has been waiting behind another VM's.
 //!
 //! Rows of another gateway replica: its leader's summary of its own work, written by this Envoy's

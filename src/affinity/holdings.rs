@@ -2,16 +2,37 @@
 //! leader's pages and snapshots and by this VM's own observations), and the check of that belief
 //! against the cached tokens a response reports (an eviction detected is forgotten here at once).
 
-use super::Router;
+use super::index::{PrefixIndex, MAX_SLOTS};
+#[cfg(feature = "tiktoken")]
+use super::token_block_hashes;
+use super::{chain_seed, char_block_hashes, Tokenizer};
 #[cfg(feature = "tiktoken")]
 use crate::common::BlockScheme;
-use crate::config::Config;
-use crate::prefix::index::{PrefixIndex, MAX_SLOTS};
-#[cfg(feature = "tiktoken")]
-use crate::prefix::token_block_hashes;
-use crate::prefix::{chain_seed, char_block_hashes, Tokenizer};
+use crate::common::Blocking;
+use crate::pod::load::LoadTable;
 use crate::protocol::parse::RequestView;
 use crate::state::messages::{Observation, Page};
+use hashbrown::HashMap;
+
+/// How big the index may be: a pod's share, from what it reports caching (`tokens_per_block`
+/// tokens a block; `default_pod_blocks` where it reports nothing, at most `max_pod_blocks`), and
+/// at most an even share of `max_index_blocks` for all.
+pub struct IndexSizes {
+    pub tokens_per_block: u32,
+    pub default_pod_blocks: u32,
+    pub max_pod_blocks: u32,
+    pub max_index_blocks: u32,
+}
+
+/// This VM's belief of what each pod holds: the prefix index (one slot per listed pod) and its
+/// place in the leader's page sequence.
+#[derive(Default)]
+pub struct Affinity {
+    index: PrefixIndex,
+    slot_of: HashMap<String, usize>,
+    /// Sequence number of the last delta page applied.
+    pub applied_page: u64,
+}
 
 /// The blocks of one request, ready for the scheduler and the index.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +64,48 @@ pub enum CacheVerdict {
     Evicted { kept: u32, lost: Vec<u64> },
 }
 
+impl Blocks {
+    /// A request's blocks, its chain seeded by the model it names.
+    pub fn of(block: &Blocking, view: &RequestView, tokenizer: Option<&dyn Tokenizer>) -> Blocks {
+        Self::in_cache(block, view, &view.model, tokenizer)
+    }
+
+    /// [`Self::of`] with the hash chain seeded by `cache_model` (the KV cache the request lands
+    /// in: `crate::router::Router::cache_model`).
+    pub fn in_cache(
+        block: &Blocking,
+        view: &RequestView,
+        cache_model: &str,
+        tokenizer: Option<&dyn Tokenizer>,
+    ) -> Blocks {
+        let seed = chain_seed(cache_model, view.cache_salt.as_deref());
+        let (hashes, prompt_tokens) = match (block.scheme, tokenizer) {
+            #[cfg(feature = "tiktoken")]
+            (BlockScheme::Tiktoken(_), Some(t)) => {
+                let text = String::from_utf8_lossy(&view.prompt);
+                let tokens = t.encode(&text);
+                let hashes = token_block_hashes(
+                    &tokens,
+                    block.tokens_per_block as usize,
+                    seed,
+                    MAX_BLOCKS_PER_REQUEST,
+                );
+                (hashes, tokens.len() as u64)
+            }
+            _ => (
+                char_block_hashes(&view.prompt, block.bytes(), seed, MAX_BLOCKS_PER_REQUEST),
+                (view.prompt.len() / block.chars_per_token.max(1) as usize) as u64,
+            ),
+        };
+        let affinity_key = hashes.first().copied().unwrap_or(seed);
+        Blocks {
+            hashes,
+            affinity_key,
+            prompt_tokens,
+        }
+    }
+}
+
 /// Matched blocks whose stamps a request keeps for the check (bounded memory per request).
 const MAX_STAMPS: usize = 2048;
 /// A report counts as an eviction when it is short of the expectation by at least this share of
@@ -54,7 +117,74 @@ const EVICTION_MIN_BLOCKS: f64 = 2.0;
 /// Longest prompt, in blocks, that is hashed: bounds per-request work on huge prompts.
 pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
 
-impl Router {
+impl Affinity {
+    /// Gives each listed pod a slot (new pods the lowest free ones) sized by what it reports
+    /// caching, at most an even share of `max_index_blocks`; forgets the pods no longer listed.
+    pub fn list_pods(&mut self, table: &LoadTable, sizes: &IndexSizes) {
+        let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
+        let removed: Vec<String> = self
+            .slot_of
+            .keys()
+            .filter(|addr| !listed.contains(addr.as_str()))
+            .cloned()
+            .collect();
+        for addr in removed {
+            if let Some(slot) = self.slot_of.remove(&addr) {
+                self.index.clear_slot(slot);
+            }
+        }
+        // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods
+        // joining at once cost 130,000 comparisons each).
+        let mut used = vec![false; MAX_SLOTS];
+        for &s in self.slot_of.values() {
+            if let Some(u) = used.get_mut(s) {
+                *u = true;
+            }
+        }
+        let mut next_free = 0;
+        let index_share = (sizes.max_index_blocks as usize / table.pods.len().max(1)).max(1);
+        for pod in &table.pods {
+            let slot = match self.slot_of.get(&pod.addr) {
+                Some(&s) => s,
+                None => {
+                    while used.get(next_free).copied().unwrap_or(false) {
+                        next_free += 1;
+                    }
+                    if next_free >= MAX_SLOTS {
+                        continue;
+                    }
+                    let free = next_free;
+                    if let Some(u) = used.get_mut(free) {
+                        *u = true;
+                    }
+                    self.slot_of.insert(pod.addr.clone(), free);
+                    free
+                }
+            };
+            let capacity = pod
+                .capacity_blocks(
+                    sizes.tokens_per_block,
+                    sizes.default_pod_blocks,
+                    sizes.max_pod_blocks,
+                )
+                .min(index_share);
+            self.index.set_capacity(slot, capacity);
+        }
+    }
+
+    /// How many leading blocks of `hashes` each slot holds (see [`Self::matched_of`]).
+    pub fn match_lengths(&self, hashes: &[u64]) -> Vec<usize> {
+        self.index.match_lengths(hashes, MAX_SLOTS)
+    }
+
+    /// `addr`'s entry of [`Self::match_lengths`] (0 for a pod without a slot).
+    pub fn matched_of(&self, lengths: &[usize], addr: &str) -> usize {
+        self.slot_of
+            .get(addr)
+            .and_then(|&s| lengths.get(s).copied())
+            .unwrap_or(0)
+    }
+
     pub fn index_entries(&self) -> usize {
         self.index.entries()
     }
@@ -125,64 +255,6 @@ impl Router {
             observations,
             evictions: Vec::new(),
             from_peer: false,
-        }
-    }
-
-    pub fn blocks(
-        config: &Config,
-        view: &RequestView,
-        tokenizer: Option<&dyn Tokenizer>,
-    ) -> Blocks {
-        Self::blocks_in_cache(config, view, &view.model, tokenizer)
-    }
-
-    /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
-    /// it), a LoRA adapter's its own, as the first pod listing `model` reports (see
-    /// `crate::pod::models`); the name itself where no pod lists it.
-    pub fn cache_model<'a>(&'a self, model: &'a str) -> &'a str {
-        self.load
-            .pods
-            .iter()
-            .find_map(|p| crate::pod::models::cache_key(&p.served, model))
-            .unwrap_or(model)
-    }
-
-    /// [`Self::blocks`] with the hash chain seeded by `cache_model` (see [`Self::cache_model`]).
-    pub fn blocks_in_cache(
-        config: &Config,
-        view: &RequestView,
-        cache_model: &str,
-        tokenizer: Option<&dyn Tokenizer>,
-    ) -> Blocks {
-        let seed = chain_seed(cache_model, view.cache_salt.as_deref());
-        let (hashes, prompt_tokens) = match (config.block.scheme, tokenizer) {
-            #[cfg(feature = "tiktoken")]
-            (BlockScheme::Tiktoken(_), Some(t)) => {
-                let text = String::from_utf8_lossy(&view.prompt);
-                let tokens = t.encode(&text);
-                let hashes = token_block_hashes(
-                    &tokens,
-                    config.block.tokens_per_block as usize,
-                    seed,
-                    MAX_BLOCKS_PER_REQUEST,
-                );
-                (hashes, tokens.len() as u64)
-            }
-            _ => (
-                char_block_hashes(
-                    &view.prompt,
-                    config.block_bytes(),
-                    seed,
-                    MAX_BLOCKS_PER_REQUEST,
-                ),
-                (view.prompt.len() / config.block.chars_per_token.max(1) as usize) as u64,
-            ),
-        };
-        let affinity_key = hashes.first().copied().unwrap_or(seed);
-        Blocks {
-            hashes,
-            affinity_key,
-            prompt_tokens,
         }
     }
 

@@ -18,7 +18,7 @@
 //! message another's tokens; it holds at most [`MEMO_BYTES`] of text and tokens per VM, and
 //! messages too short to be worth it (under [`MEMO_MIN_BYTES`]) are encoded each time.
 
-use crate::prefix::Tokenizer;
+use crate::affinity::Tokenizer;
 use crate::protocol::parse::MESSAGE_END;
 use hashbrown::HashMap;
 use std::cell::RefCell;

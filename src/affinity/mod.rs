@@ -1,3 +1,14 @@
+//! Prefix affinity: which pod already holds a prompt's prefix in its KV cache.
+//!
+//! * `mod.rs` — prefix keys (below): block hashing, chained and seeded;
+//! * `tokenize.rs` — tiktoken blocks (the `tiktoken` build);
+//! * `index.rs` — the prefix index: block hash → which pods hold it, LRU per pod, bounded;
+//! * `holdings.rs` — this VM's belief ([`Affinity`]): a request's [`Blocks`], one index slot per
+//!   listed pod, the leader's pages and snapshots applied, and the belief checked against the
+//!   cached tokens a response reports. Its hooks: a request routed (`expect_cache`, then the
+//!   observation `crate::vm` publishes), its `usage` read (`on_cache_report`), pods listed
+//!   (`list_pods`), a page (`apply_page`) or a snapshot (`load_snapshot`) read at a tick.
+//!
 //! Prefix keys: the canonical prompt cut into fixed-size blocks, each block's hash chained to the
 //! previous one, so block i's hash identifies the whole prompt up to the end of block i.
 //!
@@ -6,9 +17,14 @@
 //! `cache_salt`, so those must never share a prefix. Only full blocks count, as in vLLM's prefix cache.
 //! Hash: xxh3-64 (`xxh3_64_with_seed(block, previous_hash)`).
 
+mod holdings;
 pub mod index;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
+
+pub use holdings::{
+    Affinity, Blocks, CacheExpectation, CacheVerdict, IndexSizes, MAX_BLOCKS_PER_REQUEST,
+};
 
 /// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.
 pub trait Tokenizer {
