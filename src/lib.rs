@@ -19,6 +19,7 @@
 pub mod affinity;
 pub mod common;
 pub mod config;
+pub mod cost;
 pub mod flow;
 pub mod headermap;
 pub mod headers;

@@ -37,9 +37,11 @@ LAYERS = [
     "affinity",
     # work in flight, per pod: the board VMs share and this VM's book
     "work",
+    # how fast each pod works: the learned cost model, pod speeds, calibration, the fits board
+    "cost",
     # which pod stored a Responses API answer
     "stored_responses",
-    # filters, the cost model and TTFT predictor, the picker; then the P/D split decision
+    # filters, the TTFT predictor, the picker; then the P/D split decision
     "scheduler",
     "pd",
     # what gateway replicas exchange

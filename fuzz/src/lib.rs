@@ -40,7 +40,7 @@ use kvroute::port::Host;
 use kvroute::protocol::parse::{self, Endpoint};
 use kvroute::affinity::Blocks;
 use kvroute::router::Router;
-use kvroute::scheduler::fit_board::{FitBoard, PodFit};
+use kvroute::cost::fit_board::{FitBoard, PodFit};
 use kvroute::scheduler::{Decision, Hints};
 use kvroute::state::lease::{self, Lease};
 use kvroute::state::messages::{Message, Observation, Page};
@@ -649,7 +649,7 @@ pub fn fits_board(data: &[u8]) {
         let fits = (0..g.len(4))
             .map(|_| PodFit {
                 addr: PODS[usize::from(g.u8()) % PODS.len()].to_string(),
-                cost: kvroute::scheduler::cost::Coefficients {
+                cost: kvroute::cost::Coefficients {
                     overhead_ms: g.number(1e3),
                     us_per_token: g.number(1e3),
                     us_per_decoding: g.number(1e3),
@@ -676,7 +676,7 @@ pub fn fits_board(data: &[u8]) {
     let config = aggregated_config();
     let mut router = Router::new();
     router.apply_load_table(&config, harness_table());
-    router.set_others_fits(decoded.others(0, now, 10_000));
+    router.costs.set_others_fits(decoded.others(0, now, 10_000));
     let _ = route_some_prompt(&router, &config, 1000);
 }
 

@@ -301,6 +301,14 @@ impl Config {
         self.max_parse_bytes
     }
 
+    /// What the learned costs are configured with (see `crate::cost`).
+    pub fn costs(&self) -> crate::cost::CostSettings {
+        crate::cost::CostSettings {
+            learning: self.prediction.learning(),
+            split_overhead_ms: self.pd.split_overhead_ms,
+        }
+    }
+
     /// Bytes per block in chars mode.
     pub fn block_bytes(&self) -> usize {
         self.block.bytes()
@@ -443,7 +451,7 @@ mod tests {
         assert_eq!(c.prediction.prior.us_per_token, 20.0);
         assert_eq!(
             c.prediction.prior.overhead_ms,
-            crate::scheduler::cost::Coefficients::default().overhead_ms,
+            crate::cost::Coefficients::default().overhead_ms,
             "unset fields keep their defaults"
         );
         assert_eq!(c.block.scheme, BlockScheme::Tiktoken(Encoding::O200kBase));

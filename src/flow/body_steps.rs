@@ -373,7 +373,7 @@ fn predicted_whole_answer_timeout(
     let tokens = max_tokens? as f64;
     let itl_ms = ranked
         .iter()
-        .filter_map(|c| vm.router.itl_of(&c.addr))
+        .filter_map(|c| vm.router.costs.itl_of(&c.addr))
         .reduce(f64::max)?;
     let slowest_end_ms = ranked
         .iter()

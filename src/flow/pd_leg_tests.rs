@@ -61,7 +61,7 @@ fn an_inline_prefill_call_is_bounded_by_the_first_byte_rule_and_a_pod_failing_it
         flow.on_response_body(vm, host, 10, None, false);
         flow.on_done(vm, host, None, None);
         assert_eq!(
-            vm.router.fit_samples(PODS[0]),
+            vm.router.costs.fit_samples(PODS[0]),
             0.0,
             "a fallback teaches nothing"
         );
@@ -110,10 +110,10 @@ fn a_sidecar_leg_past_its_bound_is_the_prefill_pods_failure_and_teaches_nothing(
     flow.on_response_body(vm, host, 10, None, false);
     flow.on_done(vm, host, None, None);
     assert!(
-        vm.router.fit_samples(PODS[0]) > 0.0,
+        vm.router.costs.fit_samples(PODS[0]) > 0.0,
         "a leg within its bound teaches"
     );
-    let learned = vm.router.fit_samples(PODS[0]);
+    let learned = vm.router.costs.fit_samples(PODS[0]);
     for i in 0..5 {
         let (mut flow, _) = send(&mut c, 0, &[], &long(&format!("late{i}")));
         let (vm, host) = &mut c.vms[0];
@@ -123,7 +123,7 @@ fn a_sidecar_leg_past_its_bound_is_the_prefill_pods_failure_and_teaches_nothing(
         flow.on_response_body(vm, host, 10, None, false);
         flow.on_done(vm, host, None, None);
         assert_eq!(
-            vm.router.fit_samples(PODS[0]),
+            vm.router.costs.fit_samples(PODS[0]),
             learned,
             "a late leg teaches nothing"
         );

@@ -197,7 +197,7 @@ impl RequestFlow {
         if completed && self.chunks >= 3 {
             let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
             let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
-            vm.router.observe_itl(&addr, itl_ms);
+            vm.router.costs.observe_itl(&addr, itl_ms);
         }
         vm.router.work.inflight_end(&addr);
         let now = host.now_ms();

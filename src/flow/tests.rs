@@ -99,7 +99,7 @@ fn a_routed_request_counts_as_work_until_its_first_byte_then_teaches_the_pod() {
         vec![120],
         "routing to first byte"
     );
-    assert!(vm.router.fit_samples(&pod) > 0.0);
+    assert!(vm.router.costs.fit_samples(&pod) > 0.0);
     let w = vm.router.work.of(&pod);
     assert_eq!((w.inflight, w.prefill_requests), (1, 0), "prefill done");
     flow.on_done(vm, host, None, None);
@@ -194,7 +194,7 @@ fn an_inline_prefill_that_times_out_falls_back_to_decode_only() {
     // Its first byte teaches nothing about the split path.
     flow.on_response_headers(vm, host, Some("200"), false);
     flow.on_response_body(vm, host, 10, None, false);
-    assert_eq!(vm.router.fit_samples(PODS[0]), 0.0);
+    assert_eq!(vm.router.costs.fit_samples(PODS[0]), 0.0);
     flow.on_done(vm, host, None, None);
 }
 
@@ -297,7 +297,7 @@ fn a_sidecar_prefill_leaves_the_prefill_pod_at_the_decode_pods_headers_and_teach
         0,
         "prefill over"
     );
-    assert_eq!(vm.router.fit_samples(PODS[0]), 0.0, "not learned yet");
+    assert_eq!(vm.router.costs.fit_samples(PODS[0]), 0.0, "not learned yet");
     host.advance_ms(80);
     flow.on_response_body(vm, host, 40, None, false);
     assert_eq!(
@@ -305,7 +305,7 @@ fn a_sidecar_prefill_leaves_the_prefill_pod_at_the_decode_pods_headers_and_teach
         vec![380],
         "the split path's whole time, routing to first byte"
     );
-    assert!(vm.router.fit_samples(PODS[0]) > 0.0);
+    assert!(vm.router.costs.fit_samples(PODS[0]) > 0.0);
     flow.on_done(vm, host, None, None);
     assert_eq!(vm.router.work.of(PODS[1]).inflight, 0);
 }
@@ -1049,7 +1049,7 @@ fn a_request_a_fallback_served_is_learned_for_the_fallback_not_the_primary() {
     flow.on_response_body(vm, host, 100, None, false);
     flow.on_done(vm, host, None, None);
     assert_eq!(
-        vm.router.fit_samples(&primary_pod),
+        vm.router.costs.fit_samples(&primary_pod),
         0.0,
         "the fallback's time is not the primary's"
     );

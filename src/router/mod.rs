@@ -1,31 +1,26 @@
-//! One VM's routing state and the request-path entry points. The host glue feeds it shared data,
-//! request bodies and first-byte times; it answers with decisions. No host calls here, so all of it
-//! runs natively in tests. One concern per file, each an `impl Router` over the state below:
-//!
-//! * `mod.rs` — the state, the load table's adoption, and the decision: [`Router::route`] ranks one
-//!   role's pods, [`Router::plan`] adds the prefill/decode split;
-//! * `fits.rs` — how fast each pod works: the learned first-token cost and inter-token latency,
-//!   this VM's and the other VMs' from the fits board.
-
-mod fits;
+//! One VM's routing state and the decision. The host glue feeds it shared data, request bodies
+//! and first-byte times; it answers with decisions. No host calls here, so all of it runs natively
+//! in tests. The state is one part per concern, each in its own folder with its own hooks: what
+//! the pods hold (`crate::affinity`), the work they have to do first (`crate::work`) and how fast
+//! they do it (`crate::cost`), beside the leader's load table. [`Router::route`] puts them in one
+//! view per pod for the scheduler and ranks one role's pods; [`Router::plan`] adds the
+//! prefill/decode split.
 
 pub use crate::affinity::Tokenizer;
 pub use crate::affinity::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER_REQUEST};
+pub use crate::cost::PoolCosts;
 pub use crate::pd::{PdOutcome, PdPlan};
-pub use fits::PoolCosts;
 
 use crate::affinity::{Affinity, IndexSizes};
 use crate::config::{Config, Role};
+use crate::cost::Costs;
 use crate::health::{health_of, Health};
 use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::PodMetrics;
-use crate::scheduler::cost::CostFit;
-use crate::scheduler::fit_board::PodFit;
 use crate::scheduler::predict::head_progress;
 use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
 pub use crate::work::FirstToken;
 use crate::work::WorkBook;
-use hashbrown::HashMap;
 
 #[derive(Default)]
 pub struct Router {
@@ -34,25 +29,8 @@ pub struct Router {
     load: LoadTable,
     /// Work in flight per pod: this VM's and the other VMs' from the work board.
     pub work: WorkBook,
-    /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
-    /// first bytes on every pod of the role.
-    role_fits: [Option<CostFit>; 3],
-    /// Each pod's speed against its role's fit, from this VM's requests.
-    speeds: HashMap<String, crate::scheduler::cost::PodSpeed>,
-    /// Per role, how its pods' speeds spread beyond their noise (see `cost::RoleSpeeds`), and the
-    /// sums it is read from: taken whole with each load table, moved by each first byte in O(1).
-    role_speeds: [crate::scheduler::cost::RoleSpeeds; 3],
-    role_speed_sums: [crate::scheduler::cost::RoleSpeedSums; 3],
-    /// Each listed pod's role, from the load table (a first byte finds its pod's role in O(1)).
-    role_by_addr: HashMap<String, Role>,
-    /// Every other VM's fits, from the fits board.
-    others_fits: HashMap<String, Vec<PodFit>>,
-    /// Running mean of each pod's inter-token latency, from the streams this VM timed.
-    itl_ms: HashMap<String, f64>,
-    /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
-    ttft_scale: [crate::scheduler::cost::MedianScale; 3],
-    /// Per role, how widely served predictions miss (see `cost::ErrorBand`).
-    ttft_error: [crate::scheduler::cost::ErrorBand; 3],
+    /// How fast each pod works: learned costs and inter-token latencies.
+    pub costs: Costs,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -117,21 +95,8 @@ impl Router {
             max_index_blocks: config.max_index_blocks,
         };
         self.affinity.list_pods(&table, &sizes);
-        {
-            let listed: hashbrown::HashSet<&str> =
-                table.pods.iter().map(|p| p.addr.as_str()).collect();
-            self.speeds.retain(|addr, _| listed.contains(addr.as_str()));
-            self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
-        }
-        self.role_by_addr = table
-            .pods
-            .iter()
-            .map(|p| (p.addr.clone(), p.role))
-            .collect();
+        self.costs.list_pods(&table);
         self.load = table;
-        self.role_speed_sums = [Role::Aggregated, Role::Prefill, Role::Decode]
-            .map(|role| self.role_speed_sums_of(role));
-        self.role_speeds = self.role_speed_sums.map(|sums| sums.speeds());
     }
 
     pub fn route(
@@ -168,12 +133,13 @@ impl Router {
             .collect();
         let observer_suspect = of_role.iter().any(|(_, h)| *h == Health::Stale)
             && !of_role.iter().any(|(_, h)| *h == Health::Fresh);
-        let pool_costs = self.pool_costs();
+        let pool_costs = self.costs.pool_costs();
+        let settings = config.costs();
         let pods: Vec<PodView> = of_role
             .into_iter()
             .map(|(p, health)| {
                 let work = self.work.of(&p.addr);
-                let cost = self.cost_in(config, &p.addr, p.role, &pool_costs);
+                let cost = self.costs.cost_in(&settings, &p.addr, p.role, &pool_costs);
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
                 let polled = if health == Health::Stale && !observer_suspect {
@@ -193,9 +159,9 @@ impl Router {
                     queued_requests: f64::from(work.prefill_requests),
                     ours_at_poll: polled.ours,
                     cost,
-                    ttft_scale: self.ttft_scale_of(p.role).factor(),
-                    error_band: self.error_band_of(p.role).log_width(),
-                    itl_ms: self.itl_of(&p.addr),
+                    ttft_scale: self.costs.ttft_scale_of(p.role).factor(),
+                    error_band: self.costs.error_band_of(p.role).log_width(),
+                    itl_ms: self.costs.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self.affinity.matched_of(&lengths, &p.addr),
                 }
@@ -261,7 +227,7 @@ impl Router {
             crate::pd::prefill_hints(hints),
             now_ms,
         );
-        let decode_cost = self.cost_of(config, &decode.addr);
+        let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
         let pd = crate::pd::plan_split(
             decode,
             decode_cost.us_per_token,

@@ -280,7 +280,7 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
     assert_eq!((w.head_since_ms, w.head_tokens), (5010, 8000));
     // Computing since 5010, not since it was routed at 1200 (at the prior's 40 µs per token it
     // would be long done): 100 ms later most of it is still ahead.
-    let cost = vm2.cost_of(&cfg, "a:1");
+    let cost = vm2.costs.cost_of(&cfg.costs(), "a:1");
     let ahead = w.prefill_tokens as f64 - crate::scheduler::predict::head_progress(&w, &cost, 5110);
     assert!(ahead > 5000.0, "{ahead} tokens still ahead");
     // A prefill routed by another VM is not an end.
@@ -404,7 +404,7 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         (w.prefill_tokens, w.head_since_ms, w.head_tokens),
         (6000, 1000, 4000)
     );
-    let cost = r.cost_of(&cfg, "a:1");
+    let cost = r.costs.cost_of(&cfg.costs(), "a:1");
     let per_ms = 1e3 / cost.us_per_token;
     let at = |ms: f64| 1000 + (cost.overhead_ms + ms) as u64;
     assert_eq!(head_progress(&w, &cost, 1000), 0.0, "nothing done at once");
@@ -467,11 +467,11 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
             };
-            r.learn(&cfg, &first, 2.0 + us * tokens / 1e3);
+            r.costs.learn(&cfg.costs(), &first, 2.0 + us * tokens / 1e3);
         }
     }
-    let fast = r.cost_of(&cfg, "fast:1");
-    let slow = r.cost_of(&cfg, "slow:1");
+    let fast = r.costs.cost_of(&cfg.costs(), "fast:1");
+    let slow = r.costs.cost_of(&cfg.costs(), "slow:1");
     assert!(
         (slow.us_per_token / fast.us_per_token - 2.0).abs() < 0.2,
         "{fast:?} {slow:?}"
@@ -536,7 +536,11 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
                 decoding,
                 predicted_ms: 0.0,
             };
-            r.learn(&cfg, &first, 3.0 + 0.020 * (ahead + own) + 0.1 * decoding);
+            r.costs.learn(
+                &cfg.costs(),
+                &first,
+                3.0 + 0.020 * (ahead + own) + 0.1 * decoding,
+            );
         }
         if round < 50 {
             continue;
@@ -544,7 +548,11 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
         for (tokens, decoding) in [(5000.0, 2.0), (5000.0, 10.0), (15000.0, 6.0)] {
             let predicted: Vec<f64> = pods
                 .iter()
-                .map(|a| r.cost_of(&cfg, a).predict_ms(tokens, decoding))
+                .map(|a| {
+                    r.costs
+                        .cost_of(&cfg.costs(), a)
+                        .predict_ms(tokens, decoding)
+                })
                 .collect();
             let (lo, hi) = predicted
                 .iter()
@@ -703,20 +711,28 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
             };
-            r.learn(&cfg, &first, (2.0 + 0.03 * 2000.0) * noise.exp());
+            r.costs
+                .learn(&cfg.costs(), &first, (2.0 + 0.03 * 2000.0) * noise.exp());
         }
     }
-    let (a, b) = (r.speeds["a:1"], r.speeds["b:1"]);
+    let (a, b) = (
+        r.costs.speed_of("a:1").unwrap(),
+        r.costs.speed_of("b:1").unwrap(),
+    );
     let own = (a.factor() / b.factor()).ln().abs();
-    let shared = (r.cost_of(&cfg, "a:1").us_per_token / r.cost_of(&cfg, "b:1").us_per_token)
+    let shared = (r.costs.cost_of(&cfg.costs(), "a:1").us_per_token
+        / r.costs.cost_of(&cfg.costs(), "b:1").us_per_token)
         .ln()
         .abs();
     assert!(own > 0.02, "the pods' own means differ by luck: {own}");
     assert!(shared < own / 4.0, "shared {shared} against own {own}");
     // What the first bytes moved one at a time is what a pass over the pods gives.
-    let whole = r.role_speed_sums_of(Role::Aggregated).speeds();
+    let whole = r.costs.role_speed_sums_of(Role::Aggregated).speeds();
     for speed in [&a, &b] {
-        let (moved, taken) = (r.role_speeds[0].factor(speed), whole.factor(speed));
+        let (moved, taken) = (
+            r.costs.role_speeds_of(Role::Aggregated).factor(speed),
+            whole.factor(speed),
+        );
         assert!((moved - taken).abs() < 1e-9, "{moved} against {taken}");
     }
 }

@@ -11,14 +11,12 @@
 //! behind an engine whose prefills stall decodes it trailed sglang-router's cache-aware policy
 //! several times over. A request costs its pod the tokens that pod does not hold, and it waits for
 //! the prefill work queued ahead of it; the gateway knows both because it routed that work, and it
-//! learns each pod's speed from the first bytes it sees (`crate::scheduler::cost`). So the score is one number
+//! learns each pod's speed from the first bytes it sees (`crate::cost`). So the score is one number
 //! in milliseconds (`predict`), and prefix affinity (the uncached-token term), hot-spot avoidance
 //! (the queue term) and replicating a hot prefix (recomputing elsewhere once that is faster than
 //! waiting) all follow from it.
 
-pub mod cost;
 mod filters;
-pub mod fit_board;
 mod picker;
 pub mod predict;
 pub mod saturation;
@@ -30,7 +28,7 @@ pub use picker::{rendezvous_rank, Choice, Decision, RouteReason};
 pub use predict::Prediction;
 
 use crate::common::{OverloadGuard, Role};
-use crate::scheduler::cost::Coefficients;
+use crate::cost::Coefficients;
 
 /// What the scheduler knows about one pod at decision time.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,7 @@
 //! The predictor: each candidate's time to first token for this request, in milliseconds.
 //!
 //! `ttft = overhead + per_token × (tokens ahead + uncached) + per_decoding × decoding`, with the
-//! pod's learned coefficients (`crate::scheduler::cost`) and:
+//! pod's learned coefficients (`crate::cost`) and:
 //!
 //! * **uncached** — the prompt's tokens minus the leading blocks the index believes the pod holds:
 //!   what this pod would compute for this prompt. Prefix affinity is this term.
@@ -43,7 +43,7 @@
 //! by the pool's cost).
 
 use super::{PodView, RouteRequest};
-use crate::scheduler::cost::Coefficients;
+use crate::cost::Coefficients;
 use crate::work::PodWork;
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -122,7 +122,7 @@ pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f6
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct PredictionConfig {
-    pub prior: crate::scheduler::cost::Coefficients,
+    pub prior: crate::cost::Coefficients,
     /// How many typical requests the prior is worth against a pod's own observations.
     pub prior_samples: f64,
     /// Predictions within this fraction of the best are equal (rendezvous decides among them).
@@ -131,7 +131,7 @@ pub struct PredictionConfig {
 
 impl Default for PredictionConfig {
     fn default() -> Self {
-        let learning = crate::scheduler::cost::CostConfig::default();
+        let learning = crate::cost::CostConfig::default();
         PredictionConfig {
             prior: learning.prior,
             prior_samples: learning.prior_samples,
@@ -143,8 +143,8 @@ impl Default for PredictionConfig {
 }
 
 impl PredictionConfig {
-    pub fn learning(&self) -> crate::scheduler::cost::CostConfig {
-        crate::scheduler::cost::CostConfig {
+    pub fn learning(&self) -> crate::cost::CostConfig {
+        crate::cost::CostConfig {
             prior: self.prior,
             prior_samples: self.prior_samples,
         }

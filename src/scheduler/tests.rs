@@ -14,7 +14,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         queued_tokens: 0.0,
         queued_requests: 0.0,
         ours_at_poll: Default::default(),
-        cost: crate::scheduler::cost::Coefficients::default(),
+        cost: crate::cost::Coefficients::default(),
         ttft_scale: 1.0,
         error_band: 0.0,
         itl_ms: None,

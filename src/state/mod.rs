@@ -9,7 +9,7 @@
 //! | `kvroute.lease`               | any VM  | [`lease::Lease`]: who polls, until when (CAS)          |
 //! | `kvroute.load`                | leader  | `crate::pod::load::LoadTable` JSON: members, metrics, freshness |
 //! | `kvroute.inflight`            | any VM  | `crate::work::Board`: each VM's row of requests and queued prefill tokens per pod (CAS) |
-//! | `kvroute.fits`                | any VM  | `crate::scheduler::fit_board::FitBoard`: each VM's row of learned TTFT models per pod (CAS) |
+//! | `kvroute.fits`                | any VM  | `crate::cost::fit_board::FitBoard`: each VM's row of learned TTFT models per pod (CAS) |
 //! | `kvroute.queue`               | leader  | id of the shared queue workers send [`messages`] to   |
 //! | `kvroute.idx.head`            | leader  | sequence number of the newest delta page              |
 //! | `kvroute.idx.page.<0..RING>`  | leader  | a delta page: observations "pod P holds blocks h…"    |

@@ -59,13 +59,14 @@ impl Vm {
         if cas != self.fits_cas {
             let board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
             self.router
+                .costs
                 .set_others_fits(board.others(self.id, now, FITS_ROW_TTL_MS));
             self.fits_cas = cas;
         }
         if now.saturating_sub(self.last_fits_write_ms) < FITS_HEARTBEAT_MS {
             return;
         }
-        let own = self.router.own_fits();
+        let own = self.router.costs.own_fits();
         if own.is_empty() {
             return;
         }

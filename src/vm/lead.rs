@@ -219,11 +219,11 @@ impl Vm {
             Gauge::IndexEntries,
             self.router.affinity.index_entries() as u64,
         );
-        let pool_costs = self.router.pool_costs();
+        let pool_costs = self.router.costs.pool_costs();
+        let settings = self.config.costs();
         for pod in &table.pods {
-            let cost = self
-                .router
-                .cost_in(&self.config, &pod.addr, pod.role, &pool_costs);
+            let costs = &self.router.costs;
+            let cost = costs.cost_in(&settings, &pod.addr, pod.role, &pool_costs);
             let labels = [
                 (metrics::POOL, pod.pool.as_str()),
                 (metrics::ROLE, metrics::role_label(pod.role)),
@@ -248,7 +248,7 @@ impl Vm {
             host.gauge_in(
                 Gauge::PodFitSamples,
                 &labels,
-                self.router.fit_samples(&pod.addr).max(0.0).round() as u64,
+                self.router.costs.fit_samples(&pod.addr).max(0.0).round() as u64,
             );
         }
     }

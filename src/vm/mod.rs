@@ -23,6 +23,7 @@ pub mod leader;
 mod prefix_sync;
 
 use crate::config::Config;
+use crate::cost::fit_board::FitBoard;
 use crate::health::{health_of, Health, Tally, Verdict};
 use crate::metrics::{self, Counter, Gauge};
 use crate::peers;
@@ -30,7 +31,6 @@ use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::GatewayShare;
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
-use crate::scheduler::fit_board::FitBoard;
 use crate::state::lease::{self, Lease};
 use crate::state::messages::{Message, Observation, Page};
 use crate::state::{get_u64, set_u64};
@@ -157,9 +157,11 @@ impl Vm {
         }
     }
 
-    /// Learns from a first byte (see `crate::router::Router::learn`).
+    /// Learns from a first byte (see `crate::cost::Costs::learn`).
     pub fn learn(&mut self, first: &crate::router::FirstToken, observed_ms: f64) {
-        self.router.learn(&self.config, first, observed_ms);
+        self.router
+            .costs
+            .learn(&self.config.costs(), first, observed_ms);
     }
 
     /// Whether this VM holds the lease (polls and publishes).

@@ -1,21 +1,57 @@
 //! How fast each pod works: the first-token cost learned from this VM's own first bytes (one fit
-//! per role, times each pod's speed: `crate::scheduler::cost`) merged with the other VMs' from the
-//! fits board, and each pod's inter-token latency.
+//! per role, times each pod's speed) merged with the other VMs' from the fits board, and each
+//! pod's inter-token latency.
 
-use super::{FirstToken, Router};
-use crate::config::{Config, Role};
-use crate::scheduler::cost::{self, Coefficients, CostFit, RoleSpeedSums};
-use crate::scheduler::fit_board::PodFit;
+use super::fit_board::PodFit;
+use super::{Coefficients, CostConfig, CostFit, ErrorBand, MedianScale, PodSpeed};
+use super::{RoleSpeedSums, RoleSpeeds};
+use crate::common::Role;
+use crate::pod::load::LoadTable;
+use crate::work::FirstToken;
 use hashbrown::HashMap;
+
+/// What the learned costs are configured with: the prior and its weight (`prediction`), and the
+/// split's overhead, which a prefill pod's first token also pays (`pd.split_overhead_ms`).
+#[derive(Debug, Clone, Copy)]
+pub struct CostSettings {
+    pub learning: CostConfig,
+    pub split_overhead_ms: f64,
+}
+
+/// This VM's learned costs of every listed pod, and the other VMs' from the fits board.
+#[derive(Default)]
+pub struct Costs {
+    /// The listed pods and their roles, in the load table's order.
+    listed: Vec<(String, Role)>,
+    /// Each listed pod's role (a first byte finds its pod's role in O(1)).
+    role_by_addr: HashMap<String, Role>,
+    /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
+    /// first bytes on every pod of the role.
+    role_fits: [Option<CostFit>; 3],
+    /// Each pod's speed against its role's fit, from this VM's requests.
+    speeds: HashMap<String, PodSpeed>,
+    /// Per role, how its pods' speeds spread beyond their noise (see [`RoleSpeeds`]), and the
+    /// sums it is read from: taken whole with each load table, moved by each first byte in O(1).
+    role_speeds: [RoleSpeeds; 3],
+    role_speed_sums: [RoleSpeedSums; 3],
+    /// Every other VM's fits, from the fits board.
+    others_fits: HashMap<String, Vec<PodFit>>,
+    /// Running mean of each pod's inter-token latency, from the streams this VM timed.
+    itl_ms: HashMap<String, f64>,
+    /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
+    ttft_scale: [MedianScale; 3],
+    /// Per role, how widely served predictions miss (see [`ErrorBand`]).
+    ttft_error: [ErrorBand; 3],
+}
 
 /// Weight of the newest stream in a pod's running mean of inter-token latency.
 const ITL_ALPHA: f64 = 0.1;
 
 /// The configured prior of a pod of `role` (a prefill pod's first token also pays the split).
-fn prior_for(config: &Config, role: Role) -> Coefficients {
-    let mut prior = config.prediction.prior;
+fn prior_for(settings: &CostSettings, role: Role) -> Coefficients {
+    let mut prior = settings.learning.prior;
     if role == Role::Prefill {
-        prior.overhead_ms += config.pd.split_overhead_ms;
+        prior.overhead_ms += settings.split_overhead_ms;
     }
     prior
 }
@@ -28,12 +64,29 @@ fn role_index(role: Role) -> usize {
     }
 }
 
-/// The models of the timed pods of each role, merged (see [`Router::cost_of`]).
+/// The models of the timed pods of each role, merged (see [`Costs::cost_of`]).
 pub struct PoolCosts {
     timed: [Option<Coefficients>; 3],
 }
 
-impl Router {
+impl Costs {
+    /// Takes the listed pods: forgets what was learned of pods no longer listed and re-reads each
+    /// role's speed spread.
+    pub fn list_pods(&mut self, table: &LoadTable) {
+        let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
+        self.speeds.retain(|addr, _| listed.contains(addr.as_str()));
+        self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
+        self.listed = table
+            .pods
+            .iter()
+            .map(|p| (p.addr.clone(), p.role))
+            .collect();
+        self.role_by_addr = self.listed.iter().cloned().collect();
+        self.role_speed_sums = [Role::Aggregated, Role::Prefill, Role::Decode]
+            .map(|role| self.role_speed_sums_of(role));
+        self.role_speeds = self.role_speed_sums.map(|sums| sums.speeds());
+    }
+
     /// The cost model `addr` is predicted with: every VM's fit, weighted by samples. A pod nobody
     /// has timed yet predicts like the timed pods of its role on average (pods of one pool are
     /// usually alike, and a prior far from them would make an untimed pod look much faster or
@@ -41,15 +94,15 @@ impl Router {
     /// (plus the split overhead for a prefill pod). One pod's: for every pod of a decision, take
     /// [`Self::pool_costs`] once and [`Self::cost_in`] per pod (linear in the pool, where this is
     /// linear per pod).
-    pub fn cost_of(&self, config: &Config, addr: &str) -> Coefficients {
+    pub fn cost_of(&self, settings: &CostSettings, addr: &str) -> Coefficients {
         let role = self.role_of(addr).unwrap_or(Role::Aggregated);
-        self.cost_in(config, addr, role, &self.pool_costs())
+        self.cost_in(settings, addr, role, &self.pool_costs())
     }
 
     /// [`Self::cost_of`] with the pool's averages already taken.
     pub fn cost_in(
         &self,
-        config: &Config,
+        settings: &CostSettings,
         addr: &str,
         role: Role,
         pool: &PoolCosts,
@@ -62,23 +115,24 @@ impl Router {
             .get(role_index(role))
             .copied()
             .flatten()
-            .unwrap_or_else(|| prior_for(config, role))
+            .unwrap_or_else(|| prior_for(settings, role))
     }
 
     /// Per role, the sample-weighted mean of the timed pods' models (`None`: nobody timed).
     pub fn pool_costs(&self) -> PoolCosts {
         let mut by_role: [Vec<(Coefficients, f64)>; 3] = Default::default();
-        for p in &self.load.pods {
-            let (cost, samples) = self.own_cost(&p.addr, p.role);
+        for (addr, role) in &self.listed {
+            let (cost, samples) = self.own_cost(addr, *role);
             if samples > 0.0 {
-                if let Some(v) = by_role.get_mut(role_index(p.role)) {
+                if let Some(v) = by_role.get_mut(role_index(*role)) {
                     v.push((cost, samples));
                 }
             }
         }
         PoolCosts {
-            timed: by_role
-                .map(|fits| (!fits.is_empty()).then(|| cost::merge(Coefficients::default(), fits))),
+            timed: by_role.map(|fits| {
+                (!fits.is_empty()).then(|| super::merge(Coefficients::default(), fits))
+            }),
         }
     }
 
@@ -99,14 +153,13 @@ impl Router {
     }
 
     /// The speed sums of `role`'s listed pods (see [`RoleSpeedSums`]).
-    pub(super) fn role_speed_sums_of(&self, role: Role) -> RoleSpeedSums {
+    pub(crate) fn role_speed_sums_of(&self, role: Role) -> RoleSpeedSums {
         let mut sums = RoleSpeedSums::default();
         for speed in self
-            .load
-            .pods
+            .listed
             .iter()
-            .filter(|p| p.role == role)
-            .filter_map(|p| self.speeds.get(&p.addr))
+            .filter(|(_, r)| *r == role)
+            .filter_map(|(addr, _)| self.speeds.get(addr))
         {
             sums.add(speed);
         }
@@ -124,11 +177,24 @@ impl Router {
             .map(|f| (f.cost, f.samples));
         let fits: Vec<(Coefficients, f64)> = own.into_iter().chain(others).collect();
         let samples = fits.iter().map(|(_, n)| n).sum();
-        (cost::merge(Coefficients::default(), fits), samples)
+        (super::merge(Coefficients::default(), fits), samples)
+    }
+
+    #[cfg(test)]
+    pub fn speed_of(&self, addr: &str) -> Option<PodSpeed> {
+        self.speeds.get(addr).copied()
+    }
+
+    #[cfg(test)]
+    pub fn role_speeds_of(&self, role: Role) -> RoleSpeeds {
+        self.role_speeds
+            .get(role_index(role))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The median calibration of `role`'s predictions.
-    pub(super) fn ttft_scale_of(&self, role: Role) -> cost::MedianScale {
+    pub fn ttft_scale_of(&self, role: Role) -> MedianScale {
         self.ttft_scale
             .get(role_index(role))
             .copied()
@@ -136,7 +202,7 @@ impl Router {
     }
 
     /// How widely `role`'s served predictions miss.
-    pub(super) fn error_band_of(&self, role: Role) -> cost::ErrorBand {
+    pub fn error_band_of(&self, role: Role) -> ErrorBand {
         self.ttft_error
             .get(role_index(role))
             .copied()
@@ -144,7 +210,7 @@ impl Router {
     }
 
     /// Learns from a first byte: the request's features at routing time and how long it took.
-    pub fn learn(&mut self, config: &Config, first: &FirstToken, observed_ms: f64) {
+    pub fn learn(&mut self, settings: &CostSettings, first: &FirstToken, observed_ms: f64) {
         let role = self.role_of(&first.addr);
         if let Some(scale) = role.and_then(|r| self.ttft_scale.get_mut(role_index(r))) {
             scale.observe(first.predicted_ms, observed_ms);
@@ -153,8 +219,8 @@ impl Router {
             band.observe(first.predicted_ms, observed_ms);
         }
         let role = role.unwrap_or(Role::Aggregated);
-        let mut learning = config.prediction.learning();
-        learning.prior = prior_for(config, role);
+        let mut learning = settings.learning;
+        learning.prior = prior_for(settings, role);
         let Some(slot) = self.role_fits.get_mut(role_index(role)) else {
             return;
         };
@@ -208,12 +274,7 @@ impl Router {
     /// This VM's fits and inter-token latencies, for its row on the fits board.
     pub fn own_fits(&self) -> Vec<PodFit> {
         // One pass over the pool for the roles: a search per pod would be quadratic at 512 pods.
-        let roles: HashMap<&str, Role> = self
-            .load
-            .pods
-            .iter()
-            .map(|p| (p.addr.as_str(), p.role))
-            .collect();
+        let roles = &self.role_by_addr;
         let mut out: Vec<PodFit> = self
             .speeds
             .keys()

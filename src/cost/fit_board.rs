@@ -1,8 +1,8 @@
-//! The fits board: each VM's learned TTFT model per pod (`crate::scheduler::cost`), in one shared-data key.
+//! The fits board: each VM's learned TTFT model per pod (`crate::cost`), in one shared-data key.
 //!
 //! Every VM learns from the requests it routed itself; with several workers each sees only its
 //! share. Publishing the fits lets every VM predict with everyone's samples: a reader combines the
-//! rows by sample weight (`crate::scheduler::cost::merge`). Unlike the in-flight board this changes slowly, so
+//! rows by sample weight (`crate::cost::merge`). Unlike the in-flight board this changes slowly, so
 //! it is written once per heartbeat and read on the tick, never on the request path.
 //!
 //! Encoding: the format line `kvroute-fits/1`, then one row per VM: `<vm id hex> <written ms>
@@ -10,7 +10,7 @@
 //! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
 //! one entry per pod.
 
-use crate::scheduler::cost::Coefficients;
+use crate::cost::Coefficients;
 use crate::state::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
