@@ -1,4 +1,4 @@
-//! Bodies at the edge of what kvroute reads, through the real Envoy (issue 34, items 3 and 8).
+//! Bodies at the edge of what kvroute reads, through the real Envoy.
 //!
 //! * A body Python's `json` reads (vLLM's and SGLang's servers) but serde_json refuses — `NaN`,
 //!   `Infinity`, `1e400`, a byte order mark, UTF-16, nesting past 127, a lone surrogate — used to
