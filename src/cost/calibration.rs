@@ -29,7 +29,7 @@ impl Default for MedianScale {
 /// decisions of every `make bench` workload (seed 1, kvroute's own decisions), the median relative
 /// error without it and with steps of 0.5% / 1% / 2%: shared-agent 26% → 7 / 6 / 7%, unequal-pool
 /// 19% → 11 / 11 / 11%, agent 18% → 12 / 13 / 13%, the other four 6–9% throughout.
-pub(super) const MEDIAN_STEP: f64 = 0.01;
+const MEDIAN_STEP: f64 = 0.01;
 /// The factor stays within [1/F, F]: beyond that the fits themselves are wrong, not skewed.
 pub(super) const MAX_SCALE: f64 = 4.0;
 
@@ -74,9 +74,9 @@ pub struct ErrorBand {
 pub const ERROR_QUANTILE: f64 = 0.8;
 /// Step of the quantile's tracker, in natural-log units per first byte: from its start it reaches
 /// a pool's band within about a hundred first bytes and then moves a few percent at most.
-pub(super) const ERROR_STEP: f64 = 0.02;
+const ERROR_STEP: f64 = 0.02;
 /// Where the band starts before any first byte: predictions within ±25%.
-pub(super) const ERROR_START: f64 = 0.223;
+const ERROR_START: f64 = 0.223;
 
 impl Default for ErrorBand {
     fn default() -> Self {

@@ -9,14 +9,14 @@ pub(super) const FORGET_SAMPLES: f64 = 64.0;
 /// is the model's and the engine's, not one pod's, and a longer memory is what keeps the intercept
 /// and the slope from trading off between requests (each pod's speed still follows the pod within
 /// `FORGET_SAMPLES` of its own first bytes, [`PodSpeed`]).
-pub(super) const ROLE_FORGET_SAMPLES: f64 = 256.0;
+const ROLE_FORGET_SAMPLES: f64 = 256.0;
 /// Samples before observations are clamped to the current prediction's neighbourhood.
-pub(super) const ROBUST_AFTER: f64 = 8.0;
+const ROBUST_AFTER: f64 = 8.0;
 /// An observation is clamped to [prediction / F, prediction × F].
 pub(super) const OUTLIER_FACTOR: f64 = 4.0;
 /// The typical request the prior's strength is measured at: this many tokens, this many decoding.
-pub(super) const PRIOR_TOKENS: f64 = 1000.0;
-pub(super) const PRIOR_DECODING: f64 = 8.0;
+const PRIOR_TOKENS: f64 = 1000.0;
+const PRIOR_DECODING: f64 = 8.0;
 
 /// Coefficients of the TTFT model, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -246,7 +246,7 @@ impl CostFit {
 
 /// The system with the `fixed` coefficients held at zero (their rows made identity rows, their
 /// columns cleared elsewhere).
-pub(super) fn pin(mut a: [[f64; 3]; 3], fixed: &[bool; 3]) -> [[f64; 3]; 3] {
+fn pin(mut a: [[f64; 3]; 3], fixed: &[bool; 3]) -> [[f64; 3]; 3] {
     for (i, row) in a.iter_mut().enumerate() {
         for (k, cell) in row.iter_mut().enumerate() {
             let row_fixed = fixed.get(i).copied().unwrap_or(false);
@@ -261,7 +261,7 @@ pub(super) fn pin(mut a: [[f64; 3]; 3], fixed: &[bool; 3]) -> [[f64; 3]; 3] {
     a
 }
 
-pub(super) fn pin_rhs(mut b: [f64; 3], fixed: &[bool; 3]) -> [f64; 3] {
+fn pin_rhs(mut b: [f64; 3], fixed: &[bool; 3]) -> [f64; 3] {
     for (v, f) in b.iter_mut().zip(fixed) {
         if *f {
             *v = 0.0;
@@ -271,7 +271,7 @@ pub(super) fn pin_rhs(mut b: [f64; 3], fixed: &[bool; 3]) -> [f64; 3] {
 }
 
 /// Cramer's rule on a symmetric positive definite 3×3 system; `None` when (nearly) singular.
-pub(super) fn solve3(a: [[f64; 3]; 3], b: [f64; 3]) -> Option<[f64; 3]> {
+fn solve3(a: [[f64; 3]; 3], b: [f64; 3]) -> Option<[f64; 3]> {
     let det = |m: [[f64; 3]; 3]| {
         let [[a, b, c], [d, e, f], [g, h, i]] = m;
         a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)

@@ -33,7 +33,7 @@ pub struct PodSpeed {
 }
 
 /// The weight of the starting factor, 1, against a pod's own samples.
-pub(super) const SPEED_PRIOR_SAMPLES: f64 = 2.0;
+const SPEED_PRIOR_SAMPLES: f64 = 2.0;
 
 impl PodSpeed {
     /// What the role's prediction is multiplied by for this pod.
