@@ -76,14 +76,31 @@ async fn logged_envoy(pods: &[String], plugin: String) -> (Envoy, PathBuf) {
     (envoy, log)
 }
 
-/// The `key=value` fields of the shipped format's line for the request sent with `x-test-id: id`
-/// (written with the JSON line [`line_of`] waited for).
-fn shipped_line_of(json_log: &Path, id: &str) -> std::collections::HashMap<String, String> {
-    let text = std::fs::read_to_string(json_log.with_file_name("shipped.log")).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("id={id} ")))
-        .unwrap_or_else(|| panic!("no shipped line for {id}: {text}"));
+/// The `key=value` fields of the shipped format's line for the request sent with `x-test-id: id`,
+/// once Envoy has written it. Each file logger flushes on its own, so the JSON line being there
+/// says nothing of this one (a CI-loaded run found it missing right after the JSON line).
+async fn shipped_line_of(json_log: &Path, id: &str) -> std::collections::HashMap<String, String> {
+    let path = json_log.with_file_name("shipped.log");
+    let prefix = format!("id={id} ");
+    let mut line = None;
+    let written = wait_for(
+        Duration::from_secs(10),
+        "the shipped access-log line",
+        || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            line = text
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .map(str::to_string);
+            let done = line.is_some();
+            async move { done }
+        },
+    )
+    .await;
+    let Some(line) = line else {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        panic!("no shipped line for {id} ({written:?}): {text}");
+    };
     line.split_whitespace()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -215,7 +232,7 @@ async fn each_routed_request_logs_the_pod_that_served_it_why_and_what_was_predic
         "the trigger was removed before forwarding: {line}"
     );
     // The shipped format says the same.
-    let shipped = shipped_line_of(&log, "trusted");
+    let shipped = shipped_line_of(&log, "trusted").await;
     for (key, field) in [
         ("upstream", "upstream_host"),
         ("kvroute_pod", "pod"),
