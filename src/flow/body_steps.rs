@@ -22,7 +22,6 @@ use crate::protocol::body;
 use crate::protocol::parse::{self, Endpoint, ParseError, RequestView};
 use crate::router::{Blocks, FirstToken, Plan};
 use crate::scheduler::{Choice, Decision, Rejection, RouteReason};
-use crate::state::messages::Observation;
 use crate::vm::Vm;
 use crate::work::Board;
 
@@ -260,25 +259,11 @@ impl RequestFlow {
             pd_export,
         )
         .export(host);
-        // A split request's decode pod reports the pulled KV as cached too: only check the rest.
-        if prefill_pod.is_none() {
-            self.cache_check =
-                vm.router
-                    .affinity
-                    .expect_cache(&primary.addr, blocks, primary.matched_blocks);
-        }
         vm.write_inflight_row_over(host, now, Some(board));
         self.routed_to = Some(primary.addr.clone());
-        let observation = Observation {
-            addr: primary.addr.clone(),
-            hashes: blocks.hashes.clone(),
-        };
-        vm.observe_routing(host, observation, primary.matched_blocks, now);
-        self.provisional
-            .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
-        if prefill_pod.is_none() && ranked.len() > 1 {
-            self.hashes.clone_from(&blocks.hashes);
-        }
+        let shape = (prefill_pod.is_some(), ranked.len() > 1);
+        self.affinity
+            .on_routed(vm, host, (primary, blocks), shape, now);
         let destinations = ranked
             .iter()
             .map(|c| c.addr.as_str())
@@ -304,15 +289,9 @@ impl RequestFlow {
         prefill_addr: String,
         original: Option<Vec<u8>>,
     ) -> BodyOutcome {
-        // The prefill pod computes the same blocks: its index learns them too.
         let prefill_held = planned.prefill().map_or(0, |c| c.matched_blocks);
-        self.provisional
-            .add(&prefill_addr, &planned.blocks.hashes, prefill_held);
-        let observation = Observation {
-            addr: prefill_addr.clone(),
-            hashes: planned.blocks.hashes,
-        };
-        vm.observe(host, observation);
+        self.affinity
+            .on_split(vm, host, &prefill_addr, planned.blocks, prefill_held);
         match (vm.config.pd.mode, original) {
             (PdMode::Inline, Some(original)) => {
                 route.prefill_call = Some(inline::prefill_call(

@@ -117,7 +117,7 @@ impl RequestFlow {
                 // and neither pod computes its prompt.
                 host.count(Counter::PdPrefillRejected, 1);
                 host.export_decision_field(explain::PD, PdExport::PrefillRefused.as_str());
-                self.provisional.withdraw(vm, host, None);
+                self.affinity.withdraw(vm, host, None);
                 PrefillOutcome::Reply(Reply {
                     status,
                     headers: vec![("content-type", "application/json".to_string())],
@@ -136,7 +136,7 @@ impl RequestFlow {
                     log::debug!("kvroute: inline prefill answered {status}; decoding without it");
                 }
                 let prefill_pod = self.prefill_pod.take();
-                self.provisional.withdraw(vm, host, prefill_pod.as_deref());
+                self.affinity.withdraw(vm, host, prefill_pod.as_deref());
                 if let Some(a) = self.awaiting.as_mut() {
                     a.learnable = false;
                 }

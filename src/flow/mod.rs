@@ -25,10 +25,12 @@
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 //!
 //! Files: `headers_step` (1), `body_steps` (2, the steps of the orchestrator here), `inline_pd`
-//! (3), `response` (4 and 5); `provisional` (what the index learned before the pod accepted),
+//! (3), `response` (4 and 5); `affinity` (prefix affinity's hooks: what the index learns when a
+//! request is routed, provisionally until the pod accepts it, and the check against `usage`),
 //! `reply` (kvroute's own answers), `explain` (the debug line and the decision's filter state),
 //! `models` (`GET /v1/models`).
 
+mod affinity;
 mod body_steps;
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
@@ -39,7 +41,6 @@ mod inline_pd;
 pub mod models;
 #[cfg(test)]
 mod pd_leg_tests;
-mod provisional;
 mod reply;
 mod response;
 #[cfg(test)]
@@ -54,15 +55,14 @@ use crate::pd::inline::{self, Answer};
 use crate::pd::PdMode;
 use crate::port::{Host, HttpCall};
 use crate::protocol::parse::{self, Endpoint};
-use crate::router::{CacheExpectation, CacheVerdict, FirstToken, Plan};
+use crate::router::{FirstToken, Plan};
 use crate::scheduler::saturation::parse_priority;
 use crate::scheduler::session::session_key;
 use crate::scheduler::slo::{parse_objective, Slo};
 use crate::scheduler::{Hints, Rejection, RouteReason};
-use crate::state::messages::Observation;
 use crate::vm::Vm;
+use affinity::AffinityLeg;
 use explain::PdExport;
-use provisional::Provisional;
 pub use reply::{ErrorCode, Reply};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,14 +155,8 @@ pub struct RequestFlow {
     chunks: u32,
     first_chunk_us: u64,
     last_chunk_us: u64,
-    /// What the index expects the response's `usage` to report, until it does.
-    cache_check: Option<CacheExpectation>,
-    carry: Vec<u8>,
-    /// What this request taught the index, until the pod accepts it.
-    provisional: Provisional,
-    /// The request's block hashes, until the upstream that answers is known (Envoy's retries may
-    /// have taken it to a fallback).
-    hashes: Vec<u64>,
+    /// Prefix affinity's part: the index's expectation, what it learned provisionally.
+    affinity: AffinityLeg,
     /// See [`Self::take_rewritten_body`].
     rewritten_body: Option<Vec<u8>>,
     /// The host that answered, as the response headers named it ([`Self::on_upstream`]).

@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// Bytes of a response chunk kept for the next one, so a `usage` object split across two is read.
-const CARRY_BYTES: usize = 256;
-
 impl RequestFlow {
     /// The host Envoy sent the request to, as its response headers arrive. Another than the
     /// primary means the primary refused or failed it and a retry took it to a fallback: what the
@@ -16,35 +13,13 @@ impl RequestFlow {
             return;
         };
         self.upstream = Some(upstream.to_string());
-        let hashes = std::mem::take(&mut self.hashes);
-        if upstream == primary || hashes.is_empty() {
+        if !self.affinity.on_upstream(vm, host, &primary, upstream) {
             return;
         }
         log::debug!("kvroute: {primary} did not serve the request; {upstream} did");
-        self.provisional.withdraw(vm, host, Some(&primary));
-        self.cache_check = None;
         if let Some(a) = self.awaiting.as_mut() {
             a.learnable = false;
         }
-        let Some(slot) = vm.router.affinity.slot_of(upstream) else {
-            return;
-        };
-        let held = vm
-            .router
-            .affinity
-            .index()
-            .match_lengths(&hashes, crate::affinity::index::MAX_SLOTS)
-            .get(slot)
-            .copied()
-            .unwrap_or(0);
-        self.provisional.add(upstream, &hashes, held);
-        vm.observe(
-            host,
-            Observation {
-                addr: upstream.to_string(),
-                hashes,
-            },
-        );
     }
 
     /// Response headers: returns the debug header to add, if any.
@@ -58,7 +33,8 @@ impl RequestFlow {
         if self.routed_to.is_some() {
             self.status = status.and_then(|s| s.parse().ok());
             self.response_ok = status.is_some_and(|s| s.starts_with('2'));
-            self.settle_observations(vm, host);
+            self.affinity
+                .on_response_headers(vm, host, self.response_ok);
             self.response_complete = end_of_stream;
             if std::mem::take(&mut self.sidecar_split) {
                 self.prefill_pod_done(vm, host);
@@ -89,19 +65,10 @@ impl RequestFlow {
         }
     }
 
-    /// A 2xx makes what the index learned final; anything else withdraws it.
-    pub(super) fn settle_observations(&mut self, vm: &mut Vm, host: &mut dyn Host) {
-        if self.response_ok {
-            self.provisional.confirm();
-        } else {
-            self.provisional.withdraw(vm, host, None);
-        }
-    }
-
     /// Whether the next response chunk's bytes are wanted (to read `usage`); the host copies a
     /// chunk out only then.
     pub fn wants_response_bytes(&self) -> bool {
-        (self.cache_check.is_some() || self.stored_answer.is_some()) && self.response_ok
+        (self.affinity.wants_response_bytes() || self.stored_answer.is_some()) && self.response_ok
     }
 
     /// A response chunk of `size` bytes (`bytes` when [`Self::wants_response_bytes`] asked).
@@ -119,9 +86,8 @@ impl RequestFlow {
         self.response_complete |= end_of_stream;
         if let Some(bytes) = bytes {
             self.note_stored_answer(host, bytes);
-            if self.cache_check.is_some() {
-                self.read_usage(vm, host, bytes);
-            }
+            self.affinity
+                .on_response_body(vm, host, bytes, &self.labels);
         }
         if self.streamed && size > 0 {
             let now = host.now_us();
@@ -264,53 +230,5 @@ impl RequestFlow {
             record(host, id, pod);
         }
         self.stored_answer = None;
-    }
-
-    /// Looks for the response's `usage` in this chunk (and the end of the last one); once found,
-    /// checks the index's expectation against it.
-    pub(super) fn read_usage(&mut self, vm: &mut Vm, host: &mut dyn Host, chunk: &[u8]) {
-        self.carry.extend_from_slice(chunk);
-        let Some((cached, prompt)) = crate::protocol::usage::cache_report(&self.carry) else {
-            let keep = self.carry.len().saturating_sub(CARRY_BYTES);
-            self.carry.drain(..keep);
-            return;
-        };
-        self.carry = Vec::new();
-        let Some(expected) = self.cache_check.take() else {
-            return;
-        };
-        if !crate::protocol::usage::plausible(cached, prompt) {
-            let pod = expected.addr.as_str();
-            log::debug!(
-                "kvroute: {pod} reported {cached} of {prompt} tokens cached: impossible, ignored"
-            );
-            let labels = [
-                (metrics::POOL, self.labels.pool.as_str()),
-                (metrics::ROLE, self.labels.role),
-                (metrics::POD, pod),
-            ];
-            host.count_in(Counter::PodReportedImplausible, &labels, 1);
-            return;
-        }
-        let share = expected.matched_blocks as f64 / expected.total_blocks.max(1) as f64;
-        let labels = self.labels.pairs();
-        host.count_in(
-            Counter::CachePredictedTokens,
-            &labels,
-            (share.min(1.0) * prompt as f64) as u64,
-        );
-        host.count_in(Counter::CacheReportedTokens, &labels, cached);
-        if let CacheVerdict::Evicted { kept, lost } = vm
-            .router
-            .affinity
-            .on_cache_report(&expected, cached, prompt)
-        {
-            log::debug!(
-                "kvroute: {} reported {cached} of {prompt} tokens cached, the index expected more; it keeps about {kept} blocks",
-                expected.addr
-            );
-            host.count(Counter::CacheEvictionsDetected, 1);
-            vm.report_eviction(host, expected.addr.clone(), lost);
-        }
     }
 }
