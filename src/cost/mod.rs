@@ -32,6 +32,7 @@
 //! * `calibration.rs` — the median calibration of served predictions ([`MedianScale`]) and how
 //!   widely they miss ([`ErrorBand`]);
 //! * `fit_board.rs` — the fits board VMs share (key `kvroute.fits`);
+//! * `itl.rs` — a stream's inter-token latency timed from its chunks ([`ItlTimer`]);
 //! * `learned.rs` — this VM's learned costs ([`Costs`]): what it predicts each pod with, merged
 //!   with the other VMs' from the board. Its hooks: a request's first byte (`learn`), a stream's
 //!   end (`observe_itl`), pods listed (`list_pods`), the VM's tick (`own_fits`, `set_others_fits`).
@@ -39,11 +40,13 @@
 mod calibration;
 mod fit;
 pub mod fit_board;
+mod itl;
 mod learned;
 mod speed;
 
 pub use calibration::{ErrorBand, MedianScale, ERROR_QUANTILE};
 pub use fit::{merge, Coefficients, CostConfig, CostFit};
+pub use itl::ItlTimer;
 pub use learned::{CostSettings, Costs, PoolCosts};
 pub use speed::{PodSpeed, RoleSpeedSums, RoleSpeeds};
 

@@ -48,6 +48,7 @@ mod response;
 mod tests;
 
 use crate::common::{HeaderName, NoEndpointPolicy, Role};
+use crate::cost::ItlTimer;
 use crate::headers::DEBUG;
 use crate::health::{RequestEnd, Verdict};
 use crate::metrics::{self, Counter, Histogram};
@@ -151,10 +152,8 @@ pub struct RequestFlow {
     streamed: bool,
     /// The upstream's response arrived whole (its end of stream passed through this filter).
     response_complete: bool,
-    /// Streamed responses: chunks seen, and when the first and last arrived (µs).
-    chunks: u32,
-    first_chunk_us: u64,
-    last_chunk_us: u64,
+    /// Streamed responses: their chunks, timed (the pod's inter-token latency).
+    itl: ItlTimer,
     /// Prefix affinity's part: the index's expectation, what it learned provisionally.
     affinity: AffinityLeg,
     /// See [`Self::take_rewritten_body`].

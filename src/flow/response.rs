@@ -90,12 +90,7 @@ impl RequestFlow {
                 .on_response_body(vm, host, bytes, &self.labels);
         }
         if self.streamed && size > 0 {
-            let now = host.now_us();
-            if self.chunks == 0 {
-                self.first_chunk_us = now;
-            }
-            self.last_chunk_us = now;
-            self.chunks = self.chunks.saturating_add(1);
+            self.itl.on_chunk(host.now_us());
         }
     }
 
@@ -160,9 +155,7 @@ impl RequestFlow {
             self.judge_sidecar_leg(vm, host, failed > 0);
         }
         vm.record_verdicts(verdicts);
-        if completed && self.chunks >= 3 {
-            let span_us = self.last_chunk_us.saturating_sub(self.first_chunk_us);
-            let itl_ms = span_us as f64 / 1e3 / f64::from(self.chunks - 1);
+        if let Some(itl_ms) = self.itl.itl_ms().filter(|_| completed) {
             vm.router.costs.observe_itl(&addr, itl_ms);
         }
         vm.router.work.inflight_end(&addr);
