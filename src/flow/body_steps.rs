@@ -299,16 +299,16 @@ impl RequestFlow {
                     &self.path,
                     &prefill_addr,
                     &original,
-                    &self.forwarded,
+                    &self.split.forwarded,
                     vm.config.pd.prefill_timeout_ms,
                 ));
-                self.prefill_original = Some(original);
-                self.prefill_pod = Some(prefill_addr);
+                self.split.original = Some(original);
+                self.split.pod = Some(prefill_addr);
             }
             _ => {
                 host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
                 route.prefiller = Some(prefill_addr);
-                self.sidecar_split = true;
+                self.split.sidecar = true;
             }
         }
         BodyOutcome::Route(route)

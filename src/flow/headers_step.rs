@@ -82,7 +82,7 @@ impl RequestFlow {
                     trigger.admits(header(trigger.header.as_str()).as_deref())
                 });
         if vm.config.pd.mode == PdMode::Inline {
-            self.forwarded = vm
+            self.split.forwarded = vm
                 .config
                 .pd
                 .forward_headers

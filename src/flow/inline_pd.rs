@@ -9,6 +9,26 @@
 use super::*;
 use crate::pd::prefill_bound_ms;
 
+/// What one split request holds of its prefill leg between the host's callbacks.
+#[derive(Debug, Default)]
+pub(super) struct SplitLeg {
+    /// Inline P/D: the client's body (as sent on, without what kvroute owns), waiting for the
+    /// prefill pod's answer, and that pod.
+    pub(super) original: Option<Vec<u8>>,
+    pub(super) pod: Option<String>,
+    /// Inline P/D: the client's headers the prefill call carries (`pd.forward_headers`).
+    pub(super) forwarded: Vec<(String, String)>,
+    /// Sidecar P/D: the request was sent to its decode pod with a prefiller, whose part is over
+    /// when the decode pod's response headers come (see [`RequestFlow::on_response_headers`]).
+    pub(super) sidecar: bool,
+    /// The leg's first-byte bound (`crate::pd::prefill_bound_ms`), and when the split was routed
+    /// (µs).
+    pub(super) bound_ms: Option<u64>,
+    pub(super) routed_us: u64,
+    /// The plan splits although the split was predicted to lose (`pd.probe_interval_ms`).
+    pub(super) probing: bool,
+}
+
 impl RequestFlow {
     /// A split was routed (`outcome`, to `prefill`): bound its prefill leg and note the split.
     pub(super) fn bound_prefill_leg(
@@ -23,16 +43,16 @@ impl RequestFlow {
         };
         let predicted = self.awaiting.as_ref().map_or(0.0, |a| a.first.predicted_ms);
         let bound = prefill_bound_ms(&vm.config.health, &vm.config.pd, predicted);
-        self.prefill_bound_ms = Some(bound);
-        self.split_routed_us = host.now_us();
+        self.split.bound_ms = Some(bound);
+        self.split.routed_us = host.now_us();
         vm.split_clock.split_at(host.now_ms());
-        if std::mem::take(&mut self.probing) {
+        if std::mem::take(&mut self.split.probing) {
             host.count(Counter::PdProbes, 1);
         }
         if let Some(call) = route.prefill_call.as_mut() {
             call.timeout_ms = bound;
         } else if route.prefiller.is_some() {
-            self.prefill_pod = Some(prefill);
+            self.split.pod = Some(prefill);
             // The decode pod's response starts only after its sidecar's prefill: the attempt's
             // first byte may take the prefill's bound and then the decode's own.
             route.first_byte_timeout_ms = route
@@ -45,8 +65,9 @@ impl RequestFlow {
     /// Whether the prefill leg ran past its bound, as of now (by the share a poll is judged
     /// timed out at: the leg's clock starts a little after this one).
     fn prefill_leg_late(&self, host: &dyn Host) -> bool {
-        let elapsed_ms = host.now_us().saturating_sub(self.split_routed_us) / 1000;
-        self.prefill_bound_ms
+        let elapsed_ms = host.now_us().saturating_sub(self.split.routed_us) / 1000;
+        self.split
+            .bound_ms
             .is_some_and(|bound| crate::health::poll_timed_out(elapsed_ms, bound))
     }
 
@@ -58,7 +79,7 @@ impl RequestFlow {
     /// the decode pod answered with a 2xx is the pod's success (a prefiller failing fast is hidden
     /// by the sidecar's own fallback: see the reliability notes).
     pub(super) fn judge_sidecar_leg(&mut self, vm: &mut Vm, host: &mut dyn Host, failed: bool) {
-        let Some(pod) = self.prefill_pod.take() else {
+        let Some(pod) = self.split.pod.take() else {
             return;
         };
         let verdict = if self.prefill_leg_late(host) || failed {
@@ -78,7 +99,7 @@ impl RequestFlow {
     /// The host could not send the inline prefill call: decode without it.
     pub fn on_prefill_not_sent(&mut self, host: &mut dyn Host) {
         log::warn!("kvroute: inline prefill not sent; decoding without it");
-        self.prefill_original = None;
+        self.split.original = None;
         if let Some(a) = self.awaiting.as_mut() {
             a.learnable = false;
         }
@@ -96,10 +117,10 @@ impl RequestFlow {
         body: &[u8],
     ) -> PrefillOutcome {
         self.prefill_pod_done(vm, host);
-        let Some(original) = self.prefill_original.take() else {
+        let Some(original) = self.split.original.take() else {
             return PrefillOutcome::Resume(None);
         };
-        if let Some(pod) = self.prefill_pod.clone() {
+        if let Some(pod) = self.split.pod.clone() {
             if let Some(verdict) = inline::leg_verdict(status, body) {
                 vm.record_verdicts(vec![(pod, verdict)]);
             }
@@ -135,7 +156,7 @@ impl RequestFlow {
                 } else {
                     log::debug!("kvroute: inline prefill answered {status}; decoding without it");
                 }
-                let prefill_pod = self.prefill_pod.take();
+                let prefill_pod = self.split.pod.take();
                 self.affinity.withdraw(vm, host, prefill_pod.as_deref());
                 if let Some(a) = self.awaiting.as_mut() {
                     a.learnable = false;

@@ -64,6 +64,7 @@ use crate::scheduler::{Hints, Rejection, RouteReason};
 use crate::vm::Vm;
 use affinity::AffinityLeg;
 use explain::PdExport;
+use inline_pd::SplitLeg;
 pub use reply::{ErrorCode, Reply};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -130,21 +131,8 @@ pub struct RequestFlow {
     /// The client asked for the debug header and may have it (`debug_header`).
     debug_wanted: bool,
     debug: Option<String>,
-    /// Inline P/D: the client's body (as sent on, without what kvroute owns), waiting for the
-    /// prefill pod's answer, and that pod.
-    prefill_original: Option<Vec<u8>>,
-    prefill_pod: Option<String>,
-    /// Inline P/D: the client's headers the prefill call carries (`pd.forward_headers`).
-    forwarded: Vec<(String, String)>,
-    /// Sidecar P/D: the request was sent to its decode pod with a prefiller, whose part is over
-    /// when the decode pod's response headers come (see [`Self::on_response_headers`]).
-    sidecar_split: bool,
-    /// A split request's prefill leg: its first-byte bound (`crate::pd::prefill_bound_ms`), and
-    /// when the split was routed (µs).
-    prefill_bound_ms: Option<u64>,
-    split_routed_us: u64,
-    /// The plan splits although the split was predicted to lose (`pd.probe_interval_ms`).
-    probing: bool,
+    /// P/D's prefill leg, where the request is split (`inline_pd`).
+    split: SplitLeg,
     awaiting: Option<Awaiting>,
     /// The response's status, once its headers came.
     status: Option<u32>,
@@ -331,7 +319,7 @@ impl RequestFlow {
         decode_only: bool,
     ) -> Plan {
         let mut plan = vm.router.plan(&vm.config, model, blocks, self.hints, now);
-        self.probing = false;
+        self.split.probing = false;
         if let Some(pd) = plan.pd.as_mut() {
             if decode_only {
                 pd.prefill = None;
@@ -343,7 +331,7 @@ impl RequestFlow {
                 if let Some(probe) = pd.probe.take() {
                     pd.prefill = Some(probe);
                     pd.outcome = crate::pd::PdOutcome::Disaggregated;
-                    self.probing = true;
+                    self.split.probing = true;
                 }
             }
         }
@@ -352,7 +340,7 @@ impl RequestFlow {
 
     /// What the filter sets in `x-prefiller-timeout-ms` (a sidecar split's prefill bound).
     pub fn prefill_bound_ms(&self) -> Option<u64> {
-        self.prefill_bound_ms
+        self.split.bound_ms
     }
 
     fn refuse(

@@ -36,7 +36,7 @@ impl RequestFlow {
             self.affinity
                 .on_response_headers(vm, host, self.response_ok);
             self.response_complete = end_of_stream;
-            if std::mem::take(&mut self.sidecar_split) {
+            if std::mem::take(&mut self.split.sidecar) {
                 self.prefill_pod_done(vm, host);
                 self.judge_sidecar_leg(vm, host, false);
             }
@@ -150,7 +150,7 @@ impl RequestFlow {
                 failed as u64,
             );
         }
-        if std::mem::take(&mut self.sidecar_split) && !verdicts.is_empty() {
+        if std::mem::take(&mut self.split.sidecar) && !verdicts.is_empty() {
             // No response headers: the sidecar's prefill never ended within the attempts.
             self.judge_sidecar_leg(vm, host, failed > 0);
         }
