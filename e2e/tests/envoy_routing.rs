@@ -131,6 +131,10 @@ async fn distinct_prefixes_spread_over_the_pool() {
         assert_eq!(r.status, 200);
         *per_pod.entry(r.pod.unwrap()).or_default() += 1;
     }
+    println!(
+        "distinct prefixes per pod: {:?}",
+        per_pod.values().collect::<Vec<_>>()
+    );
     assert_eq!(per_pod.len(), 4, "{per_pod:?}");
     for (pod, n) in &per_pod {
         assert!((5..=30).contains(n), "{pod} got {n} of 60: {per_pod:?}");
