@@ -150,27 +150,31 @@ fn measure(pods: usize) -> Figures {
         )
         .expect("parse")
     };
-    let first = kvroute::router::Router::blocks(&config, &view(0), None);
-    wvm.router.observe(&kvroute::state::messages::Observation {
-        addr: holder.clone(),
-        hashes: first.hashes,
-    });
+    let first = kvroute::affinity::Blocks::of(&config.block, &view(0), None);
+    wvm.router
+        .affinity
+        .observe(&kvroute::state::messages::Observation {
+            addr: holder.clone(),
+            hashes: first.hashes,
+        });
     let mut decisions = Vec::new();
     for round in 0..5 {
         let n = 1000;
         let views: Vec<_> = (0..n).map(|i| view(round * n + i + 1)).collect();
         let start = Instant::now();
         for v in &views {
-            let blocks = kvroute::router::Router::blocks(&config, v, None);
+            let blocks = kvroute::affinity::Blocks::of(&config.block, v, None);
             let plan = wvm
                 .router
                 .plan(&config, &v.model, &blocks, Default::default(), now);
             if let kvroute::scheduler::Decision::Route { ranked, .. } = &plan.decision {
                 assert_eq!(ranked[0].addr, holder, "the holder is idle enough to win");
-                wvm.router.observe(&kvroute::state::messages::Observation {
-                    addr: ranked[0].addr.clone(),
-                    hashes: blocks.hashes,
-                });
+                wvm.router
+                    .affinity
+                    .observe(&kvroute::state::messages::Observation {
+                        addr: ranked[0].addr.clone(),
+                        hashes: blocks.hashes,
+                    });
             }
         }
         decisions.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
@@ -190,7 +194,8 @@ fn measure(pods: usize) -> Figures {
                 predicted_ms: 300.0,
             };
             wvm.router
-                .learn(&config, &first, 250.0 + (i % 7) as f64 * 20.0);
+                .costs
+                .learn(&config.costs(), &first, 250.0 + (i % 7) as f64 * 20.0);
         }
         learns.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
     }

@@ -29,7 +29,9 @@ pub mod python_json;
 use alloc::{linear_bound, peak_during};
 use gen::Gen;
 use harness::{aggregated_config, inline_pd_config, passthrough_config, Gateway, PODS};
+use kvroute::affinity::Blocks;
 use kvroute::config::{is_host_port, Config, Role, MAX_PODS};
+use kvroute::cost::fit_board::{FitBoard, PodFit};
 use kvroute::flow::{BodyOutcome, HeadersOutcome, PrefillOutcome, RequestFlow};
 use kvroute::headermap;
 use kvroute::metrics::Counter;
@@ -38,9 +40,7 @@ use kvroute::pod::load::{LoadTable, PodLoad, LOAD_FORMAT};
 use kvroute::pod::prom::{self, GatewayShare, PodMetrics};
 use kvroute::port::Host;
 use kvroute::protocol::parse::{self, Endpoint};
-use kvroute::affinity::Blocks;
 use kvroute::router::Router;
-use kvroute::cost::fit_board::{FitBoard, PodFit};
 use kvroute::scheduler::{Decision, Hints};
 use kvroute::state::lease::{self, Lease};
 use kvroute::state::messages::{Message, Observation, Page};
@@ -617,7 +617,9 @@ pub fn work_board(data: &[u8]) {
     let config = aggregated_config();
     let mut router = Router::new();
     router.apply_load_table(&config, harness_table());
-    router.work.set_others_work(decoded.others(0, now, 3000), now);
+    router
+        .work
+        .set_others_work(decoded.others(0, now, 3000), now);
     let _ = route_some_prompt(&router, &config, 1000);
 }
 

@@ -83,6 +83,74 @@ pub struct Config {
 }
 
 /// `Bearer <key>` from `pod_api_key`, or from the VM's environment variable `pod_api_key_env`.
+/// The polling section: a cluster to poll through, intervals and timeouts that fit each other.
+fn check_polling(w: &WireConfig) -> Result<(), ConfigError> {
+    if w.poll_cluster.trim().is_empty() {
+        return Err(err("poll_cluster", "must name an ORIGINAL_DST cluster"));
+    }
+    if w.poll_interval_ms < 10 {
+        return Err(err("poll_interval_ms", "must be at least 10"));
+    }
+    if w.models_poll_interval_ms < 100 {
+        return Err(err("models_poll_interval_ms", "must be at least 100"));
+    }
+    if w.poll_timeout_ms == 0 {
+        return Err(err("poll_timeout_ms", "must be positive"));
+    }
+    if w.stale_after_ms <= w.poll_interval_ms {
+        return Err(err(
+            "stale_after_ms",
+            "must be larger than poll_interval_ms",
+        ));
+    }
+    if w.leader_lease_ms <= w.poll_interval_ms {
+        return Err(err(
+            "leader_lease_ms",
+            "must be larger than poll_interval_ms",
+        ));
+    }
+    Ok(())
+}
+
+/// Sizes and bounds: pod and index capacities, endpoints in the header, body budgets.
+fn check_sizes(w: &WireConfig) -> Result<(), ConfigError> {
+    if w.default_pod_capacity_blocks == 0 {
+        return Err(err("default_pod_capacity_blocks", "must be positive"));
+    }
+    if w.max_pod_capacity_blocks < w.default_pod_capacity_blocks {
+        return Err(err(
+            "max_pod_capacity_blocks",
+            "must be at least default_pod_capacity_blocks",
+        ));
+    }
+    if w.max_index_blocks == 0 {
+        return Err(err("max_index_blocks", "must be positive"));
+    }
+    if w.max_endpoints_in_header == 0 || w.max_endpoints_in_header > 8 {
+        return Err(err("max_endpoints_in_header", "must be in 1..=8"));
+    }
+    if w.max_body_bytes == 0 {
+        return Err(err("max_body_bytes", "must be positive"));
+    }
+    if w.max_parse_bytes == Some(0) {
+        return Err(err("max_parse_bytes", "must be positive"));
+    }
+    Ok(())
+}
+
+/// `api_path_prefix`: empty, or a path such as `/openai`.
+fn check_api_path_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if !prefix.is_empty()
+        && (!prefix.starts_with('/') || prefix.ends_with('/') || prefix.contains(['?', '#', ' ']))
+    {
+        return Err(err(
+            "api_path_prefix",
+            "must be empty or a path such as `/openai`: starting with `/`, not ending with one, without `?`, `#` or spaces",
+        ));
+    }
+    Ok(())
+}
+
 fn compile_pod_authorization(w: &wire::WireConfig) -> Result<Option<Secret>, ConfigError> {
     let key = match (&w.pod_api_key, &w.pod_api_key_env) {
         (Some(_), Some(_)) => {
@@ -183,7 +251,6 @@ impl Config {
     }
 
     /// Checks the wire form and builds the runtime form.
-    #[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
     pub fn compile(w: &WireConfig) -> Result<Config, ConfigError> {
         let pools = compile_pools(w)?;
         let has = |role: Role| pools.iter().any(|p| p.role == role);
@@ -197,66 +264,13 @@ impl Config {
         w.peers.validate(w.admin_cluster.as_deref())?;
         w.prediction.validate()?;
         w.health.validate()?;
-        if w.poll_cluster.trim().is_empty() {
-            return Err(err("poll_cluster", "must name an ORIGINAL_DST cluster"));
-        }
-        if w.poll_interval_ms < 10 {
-            return Err(err("poll_interval_ms", "must be at least 10"));
-        }
-        if w.models_poll_interval_ms < 100 {
-            return Err(err("models_poll_interval_ms", "must be at least 100"));
-        }
-        if w.poll_timeout_ms == 0 {
-            return Err(err("poll_timeout_ms", "must be positive"));
-        }
-        if w.stale_after_ms <= w.poll_interval_ms {
-            return Err(err(
-                "stale_after_ms",
-                "must be larger than poll_interval_ms",
-            ));
-        }
-        if w.leader_lease_ms <= w.poll_interval_ms {
-            return Err(err(
-                "leader_lease_ms",
-                "must be larger than poll_interval_ms",
-            ));
-        }
+        check_polling(w)?;
         at_least("overload_guard.abs_gap", w.overload_guard.abs_gap, 0.0)?;
         at_least("overload_guard.rel_gap", w.overload_guard.rel_gap, 1.0)?;
         at_least("rendezvous_load_slack", w.rendezvous_load_slack, 0.0)?;
-        if w.default_pod_capacity_blocks == 0 {
-            return Err(err("default_pod_capacity_blocks", "must be positive"));
-        }
-        if w.max_pod_capacity_blocks < w.default_pod_capacity_blocks {
-            return Err(err(
-                "max_pod_capacity_blocks",
-                "must be at least default_pod_capacity_blocks",
-            ));
-        }
-        if w.max_index_blocks == 0 {
-            return Err(err("max_index_blocks", "must be positive"));
-        }
-        if w.max_endpoints_in_header == 0 || w.max_endpoints_in_header > 8 {
-            return Err(err("max_endpoints_in_header", "must be in 1..=8"));
-        }
-        if w.max_body_bytes == 0 {
-            return Err(err("max_body_bytes", "must be positive"));
-        }
-        if w.max_parse_bytes == Some(0) {
-            return Err(err("max_parse_bytes", "must be positive"));
-        }
+        check_sizes(w)?;
         let (debug_header, debug_trigger) = debug::compile(&w.debug_header)?;
-        let prefix = &w.api_path_prefix;
-        if !prefix.is_empty()
-            && (!prefix.starts_with('/')
-                || prefix.ends_with('/')
-                || prefix.contains(['?', '#', ' ']))
-        {
-            return Err(err(
-                "api_path_prefix",
-                "must be empty or a path such as `/openai`: starting with `/`, not ending with one, without `?`, `#` or spaces",
-            ));
-        }
+        check_api_path_prefix(&w.api_path_prefix)?;
         Ok(Config {
             pools,
             poll_cluster: w.poll_cluster.clone(),

@@ -169,7 +169,6 @@ pub fn parse(text: &[u8]) -> Result<PodMetrics, PromError> {
 }
 
 /// Reads a `/metrics` page (see the module header for what is accepted).
-#[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
 pub fn read(text: &[u8]) -> Result<Page, PromError> {
     let text = std::str::from_utf8(text).map_err(|_| PromError::NotText)?;
     let mut m = PodMetrics::default();
@@ -228,34 +227,33 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
             }
             Signal::KvUsage => m.kv_usage = m.kv_usage.max(value),
             Signal::CacheInfo => {
-                let block = label(labels, "block_size").or_else(|| label(labels, "page_size"));
-                let blocks = label(labels, "num_gpu_blocks").or_else(|| label(labels, "num_pages"));
-                let block: Option<u32> = block.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
-                let blocks: Option<u64> = blocks.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
-                m.block_size = block.filter(|v| *v <= MAX_BLOCK_TOKENS);
-                m.num_gpu_blocks = blocks.filter(|v| *v <= MAX_GPU_BLOCKS);
-                let ignored = usize::from(block.is_some() && m.block_size.is_none())
-                    + usize::from(blocks.is_some() && m.num_gpu_blocks.is_none());
-                implausible = implausible.saturating_add(ignored as u32);
+                implausible = implausible.saturating_add(read_cache_info(&mut m, labels));
             }
             Signal::LoraInfo if value > newest_lora => {
                 newest_lora = value;
-                m.adapters = ["running_lora_adapters", "waiting_lora_adapters"]
-                    .iter()
-                    .filter_map(|key| label(labels, key))
-                    .flat_map(|list| list.split(','))
-                    .map(str::trim)
-                    .filter(|a| !a.is_empty())
-                    .fold(Vec::new(), |mut all, a| {
-                        if !all.iter().any(|x| x == a) {
-                            all.push(a.to_string());
-                        }
-                        all
-                    });
+                m.adapters = adapters_of(labels);
             }
             Signal::LoraInfo => {}
         }
     }
+    judge(
+        m,
+        (saw_waiting, saw_running),
+        names_load,
+        (well_formed, evidence),
+        implausible,
+    )
+}
+
+/// What a read page is: a load report (both load gauges named and summed), a page of figures
+/// kvroute does not know, or not a metrics page at all.
+fn judge(
+    mut m: PodMetrics,
+    (saw_waiting, saw_running): (bool, bool),
+    names_load: bool,
+    (well_formed, evidence): (bool, bool),
+    implausible: u32,
+) -> Result<Page, PromError> {
     if names_load {
         // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could
         // not carry it (JSON has no infinity) and no worker would read the table.
@@ -288,6 +286,36 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         figures: Figures::Unknown,
         implausible,
     })
+}
+
+/// The KV cache's geometry from a cache-info sample's labels (vLLM's `block_size` and
+/// `num_gpu_blocks`, SGLang's `page_size` and `num_pages`); returns how many figures were
+/// implausible and ignored.
+fn read_cache_info(m: &mut PodMetrics, labels: &str) -> u32 {
+    let block = label(labels, "block_size").or_else(|| label(labels, "page_size"));
+    let blocks = label(labels, "num_gpu_blocks").or_else(|| label(labels, "num_pages"));
+    let block: Option<u32> = block.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
+    let blocks: Option<u64> = blocks.and_then(|v| v.parse().ok()).filter(|v| *v > 0);
+    m.block_size = block.filter(|v| *v <= MAX_BLOCK_TOKENS);
+    m.num_gpu_blocks = blocks.filter(|v| *v <= MAX_GPU_BLOCKS);
+    u32::from(block.is_some() && m.block_size.is_none())
+        + u32::from(blocks.is_some() && m.num_gpu_blocks.is_none())
+}
+
+/// The adapters a LoRA info sample names running or waiting, each once.
+fn adapters_of(labels: &str) -> Vec<String> {
+    ["running_lora_adapters", "waiting_lora_adapters"]
+        .iter()
+        .filter_map(|key| label(labels, key))
+        .flat_map(|list| list.split(','))
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .fold(Vec::new(), |mut all, a| {
+            if !all.iter().any(|x| x == a) {
+                all.push(a.to_string());
+            }
+            all
+        })
 }
 
 struct Sample<'a> {

@@ -71,6 +71,7 @@ mod pyjson;
 #[cfg(any(test, feature = "testing"))]
 pub mod reference;
 mod responses;
+mod scan;
 mod top;
 
 use serde::de::DeserializeSeed;

@@ -158,7 +158,6 @@ struct Entry {
     matched: usize,
 }
 
-#[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
 pub fn pick(
     config: &SelectionConfig<'_>,
     pods: &[&PodView<'_>],
@@ -181,40 +180,7 @@ pub fn pick(
             matched: pod.matched_blocks,
         })
         .collect();
-    let best = entries
-        .iter()
-        .filter(|e| !e.guarded)
-        .map(|e| e.cost)
-        .fold(f64::INFINITY, f64::min);
-    let best_ttft = entries
-        .iter()
-        .filter(|e| !e.guarded)
-        .map(|e| e.ttft)
-        .fold(f64::INFINITY, f64::min);
-    let band = best * (1.0 + config.tie_band);
-    let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
-    let min_load_in_band = entries
-        .iter()
-        .filter(|e| !e.guarded && e.cost <= band)
-        .map(|e| load_of(e.index))
-        .fold(f64::INFINITY, f64::min);
-    for e in &mut entries {
-        e.tied = !e.guarded
-            && e.cost <= band
-            && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
-    }
-    let held_by_tied = entries
-        .iter()
-        .filter(|e| e.tied)
-        .map(|e| e.matched)
-        .max()
-        .unwrap_or(0);
-    let key = tie_key(held_by_tied, request);
-    for e in &mut entries {
-        e.rank = pods
-            .get(e.index)
-            .map_or(0, |p| rendezvous_rank(key, p.addr));
-    }
+    mark_ties(config, pods, &mut entries, request);
     // Unguarded before guarded; ties first, by rendezvous; then the rest by cost, rendezvous
     // breaking exact equality.
     entries.sort_by(|a, b| {
@@ -230,45 +196,11 @@ pub fn pick(
             })
             .then_with(|| b.rank.cmp(&a.rank))
     });
+    if let Err(rejection) = order_for_slo(&mut entries, request) {
+        return Decision::NoEndpoint(rejection);
+    }
+    let (pinned, stored) = pins(config, pods, &mut entries, request);
     let slo = request.hints.slo;
-    if slo.is_set() {
-        if entries.iter().any(|e| e.meets_slo && !e.guarded) {
-            // Meeting pods first, most-cached first; the order within equal matches stands.
-            entries.sort_by(|a, b| {
-                (b.meets_slo && !b.guarded)
-                    .cmp(&(a.meets_slo && !a.guarded))
-                    .then_with(|| {
-                        if a.meets_slo && b.meets_slo {
-                            b.matched.cmp(&a.matched)
-                        } else {
-                            std::cmp::Ordering::Equal
-                        }
-                    })
-            });
-        } else if request.hints.priority < 0 {
-            return Decision::NoEndpoint(Rejection::SloUnattainable);
-        }
-    }
-    let pinned = request.hints.session.and_then(|key| {
-        let (i, _) = pods
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
-        let e = entries.iter().find(|e| e.index == i)?;
-        let slow = e.ttft > best_ttft * config.session_max_slowdown;
-        let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
-        (!e.guarded && !slow && !misses).then_some(i)
-    });
-    let stored = request.hints.stored_at.and_then(|key| {
-        pods.iter()
-            .position(|p| crate::stored_responses::addr_key(p.addr) == key)
-    });
-    for i in [pinned, stored].into_iter().flatten() {
-        if let Some(at) = entries.iter().position(|e| e.index == i) {
-            let entry = entries.remove(at);
-            entries.insert(0, entry);
-        }
-    }
     let ranked: Vec<Choice> = entries
         .iter()
         .take(config.max_endpoints_in_header)
@@ -294,4 +226,106 @@ pub fn pick(
         return Decision::NoEndpoint(Rejection::NoPods);
     }
     Decision::Route { ranked, reason }
+}
+
+/// Marks the unguarded entries within the tie band of the cheapest (and within the load slack of
+/// the least loaded among those) as tied, and gives every entry its rendezvous rank for the
+/// request's tie key.
+fn mark_ties(
+    config: &SelectionConfig<'_>,
+    pods: &[&PodView<'_>],
+    entries: &mut [Entry],
+    request: &RouteRequest<'_>,
+) {
+    let best = entries
+        .iter()
+        .filter(|e| !e.guarded)
+        .map(|e| e.cost)
+        .fold(f64::INFINITY, f64::min);
+    let band = best * (1.0 + config.tie_band);
+    let load_of = |i: usize| pods.get(i).map_or(f64::INFINITY, |p| p.load());
+    let min_load_in_band = entries
+        .iter()
+        .filter(|e| !e.guarded && e.cost <= band)
+        .map(|e| load_of(e.index))
+        .fold(f64::INFINITY, f64::min);
+    for e in entries.iter_mut() {
+        e.tied = !e.guarded
+            && e.cost <= band
+            && load_of(e.index) <= min_load_in_band + config.rendezvous_load_slack;
+    }
+    let held_by_tied = entries
+        .iter()
+        .filter(|e| e.tied)
+        .map(|e| e.matched)
+        .max()
+        .unwrap_or(0);
+    let key = tie_key(held_by_tied, request);
+    for e in entries.iter_mut() {
+        e.rank = pods
+            .get(e.index)
+            .map_or(0, |p| rendezvous_rank(key, p.addr));
+    }
+}
+
+/// With a latency objective: the pods meeting it first, most-cached first (the order within
+/// equal matches stands). None meeting it: a sheddable request (negative priority) is refused.
+fn order_for_slo(entries: &mut [Entry], request: &RouteRequest<'_>) -> Result<(), Rejection> {
+    if !request.hints.slo.is_set() {
+        return Ok(());
+    }
+    if entries.iter().any(|e| e.meets_slo && !e.guarded) {
+        entries.sort_by(|a, b| {
+            (b.meets_slo && !b.guarded)
+                .cmp(&(a.meets_slo && !a.guarded))
+                .then_with(|| {
+                    if a.meets_slo && b.meets_slo {
+                        b.matched.cmp(&a.matched)
+                    } else {
+                        std::cmp::Ordering::Equal
+                    }
+                })
+        });
+    } else if request.hints.priority < 0 {
+        return Err(Rejection::SloUnattainable);
+    }
+    Ok(())
+}
+
+/// Moves the session's pod (unless guarded, much slower than the best, or missing an objective
+/// another meets) and then the pod storing the previous response to the front; returns the
+/// indexes of each that was pinned.
+fn pins(
+    config: &SelectionConfig<'_>,
+    pods: &[&PodView<'_>],
+    entries: &mut Vec<Entry>,
+    request: &RouteRequest<'_>,
+) -> (Option<usize>, Option<usize>) {
+    let best_ttft = entries
+        .iter()
+        .filter(|e| !e.guarded)
+        .map(|e| e.ttft)
+        .fold(f64::INFINITY, f64::min);
+    let slo = request.hints.slo;
+    let pinned = request.hints.session.and_then(|key| {
+        let (i, _) = pods
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, p)| rendezvous_rank(key, p.addr))?;
+        let e = entries.iter().find(|e| e.index == i)?;
+        let slow = e.ttft > best_ttft * config.session_max_slowdown;
+        let misses = slo.is_set() && !e.meets_slo && entries.iter().any(|o| o.meets_slo);
+        (!e.guarded && !slow && !misses).then_some(i)
+    });
+    let stored = request.hints.stored_at.and_then(|key| {
+        pods.iter()
+            .position(|p| crate::stored_responses::addr_key(p.addr) == key)
+    });
+    for i in [pinned, stored].into_iter().flatten() {
+        if let Some(at) = entries.iter().position(|e| e.index == i) {
+            let entry = entries.remove(at);
+            entries.insert(0, entry);
+        }
+    }
+    (pinned, stored)
 }

@@ -39,35 +39,11 @@ pub(super) fn dispatch(
 }
 
 impl Vm {
-    #[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
     pub(super) fn lead(&mut self, host: &mut dyn Host, now: u64) {
         let Some(mut st) = self.leader.take() else {
             return;
         };
-        for _ in 0..MAX_DRAIN_PER_TICK {
-            let Some(bytes) = host.queue_pop(st.queue) else {
-                break;
-            };
-            match Message::decode(&bytes) {
-                Some(Message::Observation { observation, .. }) => {
-                    self.router.affinity.observe(&observation);
-                    st.pending.push(Change::Observed(observation));
-                }
-                Some(Message::Eviction { eviction, .. }) => {
-                    self.router.affinity.forget(&eviction);
-                    st.pending.push(Change::Forgotten(eviction));
-                }
-                Some(Message::Verdicts { pods, .. }) => {
-                    for (addr, tally) in pods {
-                        st.book.on_outcomes(&self.config, &addr, tally, now);
-                    }
-                }
-                None => log::debug!("kvroute: dropped an undecodable queue message"),
-            }
-        }
-        for (addr, tally) in std::mem::take(&mut self.verdicts) {
-            st.book.on_outcomes(&self.config, &addr, tally, now);
-        }
+        self.drain_queue(host, &mut st, now);
         if !self.still_leads(host) {
             // Paused between the election and here (a stopped worker thread) for longer than the
             // lease: another VM leads now, and this one's writes would overwrite its pages and table.
@@ -93,6 +69,51 @@ impl Vm {
                 );
             }
         }
+        self.poll_pods(host, &mut st, now);
+        self.ask_peers(host, &mut st, now);
+        self.list_models(host, &mut st, now);
+        let table = st.book.table(now);
+        // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
+        // cost no write and no parse.
+        if st.published_pods.as_ref() != Some(&table.pods) {
+            let _ = host.shared_set(LOAD_KEY, &table.encode(), None);
+            st.published_pods = Some(table.pods.clone());
+        }
+        self.publish_gauges(host, &table, now);
+        self.leader = Some(st);
+    }
+
+    /// What the workers sent through the shared queue (observations, evictions, request
+    /// verdicts), at most `MAX_DRAIN_PER_TICK` messages, and this VM's own verdicts.
+    fn drain_queue(&mut self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
+        for _ in 0..MAX_DRAIN_PER_TICK {
+            let Some(bytes) = host.queue_pop(st.queue) else {
+                break;
+            };
+            match Message::decode(&bytes) {
+                Some(Message::Observation { observation, .. }) => {
+                    self.router.affinity.observe(&observation);
+                    st.pending.push(Change::Observed(observation));
+                }
+                Some(Message::Eviction { eviction, .. }) => {
+                    self.router.affinity.forget(&eviction);
+                    st.pending.push(Change::Forgotten(eviction));
+                }
+                Some(Message::Verdicts { pods, .. }) => {
+                    for (addr, tally) in pods {
+                        st.book.on_outcomes(&self.config, &addr, tally, now);
+                    }
+                }
+                None => log::debug!("kvroute: dropped an undecodable queue message"),
+            }
+        }
+        for (addr, tally) in std::mem::take(&mut self.verdicts) {
+            st.book.on_outcomes(&self.config, &addr, tally, now);
+        }
+    }
+
+    /// Sends the `/metrics` polls that are due, each noting what this gateway had on the pod.
+    fn poll_pods(&mut self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
         let polling: hashbrown::HashSet<String> =
             st.polls.values().map(|(a, _, _)| a.clone()).collect();
         let due = st.book.poll_due(&self.config, now);
@@ -131,7 +152,10 @@ impl Vm {
                 }
             }
         }
-        self.ask_peers(host, &mut st, now);
+    }
+
+    /// Sends the `/v1/models` calls that are due (one per pod at a time).
+    fn list_models(&self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
         let listing: hashbrown::HashSet<String> = st.model_polls.values().cloned().collect();
         for addr in st.book.models_due(&self.config, now) {
             if listing.contains(&addr) {
@@ -149,15 +173,6 @@ impl Vm {
                 st.model_polls.insert(token, addr);
             }
         }
-        let table = st.book.table(now);
-        // Every VM re-reads the table when it changes; unchanged ticks (most of them, between polls)
-        // cost no write and no parse.
-        if st.published_pods.as_ref() != Some(&table.pods) {
-            let _ = host.shared_set(LOAD_KEY, &table.encode(), None);
-            st.published_pods = Some(table.pods.clone());
-        }
-        self.publish_gauges(host, &table, now);
-        self.leader = Some(st);
     }
 
     /// Asks the other gateway replicas that are due for the pages they published since the last

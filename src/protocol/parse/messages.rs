@@ -22,11 +22,12 @@
 //! The three members are captured whole while the body is read (their order in the body does not
 //! matter) and rendered here once it has been.
 
-use super::chat::{as_str, push_media, scan};
+use super::chat::push_media;
 use super::json::skip_map;
 use super::json::{sub_parse, Canonical, Sink};
 use super::pyjson::PyJson;
 use super::responses::push_message;
+use super::scan::{as_str, scan};
 use super::{FIELD_SEP, MESSAGE_END, ROLE_SEP};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -387,7 +388,6 @@ fn render_part(
 
 /// A user message's `tool_result` block as the tool message vLLM puts before that message (and
 /// the user message of its images, and the tool message of its tool references, after it).
-#[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
 fn render_tool_result(
     sink: &mut Sink,
     block: &RawValue,
@@ -398,15 +398,7 @@ fn render_tool_result(
         return Ok(());
     }
     let call_id = found.string("tool_use_id").unwrap_or("");
-    let open_tool_message = |sink: &mut Sink| {
-        sink.extend(b"tool");
-        sink.push(FIELD_SEP);
-        sink.extend(b"tool_call_id");
-        sink.push(ROLE_SEP);
-        sink.extend(call_id.as_bytes());
-        sink.push(ROLE_SEP);
-    };
-    open_tool_message(sink);
+    open_tool_message(sink, call_id);
     let content = found.raw("content");
     let items = depth + 2;
     if let Some(content) = content {
@@ -432,7 +424,26 @@ fn render_tool_result(
     let Some(content) = content else {
         return Ok(());
     };
-    // Its images, as one user message of image parts.
+    render_result_images(sink, content, items)?;
+    render_tool_references(sink, content, items, call_id)
+}
+
+/// A tool message's opening: role, the call id it answers.
+fn open_tool_message(sink: &mut Sink, call_id: &str) {
+    sink.extend(b"tool");
+    sink.push(FIELD_SEP);
+    sink.extend(b"tool_call_id");
+    sink.push(ROLE_SEP);
+    sink.extend(call_id.as_bytes());
+    sink.push(ROLE_SEP);
+}
+
+/// A tool result's images, as one user message of image parts (nothing without images).
+fn render_result_images(
+    sink: &mut Sink,
+    content: &RawValue,
+    items: usize,
+) -> Result<(), serde_json::Error> {
     let at = sink.len();
     sink.extend(b"user");
     sink.push(ROLE_SEP);
@@ -459,9 +470,19 @@ fn render_tool_result(
     } else {
         sink.truncate(at);
     }
-    // Its tool references, as one tool message whose parts are `{"name":..,"type":"tool_reference"}`.
+    Ok(())
+}
+
+/// A tool result's tool references, as one tool message whose parts are
+/// `{"name":..,"type":"tool_reference"}` (nothing without references).
+fn render_tool_references(
+    sink: &mut Sink,
+    content: &RawValue,
+    items: usize,
+    call_id: &str,
+) -> Result<(), serde_json::Error> {
     let at = sink.len();
-    open_tool_message(sink);
+    open_tool_message(sink, call_id);
     let mut references = 0usize;
     for_each(content, |item| {
         let item_found = scan(item, items, &["type", "tool_name", "name"], &[])?;

@@ -11,8 +11,9 @@
 //!   before is not one (reasoning itself is not rendered, as in chat); any other item is a chat
 //!   message (`input_text` / `output_text` parts are text, an `input_image` its `image_url`).
 
-use super::chat::{push_call, scan, Content, Dialect, Message, StringOrNone};
+use super::chat::{push_call, Content, Dialect, Message};
 use super::json::{enter, skip_map, sub_parse, Canonical, Form, Sink};
+use super::scan::{scan, Scan, StringOrNone};
 use super::{FIELD_SEP, MESSAGE_END, ROLE_SEP};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -87,7 +88,6 @@ fn reopen(sink: &mut Sink) -> bool {
     true
 }
 
-#[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
 fn render_item(
     sink: &mut Sink,
     item: &RawValue,
@@ -101,121 +101,20 @@ fn render_item(
         &["content", "call_id", "name", "arguments", "output"],
     )?;
     let inner = depth + 1;
-    let prev_assistant = last.filter(|l| l.assistant);
     match found.string("type") {
-        Some("function_call") => {
-            let (name, arguments) = (found.raw("name"), found.raw("arguments"));
-            if prev_assistant.is_some_and(|l| l.calls_mergeable) && reopen(sink) {
-                push_call(sink, name, arguments, inner)?;
-                sink.push(MESSAGE_END);
-            } else {
-                let content_at = open_assistant(sink);
-                push_call(sink, name, arguments, inner)?;
-                sink.push(MESSAGE_END);
-                *last = Some(Last {
-                    assistant: true,
-                    content_none: true,
-                    content_at,
-                    calls_mergeable: true,
-                    reasoning: false,
-                });
-            }
-            return Ok(());
-        }
+        Some("function_call") => return render_function_call(sink, &found, inner, last),
         Some("reasoning") => {
-            match last.as_mut().filter(|l| l.assistant && !l.reasoning) {
-                Some(l) => l.reasoning = true,
-                None => {
-                    let content_at = open_assistant(sink);
-                    sink.push(MESSAGE_END);
-                    *last = Some(Last {
-                        assistant: true,
-                        content_none: true,
-                        content_at,
-                        calls_mergeable: true,
-                        reasoning: true,
-                    });
-                }
-            }
+            render_reasoning(sink, last);
             return Ok(());
         }
         Some("function_call_output" | "custom_tool_call_output") => {
-            sink.extend(b"tool");
-            if let Some(call_id) = found.raw("call_id") {
-                let at = sink.len();
-                sink.push(FIELD_SEP);
-                sink.extend(b"tool_call_id");
-                sink.push(ROLE_SEP);
-                let null = sub_parse(
-                    call_id,
-                    Canonical {
-                        sink: &mut *sink,
-                        depth: inner,
-                        form: Form::Scalar,
-                    },
-                )?;
-                if null {
-                    sink.truncate(at);
-                }
-            }
-            let content_at = sink.len() + 1;
-            sink.push(ROLE_SEP);
-            let content_none = match found.raw("output") {
-                Some(output) => sub_parse(
-                    output,
-                    Content {
-                        sink: &mut *sink,
-                        depth: inner,
-                        dialect: Dialect::Responses,
-                    },
-                )?,
-                None => true,
-            };
-            sink.push(MESSAGE_END);
-            *last = Some(Last {
-                assistant: false,
-                content_none,
-                content_at,
-                calls_mergeable: true,
-                reasoning: false,
-            });
-            return Ok(());
+            return render_call_output(sink, &found, inner, last);
         }
         _ => {}
     }
     if found.string("role") == Some("assistant") {
         if let Some(text) = assistant_text(found.raw("content"))? {
-            let content = |sink: &mut Sink| {
-                sub_parse(
-                    text,
-                    Content {
-                        sink,
-                        depth: inner,
-                        dialect: Dialect::Responses,
-                    },
-                )
-            };
-            match last.as_mut().filter(|l| l.assistant && l.content_none) {
-                Some(l) => {
-                    let at = sink.len();
-                    content(sink)?;
-                    sink.move_tail_to(l.content_at, sink.len() - at);
-                    l.content_none = false;
-                }
-                None => {
-                    let content_at = open_assistant(sink);
-                    content(sink)?;
-                    sink.push(MESSAGE_END);
-                    *last = Some(Last {
-                        assistant: true,
-                        content_none: false,
-                        content_at,
-                        calls_mergeable: true,
-                        reasoning: false,
-                    });
-                }
-            }
-            return Ok(());
+            return render_assistant_text(sink, text, inner, last);
         }
     }
     let info = sub_parse(
@@ -233,6 +132,142 @@ fn render_item(
         calls_mergeable: info.calls_mergeable,
         reasoning: false,
     });
+    Ok(())
+}
+
+/// A `function_call` item: a tool call, merged into the assistant message before it where vLLM
+/// merges it.
+fn render_function_call(
+    sink: &mut Sink,
+    found: &Scan<'_>,
+    inner: usize,
+    last: &mut Option<Last>,
+) -> Result<(), serde_json::Error> {
+    let (name, arguments) = (found.raw("name"), found.raw("arguments"));
+    let prev_assistant = last.filter(|l| l.assistant);
+    if prev_assistant.is_some_and(|l| l.calls_mergeable) && reopen(sink) {
+        push_call(sink, name, arguments, inner)?;
+        sink.push(MESSAGE_END);
+    } else {
+        let content_at = open_assistant(sink);
+        push_call(sink, name, arguments, inner)?;
+        sink.push(MESSAGE_END);
+        *last = Some(Last {
+            assistant: true,
+            content_none: true,
+            content_at,
+            calls_mergeable: true,
+            reasoning: false,
+        });
+    }
+    Ok(())
+}
+
+/// A `reasoning` item: marks the assistant message before it, or opens an empty one.
+fn render_reasoning(sink: &mut Sink, last: &mut Option<Last>) {
+    match last.as_mut().filter(|l| l.assistant && !l.reasoning) {
+        Some(l) => l.reasoning = true,
+        None => {
+            let content_at = open_assistant(sink);
+            sink.push(MESSAGE_END);
+            *last = Some(Last {
+                assistant: true,
+                content_none: true,
+                content_at,
+                calls_mergeable: true,
+                reasoning: true,
+            });
+        }
+    }
+}
+
+/// A tool call's output: a tool message with its call id.
+fn render_call_output(
+    sink: &mut Sink,
+    found: &Scan<'_>,
+    inner: usize,
+    last: &mut Option<Last>,
+) -> Result<(), serde_json::Error> {
+    sink.extend(b"tool");
+    if let Some(call_id) = found.raw("call_id") {
+        let at = sink.len();
+        sink.push(FIELD_SEP);
+        sink.extend(b"tool_call_id");
+        sink.push(ROLE_SEP);
+        let null = sub_parse(
+            call_id,
+            Canonical {
+                sink: &mut *sink,
+                depth: inner,
+                form: Form::Scalar,
+            },
+        )?;
+        if null {
+            sink.truncate(at);
+        }
+    }
+    let content_at = sink.len() + 1;
+    sink.push(ROLE_SEP);
+    let content_none = match found.raw("output") {
+        Some(output) => sub_parse(
+            output,
+            Content {
+                sink: &mut *sink,
+                depth: inner,
+                dialect: Dialect::Responses,
+            },
+        )?,
+        None => true,
+    };
+    sink.push(MESSAGE_END);
+    *last = Some(Last {
+        assistant: false,
+        content_none,
+        content_at,
+        calls_mergeable: true,
+        reasoning: false,
+    });
+    Ok(())
+}
+
+/// An assistant item's text: the content of the assistant message before it when that has none,
+/// else a new assistant message.
+fn render_assistant_text(
+    sink: &mut Sink,
+    text: &RawValue,
+    inner: usize,
+    last: &mut Option<Last>,
+) -> Result<(), serde_json::Error> {
+    let content = |sink: &mut Sink| {
+        sub_parse(
+            text,
+            Content {
+                sink,
+                depth: inner,
+                dialect: Dialect::Responses,
+            },
+        )
+    };
+    match last.as_mut().filter(|l| l.assistant && l.content_none) {
+        Some(l) => {
+            let at = sink.len();
+            content(sink)?;
+            sink.move_tail_to(l.content_at, sink.len() - at);
+            l.content_none = false;
+        }
+        None => {
+            let content_at = open_assistant(sink);
+            content(sink)?;
+            sink.push(MESSAGE_END);
+            *last = Some(Last {
+                assistant: true,
+                content_none: false,
+                content_at,
+                calls_mergeable: true,
+                reasoning: false,
+            });
+        }
+    }
     Ok(())
 }
 

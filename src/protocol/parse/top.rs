@@ -4,13 +4,14 @@
 //! `messages`); the prompt is put in its order (template fields, tools, instructions or system,
 //! messages) at the end, in place.
 
-use super::chat::{scan, Messages, StringOrNone};
+use super::chat::Messages;
 use super::json::{
     enter, skip_map, skip_seq, sub_parse, validate_raw, Canonical, Form, Piece, Sink, StrVisitor,
     Validate,
 };
 use super::messages;
 use super::responses::{push_message, Input};
+use super::scan::{scan, StringOrNone};
 use super::{Endpoint, MESSAGE_END, ROLE_SEP};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -191,6 +192,38 @@ impl<'de> Visitor<'de> for BoolOrNone {
     }
 }
 
+/// A routable prompt member: `prompt` (completions), `messages` (chat) or `input` (Responses).
+fn read_prompt<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    field: Field,
+    sink: &mut Sink,
+    depth: usize,
+) -> Result<bool, A::Error> {
+    match field {
+        Field::Prompt => map.next_value_seed(CompletionPrompt { sink, depth }),
+        Field::Messages => map.next_value_seed(Messages { sink, depth }),
+        _ => map.next_value_seed(Input { sink, depth }),
+    }
+}
+
+/// The `max_tokens` of a generate request's `sampling_params` (SGLang's `max_new_tokens`).
+fn sampling_max_tokens(
+    params: &RawValue,
+    endpoint: Endpoint,
+    depth: usize,
+) -> Result<Option<u64>, serde_json::Error> {
+    validate_raw(params, depth)?;
+    let key = match endpoint {
+        Endpoint::Generate => "max_new_tokens",
+        _ => "max_tokens",
+    };
+    let found = scan(params, depth, &[], &[key])?;
+    match found.raw(key) {
+        Some(max) => sub_parse(max, U64OrNone),
+        None => Ok(None),
+    }
+}
+
 /// Where each prompt-bearing member was rendered (the last of its key; `None`: absent or null).
 #[derive(Default)]
 struct Regions {
@@ -206,7 +239,6 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a request object")
     }
-    #[allow(clippy::too_many_lines)] // tools/size_allowlist.txt
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
         // Only the top object encloses its members.
         let depth = enter(0)?;
@@ -235,44 +267,23 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                     top.owned_field = true;
                     map.next_value_seed(Validate { depth })?;
                 }
-                Field::Prompt => {
-                    top.prompt = map.next_value_seed(CompletionPrompt {
-                        sink: &mut *sink,
-                        depth,
-                    })?;
-                    regions.prompt = Some((at, sink.len()));
-                }
-                Field::Messages => {
-                    top.prompt = map.next_value_seed(Messages {
-                        sink: &mut *sink,
-                        depth,
-                    })?;
-                    regions.prompt = Some((at, sink.len()));
-                }
-                Field::Input => {
-                    top.prompt = map.next_value_seed(Input {
-                        sink: &mut *sink,
-                        depth,
-                    })?;
+                field @ (Field::Prompt | Field::Messages | Field::Input) => {
+                    top.prompt = read_prompt(&mut map, field, sink, depth)?;
                     regions.prompt = Some((at, sink.len()));
                 }
                 Field::Instructions => {
-                    regions.instructions = match map.next_value_seed(StringOrNone { depth })? {
-                        Some(text) if !text.is_empty() => {
-                            push_message(sink, "system", &text);
-                            Some((at, sink.len()))
-                        }
-                        _ => None,
-                    };
+                    let text = map.next_value_seed(StringOrNone { depth })?;
+                    regions.instructions = text.filter(|t| !t.is_empty()).map(|text| {
+                        push_message(sink, "system", &text);
+                        (at, sink.len())
+                    });
                 }
                 Field::Tools | Field::Template(_) => {
                     let null = map.next_value_seed(Canonical::json(&mut *sink, depth))?;
-                    let region = if null {
+                    let region = (!null).then(|| (at, sink.len()));
+                    if null {
                         sink.truncate(at);
-                        None
-                    } else {
-                        Some((at, sink.len()))
-                    };
+                    }
                     match classify(self.endpoint, &key) {
                         Field::Template(i) => {
                             if let Some(slot) = regions.template.get_mut(i) {
@@ -284,16 +295,8 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 }
                 Field::SamplingParams => {
                     let params: &'de RawValue = map.next_value()?;
-                    validate_raw(params, depth).map_err(de::Error::custom)?;
-                    let key = match self.endpoint {
-                        Endpoint::Generate => "max_new_tokens",
-                        _ => "max_tokens",
-                    };
-                    let found = scan(params, depth, &[], &[key]).map_err(de::Error::custom)?;
-                    top.max_tokens = match found.raw(key) {
-                        Some(max) => sub_parse(max, U64OrNone).map_err(de::Error::custom)?,
-                        None => None,
-                    };
+                    top.max_tokens = sampling_max_tokens(params, self.endpoint, depth)
+                        .map_err(de::Error::custom)?;
                 }
                 Field::AnthropicSystem | Field::AnthropicMessages | Field::AnthropicTools => {
                     let raw: &'de RawValue = map.next_value()?;
