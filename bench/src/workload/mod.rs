@@ -14,11 +14,25 @@
 //! seeded order, and builds a slot's request body only when it is about to be sent
 //! ([`WorkloadGen::build_request`]), because a turn's body depends on the previous turn's reply
 //! ([`WorkloadGen::record_reply`]).
+//!
+//! One file per family, each implementing `Family` beside its parameters: `tenants` (multi-tenant
+//! and multi-tenant-stall), `sessions` (multi-turn and agent: sessions that resend their replies),
+//! `interference` (interference and long-unique), `shared_agent`, `unique` (unequal-pool).
 
-use std::collections::HashMap;
+mod interference;
+mod sessions;
+mod shared_agent;
+mod tenants;
+mod unique;
+
+pub use interference::InterferenceParams;
+pub use sessions::{AgentParams, MultiTurnParams};
+pub use shared_agent::SharedAgentParams;
+pub use tenants::MultiTenantParams;
+pub use unique::UniqueParams;
 
 use anyhow::{bail, ensure};
-use rand::distributions::{Distribution, WeightedIndex};
+use rand::distributions::Distribution;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -52,234 +66,6 @@ impl Api {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
-        }
-    }
-}
-
-/// Many tenants, each with its own long system prompt, asking short independent questions: the
-/// case where routing a tenant to the pod that holds its system prompt saves most of the prefill.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MultiTenantParams {
-    /// Number of tenants (distinct system prompts).
-    pub tenants: usize,
-    /// Words in each tenant's system prompt.
-    pub system_words: usize,
-    /// Words in each user question, inclusive range.
-    pub question_words: (usize, usize),
-    /// `max_tokens` of each request, inclusive range.
-    pub max_tokens: (u32, u32),
-    /// Zipf exponent of tenant popularity: 0 is uniform; 1 makes tenant 0 about T/ln T times as busy
-    /// as the average.
-    pub zipf_s: f64,
-}
-
-impl Default for MultiTenantParams {
-    fn default() -> Self {
-        Self {
-            tenants: 8,
-            system_words: 3000,
-            question_words: (40, 120),
-            max_tokens: (64, 256),
-            zipf_s: 0.0,
-        }
-    }
-}
-
-/// Chat conversations where every turn resends the whole conversation so far: the prefix grows by
-/// a question and a reply per turn, and only the pod that served the previous turn holds it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MultiTurnParams {
-    /// Conversations in progress at once; a finished one is replaced by a fresh one.
-    pub conversations: usize,
-    /// Turns per conversation.
-    pub turns: u32,
-    /// Words in each conversation's system prompt (distinct per conversation).
-    pub system_words: usize,
-    /// Words in each user message, inclusive range.
-    pub user_words: (usize, usize),
-    /// `max_tokens` of each turn, inclusive range.
-    pub max_tokens: (u32, u32),
-    /// Start the first sessions part-way through, with seeded stand-ins as their earlier replies, spread
-    /// evenly over the turns: the run is in its steady-state mix of short and long prompts from the
-    /// first request, and sessions end (and fresh ones start cold) one at a time instead of in waves.
-    pub stagger: bool,
-}
-
-impl Default for MultiTurnParams {
-    fn default() -> Self {
-        Self {
-            conversations: 16,
-            turns: 6,
-            system_words: 1000,
-            user_words: (40, 120),
-            max_tokens: (64, 256),
-            stagger: true,
-        }
-    }
-}
-
-/// Long-context agent sessions: a preamble shared by every session (tools, instructions), a large
-/// per-session context, and per step the previous output plus a tool result appended. With the
-/// defaults the prompt grows from ~6,000 to ~12,000 words over 8 steps (mean ~9,000) against ~200
-/// output tokens, the ≈45:1 input:output ratio of coding agents.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AgentParams {
-    /// Sessions in progress at once; a finished one is replaced by a fresh one.
-    pub sessions: usize,
-    /// Steps (requests) per session.
-    pub steps: u32,
-    /// Words in the preamble shared by all sessions.
-    pub preamble_words: usize,
-    /// Words in each session's initial context (task, files).
-    pub context_words: usize,
-    /// Words in each tool result appended after a step, inclusive range.
-    pub tool_result_words: (usize, usize),
-    /// `max_tokens` of each step, inclusive range.
-    pub max_tokens: (u32, u32),
-    /// Start the first sessions part-way through, with seeded stand-ins as their earlier replies, spread
-    /// evenly over the steps: the run is in its steady-state mix of short and long prompts from the
-    /// first request, and sessions end (and fresh ones start cold) one at a time instead of in waves.
-    pub stagger: bool,
-}
-
-impl Default for AgentParams {
-    fn default() -> Self {
-        Self {
-            sessions: 8,
-            steps: 8,
-            preamble_words: 1500,
-            context_words: 4500,
-            tool_result_words: (500, 800),
-            max_tokens: (150, 250),
-            stagger: true,
-        }
-    }
-}
-
-/// Prefill/decode interference: many long-running streaming decodes (short prompts, long outputs)
-/// with long uncached prompts (short outputs) arriving among them. Each arrival of the run's Poisson
-/// stream is a long prompt with probability `long_share`, else a stream, so both kinds arrive as
-/// Poisson streams of their own (at `rate × long_share` and `rate × (1 − long_share)`) and about
-/// `stream rate × stream lifetime` streams are running at any time. Every prompt is distinct text, so
-/// no prefix cache helps: a long prompt is a full prefill wherever it lands, which on a pod that also
-/// decodes stalls (or, with chunked prefill, slows) every stream it runs next to. Sessions are
-/// `stream-N` and `long-N` (N = the slot index), so a report can tell the two kinds apart.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct InterferenceParams {
-    /// Share of the arrivals that are long-prompt requests (0..=1).
-    pub long_share: f64,
-    /// Words in a stream's prompt, inclusive range.
-    pub stream_prompt_words: (usize, usize),
-    /// `max_tokens` of a stream, inclusive range.
-    pub stream_max_tokens: (u32, u32),
-    /// Words in a long prompt, inclusive range.
-    pub long_prompt_words: (usize, usize),
-    /// `max_tokens` of a long-prompt request, inclusive range.
-    pub long_max_tokens: (u32, u32),
-}
-
-impl Default for InterferenceParams {
-    fn default() -> Self {
-        Self {
-            long_share: 0.2,
-            stream_prompt_words: (50, 150),
-            stream_max_tokens: (400, 800),
-            long_prompt_words: (6000, 10000),
-            long_max_tokens: (16, 64),
-        }
-    }
-}
-
-impl InterferenceParams {
-    /// Session prefix of the streaming decodes.
-    pub const STREAM: &'static str = "stream";
-    /// Session prefix of the long-prompt requests.
-    pub const LONG: &'static str = "long";
-
-    /// Whether a session name (`stream-N`, `long-N`) is a long-prompt request.
-    pub fn is_long_session(session: &str) -> bool {
-        session
-            .strip_prefix(Self::LONG)
-            .is_some_and(|rest| rest.starts_with('-'))
-    }
-
-    /// Whether a session name is a streaming decode.
-    pub fn is_stream_session(session: &str) -> bool {
-        session
-            .strip_prefix(Self::STREAM)
-            .is_some_and(|rest| rest.starts_with('-'))
-    }
-}
-
-/// Independent agent calls on a pool where every pod already holds one shared long prefix (tools and
-/// instructions): each call is that prefix plus its own long, never-repeated context, so the prefix
-/// cannot decide where a call goes (every pod holds it) and the unique context is a full prefill
-/// wherever it lands. Sessions are `call-N` (N = the slot index). The prefix is sent to every pod
-/// before the run ([`WorkloadGen::prewarm_bodies`]), so "every pod holds it" is true from the first
-/// measured request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SharedAgentParams {
-    /// Words in the prefix every call starts with (and every pod holds).
-    pub prefix_words: usize,
-    /// Words in each call's own context, inclusive range.
-    pub context_words: (usize, usize),
-    /// `max_tokens` of each call, inclusive range.
-    pub max_tokens: (u32, u32),
-}
-
-impl Default for SharedAgentParams {
-    fn default() -> Self {
-        Self {
-            prefix_words: 4000,
-            context_words: (4500, 5500),
-            max_tokens: (200, 200),
-        }
-    }
-}
-
-/// Independent requests with unique prompts (nothing to cache): where a request goes is decided by
-/// load alone. Sessions are `req-N` (N = the slot index).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct UniqueParams {
-    /// Words in each prompt, inclusive range.
-    pub prompt_words: (usize, usize),
-    /// `max_tokens` of each request, inclusive range.
-    pub max_tokens: (u32, u32),
-}
-
-impl Default for UniqueParams {
-    fn default() -> Self {
-        Self {
-            prompt_words: (2000, 4000),
-            max_tokens: (64, 256),
-        }
-    }
-}
-
-impl InterferenceParams {
-    /// The `long-unique` workload: unique 8,000-word prompts with few output tokens, 8% of the
-    /// arrivals, among streaming decodes of short prompts and long outputs.
-    pub fn long_unique() -> Self {
-        Self {
-            long_share: 0.08,
-            stream_prompt_words: (50, 150),
-            stream_max_tokens: (400, 800),
-            long_prompt_words: (8000, 8000),
-            long_max_tokens: (8, 32),
-        }
-    }
-}
-
-impl MultiTenantParams {
-    /// The `multi-tenant-stall` workload: 12 tenants with 6,000-word system prompts and short
-    /// questions (run on an engine whose prefills run whole and stall the decodes beside them).
-    pub fn stall() -> Self {
-        Self {
-            tenants: 12,
-            system_words: 6000,
-            question_words: (20, 60),
-            max_tokens: (64, 256),
-            zipf_s: 0.0,
         }
     }
 }
@@ -567,125 +353,38 @@ pub struct PlannedRequest {
     pub prompt_words: usize,
 }
 
-/// Recorded replies of one multi-turn conversation or agent session.
-#[derive(Debug, Default)]
-struct SessionState {
-    /// The conversation's system prompt or the agent session's context, generated once: rebuilding
-    /// ~10,000 words per request would make a debug-build driver CPU-bound.
-    base: Option<String>,
-    /// Per turn: the user message (multi-turn) or the tool result appended before it (agent), and
-    /// the turn's `max_tokens`.
-    inputs: HashMap<u32, (String, u32)>,
-    /// Per turn: what the server returned, or the stand-in.
-    replies: HashMap<u32, String>,
+/// The completions-API rendering of a conversation: append-only, so a conversation's prompts still
+/// share their prefix from turn to turn.
+fn flatten(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str(m.role);
+        out.push_str(": ");
+        out.push_str(&m.content);
+        out.push_str("\n\n");
+    }
+    out.push_str("assistant:");
+    out
 }
 
-impl SessionState {
-    fn base(&mut self, make: impl FnOnce() -> String) -> String {
-        self.base.get_or_insert_with(make).clone()
+/// One workload family's generator: its sessions, what each request says, and what it keeps of
+/// the replies. [`WorkloadGen`] owns what every family shares: the arrivals, the slots' numbering
+/// and the request bodies. A new family is one file implementing this.
+trait Family: std::fmt::Debug + Send {
+    /// The session (name and id) and turn of slot `index`.
+    fn next_session(&mut self, index: u64) -> (String, u64, u32);
+    /// The messages of `slot`'s request, and its `max_tokens`.
+    fn messages(&mut self, seed: u64, vocab: &Vocab, slot: &Slot) -> (Vec<Message>, u32);
+    /// Whether a session's turns must run one after another (each resends the previous reply).
+    fn is_sequential(&self) -> bool {
+        false
     }
-
-    fn input(&mut self, t: u32, make: impl FnOnce() -> (String, u32)) -> (String, u32) {
-        self.inputs.entry(t).or_insert_with(make).clone()
+    /// What the server returned for `slot` (`None`: the request failed).
+    fn record_reply(&mut self, _slot: &Slot, _reply: Option<&str>) {}
+    /// Messages every pod must hold before the run (see [`WorkloadGen::prewarm_bodies`]).
+    fn prewarm(&self) -> Option<Vec<Message>> {
+        None
     }
-
-    /// The recorded reply of turn `t`, or its seeded stand-in of `max_tokens` words.
-    fn reply(&mut self, t: u32, max_tokens: u32, stand_in: impl FnOnce(u32) -> String) -> String {
-        self.replies
-            .entry(t)
-            .or_insert_with(|| stand_in(max_tokens))
-            .clone()
-    }
-}
-
-/// The rotation of session slots used by multi-turn and agent workloads.
-#[derive(Debug)]
-struct Rotation {
-    /// Session id currently occupying each slot, and the next turn it will be handed.
-    slots: Vec<(u64, u32)>,
-    /// Slot order, shuffled once: consecutive turns of one session are a full rotation apart, which
-    /// is the most time a session can get to finish its previous turn.
-    order: Vec<usize>,
-    next_id: u64,
-    turns_per_session: u32,
-}
-
-impl Rotation {
-    /// With `stagger`, the session in slot j starts at turn ⌊j·turns/n⌋ (see `MultiTurnParams::stagger`).
-    fn new(seed: u64, n: usize, turns_per_session: u32, stagger: bool) -> Self {
-        let mut order: Vec<usize> = (0..n).collect();
-        order.shuffle(&mut rng_for(seed, "rotation", 0, 0));
-        let first_turn = |j: u64| {
-            if stagger {
-                (j * u64::from(turns_per_session) / n.max(1) as u64) as u32
-            } else {
-                0
-            }
-        };
-        Self {
-            slots: (0..n as u64).map(|j| (j, first_turn(j))).collect(),
-            order,
-            next_id: n as u64,
-            turns_per_session,
-        }
-    }
-
-    /// The session and turn for the `index`-th slot; a session that has had all its turns is replaced.
-    fn next(&mut self, index: u64) -> (u64, u32) {
-        let pos = self
-            .order
-            .get((index % self.order.len().max(1) as u64) as usize)
-            .copied()
-            .unwrap_or(0);
-        let next_id = &mut self.next_id;
-        let turns_per_session = self.turns_per_session;
-        match self.slots.get_mut(pos) {
-            Some(slot) => {
-                if slot.1 >= turns_per_session {
-                    *slot = (*next_id, 0);
-                    *next_id += 1;
-                }
-                let out = *slot;
-                slot.1 += 1;
-                out
-            }
-            None => (0, 0),
-        }
-    }
-}
-
-#[derive(Debug)]
-enum Family {
-    MultiTenant {
-        p: MultiTenantParams,
-        prompts: Vec<String>,
-        pick: Option<WeightedIndex<f64>>,
-        pick_rng: Box<StdRng>,
-        counts: Vec<u32>,
-    },
-    MultiTurn {
-        p: MultiTurnParams,
-        rotation: Rotation,
-        sessions: HashMap<u64, SessionState>,
-    },
-    Agent {
-        p: AgentParams,
-        preamble: String,
-        rotation: Rotation,
-        sessions: HashMap<u64, SessionState>,
-    },
-    Interference {
-        p: InterferenceParams,
-        /// Draws each slot's kind, in slot order.
-        kind_rng: Box<StdRng>,
-    },
-    SharedAgent {
-        p: SharedAgentParams,
-        prefix: String,
-    },
-    Unique {
-        p: UniqueParams,
-    },
 }
 
 /// The stateful generator of one run's requests. See the module documentation.
@@ -702,7 +401,7 @@ pub struct WorkloadGen {
     clock_s: f64,
     next_index: u64,
     exhausted: bool,
-    family: Family,
+    family: Box<dyn Family>,
 }
 
 impl WorkloadGen {
@@ -714,42 +413,19 @@ impl WorkloadGen {
             Load::Open { rate } => Some((Exp::new(rate)?, rng_for(seed, "arrivals", 0, 0))),
             Load::Closed { .. } => None,
         };
-        let family = match &spec.workload {
+        let family: Box<dyn Family> = match &spec.workload {
             WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
-                let prompts = (0..p.tenants as u64)
-                    .map(|t| vocab.text(&mut rng_for(seed, "tenant-system", t, 0), p.system_words))
-                    .collect();
-                let weights: Vec<f64> = (0..p.tenants)
-                    .map(|k| 1.0 / ((k + 1) as f64).powf(p.zipf_s))
-                    .collect();
-                Family::MultiTenant {
-                    p: p.clone(),
-                    prompts,
-                    pick: WeightedIndex::new(weights).ok(),
-                    pick_rng: Box::new(rng_for(seed, "tenant-pick", 0, 0)),
-                    counts: vec![0; p.tenants],
-                }
+                Box::new(tenants::Tenants::new(seed, &vocab, p))
             }
-            WorkloadKind::MultiTurn(p) => Family::MultiTurn {
-                p: p.clone(),
-                rotation: Rotation::new(seed, p.conversations, p.turns, p.stagger),
-                sessions: HashMap::new(),
-            },
-            WorkloadKind::Agent(p) => Family::Agent {
-                p: p.clone(),
-                preamble: vocab.text(&mut rng_for(seed, "agent-preamble", 0, 0), p.preamble_words),
-                rotation: Rotation::new(seed, p.sessions, p.steps, p.stagger),
-                sessions: HashMap::new(),
-            },
-            WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => Family::Interference {
-                p: p.clone(),
-                kind_rng: Box::new(rng_for(seed, "interference-kind", 0, 0)),
-            },
-            WorkloadKind::SharedAgent(p) => Family::SharedAgent {
-                p: p.clone(),
-                prefix: vocab.text(&mut rng_for(seed, "shared-prefix", 0, 0), p.prefix_words),
-            },
-            WorkloadKind::UnequalPool(p) => Family::Unique { p: p.clone() },
+            WorkloadKind::MultiTurn(p) => Box::new(sessions::Conversations::new(seed, p)),
+            WorkloadKind::Agent(p) => Box::new(sessions::Agents::new(seed, &vocab, p)),
+            WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
+                Box::new(interference::Interference::new(seed, p))
+            }
+            WorkloadKind::SharedAgent(p) => {
+                Box::new(shared_agent::SharedAgent::new(seed, &vocab, p))
+            }
+            WorkloadKind::UnequalPool(p) => Box::new(unique::Unique { p: p.clone() }),
         };
         Ok(Self {
             seed,
@@ -769,7 +445,7 @@ impl WorkloadGen {
 
     /// Whether a session's turns must run one after another (each resends the previous reply).
     pub fn is_sequential(&self) -> bool {
-        matches!(self.family, Family::MultiTurn { .. } | Family::Agent { .. })
+        self.family.is_sequential()
     }
 
     /// The next slot, or `None` once the open-loop duration or `max_requests` is reached. The
@@ -797,39 +473,7 @@ impl WorkloadGen {
         };
         let index = self.next_index;
         self.next_index += 1;
-        let (session, session_id, turn) = match &mut self.family {
-            Family::MultiTenant {
-                pick,
-                pick_rng,
-                counts,
-                ..
-            } => {
-                let t = pick.as_ref().map(|w| w.sample(pick_rng)).unwrap_or(0);
-                let turn = counts.get(t).copied().unwrap_or(0);
-                if let Some(c) = counts.get_mut(t) {
-                    *c += 1;
-                }
-                (format!("tenant-{t}"), t as u64, turn)
-            }
-            Family::MultiTurn { rotation, .. } => {
-                let (id, turn) = rotation.next(index);
-                (format!("conv-{id}"), id, turn)
-            }
-            Family::Agent { rotation, .. } => {
-                let (id, turn) = rotation.next(index);
-                (format!("agent-{id}"), id, turn)
-            }
-            Family::Interference { p, kind_rng } => {
-                let kind = if kind_rng.gen_bool(p.long_share) {
-                    InterferenceParams::LONG
-                } else {
-                    InterferenceParams::STREAM
-                };
-                (format!("{kind}-{index}"), index, 0)
-            }
-            Family::SharedAgent { .. } => (format!("call-{index}"), index, 0),
-            Family::Unique { .. } => (format!("req-{index}"), index, 0),
-        };
+        let (session, session_id, turn) = self.family.next_session(index);
         Some(Slot {
             index,
             arrival_s,
@@ -843,117 +487,7 @@ impl WorkloadGen {
     /// turn was recorded with [`record_reply`](Self::record_reply); an unrecorded turn is filled with
     /// its stand-in.
     pub fn build_request(&mut self, slot: &Slot) -> PlannedRequest {
-        let seed = self.seed;
-        let vocab = &self.vocab;
-        let (messages, max_tokens) = match &mut self.family {
-            Family::MultiTenant { p, prompts, .. } => {
-                let mut rng = rng_for(seed, "tenant-question", slot.index, 0);
-                let n = rng.gen_range(p.question_words.0..=p.question_words.1);
-                let question = vocab.text(&mut rng, n);
-                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
-                let system = prompts
-                    .get(slot.session_id as usize)
-                    .cloned()
-                    .unwrap_or_default();
-                (
-                    vec![
-                        Message::new("system", system),
-                        Message::new("user", question),
-                    ],
-                    max_tokens,
-                )
-            }
-            Family::MultiTurn { p, sessions, .. } => {
-                let id = slot.session_id;
-                let state = sessions.entry(id).or_default();
-                let stand_in = |t: u32| {
-                    move |n: u32| {
-                        vocab.text(&mut rng_for(seed, "stand-in", id, u64::from(t)), n as usize)
-                    }
-                };
-                let system = state
-                    .base(|| vocab.text(&mut rng_for(seed, "conv-system", id, 0), p.system_words));
-                let mut messages = vec![Message::new("system", system)];
-                for t in 0..slot.turn {
-                    let (user, max_tokens) = state.input(t, || conv_turn(seed, vocab, p, id, t));
-                    messages.push(Message::new("user", user));
-                    let reply = state.reply(t, max_tokens, stand_in(t));
-                    messages.push(Message::new("assistant", reply));
-                }
-                let (user, max_tokens) =
-                    state.input(slot.turn, || conv_turn(seed, vocab, p, id, slot.turn));
-                messages.push(Message::new("user", user));
-                (messages, max_tokens)
-            }
-            Family::Agent {
-                p,
-                preamble,
-                sessions,
-                ..
-            } => {
-                let id = slot.session_id;
-                let state = sessions.entry(id).or_default();
-                let stand_in = |t: u32| {
-                    move |n: u32| {
-                        vocab.text(&mut rng_for(seed, "stand-in", id, u64::from(t)), n as usize)
-                    }
-                };
-                let context = state.base(|| {
-                    vocab.text(&mut rng_for(seed, "agent-context", id, 0), p.context_words)
-                });
-                let mut messages = vec![
-                    Message::new("system", preamble.clone()),
-                    Message::new("user", context),
-                ];
-                for t in 1..=slot.turn {
-                    let (_, prev_max) =
-                        state.input(t - 1, || agent_step(seed, vocab, p, id, t - 1));
-                    let reply = state.reply(t - 1, prev_max, stand_in(t - 1));
-                    messages.push(Message::new("assistant", reply));
-                    let (tool, _) = state.input(t, || agent_step(seed, vocab, p, id, t));
-                    messages.push(Message::new("user", tool));
-                }
-                let (_, max_tokens) =
-                    state.input(slot.turn, || agent_step(seed, vocab, p, id, slot.turn));
-                (messages, max_tokens)
-            }
-            Family::Interference { p, .. } => {
-                let long = InterferenceParams::is_long_session(&slot.session);
-                let (words, max_tokens) = if long {
-                    (p.long_prompt_words, p.long_max_tokens)
-                } else {
-                    (p.stream_prompt_words, p.stream_max_tokens)
-                };
-                let mut rng = rng_for(seed, "interference", slot.index, 0);
-                let n = rng.gen_range(words.0..=words.1);
-                let max_tokens = rng.gen_range(max_tokens.0..=max_tokens.1);
-                (
-                    vec![Message::new("user", vocab.text(&mut rng, n))],
-                    max_tokens,
-                )
-            }
-            Family::SharedAgent { p, prefix } => {
-                let mut rng = rng_for(seed, "shared-agent-call", slot.index, 0);
-                let n = rng.gen_range(p.context_words.0..=p.context_words.1);
-                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
-                (
-                    vec![
-                        Message::new("system", prefix.clone()),
-                        Message::new("user", vocab.text(&mut rng, n)),
-                    ],
-                    max_tokens,
-                )
-            }
-            Family::Unique { p } => {
-                let mut rng = rng_for(seed, "unique", slot.index, 0);
-                let n = rng.gen_range(p.prompt_words.0..=p.prompt_words.1);
-                let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
-                (
-                    vec![Message::new("user", vocab.text(&mut rng, n))],
-                    max_tokens,
-                )
-            }
-        };
+        let (messages, max_tokens) = self.family.messages(self.seed, &self.vocab, slot);
         let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
         let body = self.body(&messages, max_tokens);
         PlannedRequest {
@@ -967,25 +501,7 @@ impl WorkloadGen {
     /// Records what the server returned for `slot` (`None` if the request failed, in which case the
     /// seeded stand-in is resent instead). Forgets a session after its last turn.
     pub fn record_reply(&mut self, slot: &Slot, reply: Option<&str>) {
-        let (sessions, last) = match &mut self.family {
-            Family::MultiTenant { .. }
-            | Family::Interference { .. }
-            | Family::SharedAgent { .. }
-            | Family::Unique { .. } => return,
-            Family::MultiTurn { p, sessions, .. } => (sessions, p.turns),
-            Family::Agent { p, sessions, .. } => (sessions, p.steps),
-        };
-        if slot.turn + 1 >= last {
-            sessions.remove(&slot.session_id);
-            return;
-        }
-        if let Some(text) = reply {
-            sessions
-                .entry(slot.session_id)
-                .or_default()
-                .replies
-                .insert(slot.turn, text.to_owned());
-        }
+        self.family.record_reply(slot, reply);
     }
 
     /// Requests to send to *every* pod directly (not through the router) before the run, so that
@@ -993,10 +509,10 @@ impl WorkloadGen {
     /// system message (one output token, not streamed). Empty for the other workloads. A pure
     /// function of the spec.
     pub fn prewarm_bodies(&self) -> Vec<Value> {
-        let Family::SharedAgent { prefix, .. } = &self.family else {
+        let Some(messages) = self.family.prewarm() else {
             return Vec::new();
         };
-        let mut body = self.body(&[Message::new("system", prefix.clone())], 1);
+        let mut body = self.body(&messages, 1);
         if let Value::Object(map) = &mut body {
             map.insert("stream".into(), json!(false));
             map.remove("stream_options");
@@ -1019,40 +535,6 @@ impl WorkloadGen {
         }
         Value::Object(body)
     }
-}
-
-/// The completions-API rendering of a conversation: append-only, so a conversation's prompts still
-/// share their prefix from turn to turn.
-fn flatten(messages: &[Message]) -> String {
-    let mut out = String::new();
-    for m in messages {
-        out.push_str(m.role);
-        out.push_str(": ");
-        out.push_str(&m.content);
-        out.push_str("\n\n");
-    }
-    out.push_str("assistant:");
-    out
-}
-
-/// User message and `max_tokens` of turn `t` of conversation `id`.
-fn conv_turn(seed: u64, vocab: &Vocab, p: &MultiTurnParams, id: u64, t: u32) -> (String, u32) {
-    let mut rng = rng_for(seed, "conv-turn", id, u64::from(t));
-    let n = rng.gen_range(p.user_words.0..=p.user_words.1);
-    let user = vocab.text(&mut rng, n);
-    (user, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
-}
-
-/// Tool result appended before step `t` (empty for step 0) and `max_tokens` of step `t`.
-fn agent_step(seed: u64, vocab: &Vocab, p: &AgentParams, id: u64, t: u32) -> (String, u32) {
-    let mut rng = rng_for(seed, "agent-step", id, u64::from(t));
-    let n = rng.gen_range(p.tool_result_words.0..=p.tool_result_words.1);
-    let tool = if t == 0 {
-        String::new()
-    } else {
-        vocab.text(&mut rng, n)
-    };
-    (tool, rng.gen_range(p.max_tokens.0..=p.max_tokens.1))
 }
 
 #[cfg(test)]
