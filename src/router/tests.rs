@@ -612,7 +612,10 @@ fn an_observation_travels_from_one_vm_to_another() {
     );
 }
 
+/// One token per word (the tiktoken-mode test's tokenizer).
+#[cfg(feature = "tiktoken")]
 struct Words;
+#[cfg(feature = "tiktoken")]
 impl Tokenizer for Words {
     fn encode(&self, text: &str) -> Vec<u32> {
         text.split_whitespace().map(|w| w.len() as u32).collect()
