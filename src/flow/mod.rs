@@ -21,7 +21,7 @@
 //!    blocks as soon as the request is routed (the next request with the same prefix must find it
 //!    even while this one is still prefilling), and only provisionally: a 2xx makes it final, a
 //!    4xx/5xx (the pod refused the request, or Envoy answered for an upstream that failed) withdraws
-//!    the blocks this request added, in every VM (`Provisional`).
+//!    the blocks this request added, in every VM (`affinity::AffinityLeg`).
 //! 5. [`RequestFlow::on_done`]: whatever is still counted stops counting.
 //!
 //! Files: `headers_step` (1), `body_steps` (2, the steps of the orchestrator here), `inline_pd`

@@ -61,7 +61,7 @@ impl PodLoad {
         };
         // Never capped by a response that reported fewer cached tokens than expected: that says
         // what the pod lost (a restart or a reset empties a cache that is as large as before),
-        // and the index forgets exactly that (`Router::on_cache_report`).
+        // and the index forgets exactly that (`crate::affinity::Affinity::on_cache_report`).
         reported
             .unwrap_or(u64::from(default_blocks))
             .min(u64::from(max_blocks)) as usize
