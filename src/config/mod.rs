@@ -322,11 +322,6 @@ impl Config {
             split_overhead_ms: self.pd.split_overhead_ms,
         }
     }
-
-    /// Bytes per block in chars mode.
-    pub fn block_bytes(&self) -> usize {
-        self.block.bytes()
-    }
 }
 
 /// The defaults, as an empty configuration gives them (tests and tools).
@@ -447,7 +442,7 @@ mod tests {
     fn empty_configuration_is_all_defaults() {
         let c = Config::parse(b"  ").unwrap();
         assert!(c.pools.is_empty());
-        assert_eq!(c.block_bytes(), 64);
+        assert_eq!(c.block.bytes(), 64);
     }
 
     #[test]

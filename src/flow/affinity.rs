@@ -93,16 +93,11 @@ impl AffinityLeg {
         }
         self.provisional.withdraw(vm, host, Some(primary));
         self.cache_check = None;
-        let Some(slot) = vm.router.affinity.slot_of(upstream) else {
+        let affinity = &vm.router.affinity;
+        if affinity.slot_of(upstream).is_none() {
             return true;
-        };
-        let held = vm
-            .router
-            .affinity
-            .match_lengths(&hashes)
-            .get(slot)
-            .copied()
-            .unwrap_or(0);
+        }
+        let held = affinity.matched_of(&affinity.match_lengths(&hashes), upstream);
         self.provisional.add(upstream, &hashes, held);
         vm.observe(
             host,
