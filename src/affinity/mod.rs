@@ -7,7 +7,10 @@
 //!   listed pod, the leader's pages and snapshots applied, and the belief checked against the
 //!   cached tokens a response reports. Its hooks: a request routed (`expect_cache`, then the
 //!   observation `crate::vm` publishes), its `usage` read (`on_cache_report`), pods listed
-//!   (`list_pods`), a page (`apply_page`) or a snapshot (`load_snapshot`) read at a tick.
+//!   (`list_pods`), a page (`apply_page`) or a snapshot (`load_snapshot`) read at a tick;
+//! * `pages.rs` — the index across the VMs of one Envoy: the leader's delta pages and snapshots
+//!   in shared data (`Publisher`), a follower's `catch_up` on them, and what a routed request
+//!   needs to tell the leader at all (`RecentTouches`).
 //!
 //! Prefix keys: the canonical prompt cut into fixed-size blocks, each block's hash chained to the
 //! previous one, so block i's hash identifies the whole prompt up to the end of block i.
@@ -19,6 +22,7 @@
 
 mod holdings;
 pub mod index;
+pub mod pages;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
 

@@ -10,11 +10,16 @@
 //! of another format decode as empty; unreadable entries are skipped. Bounded: one row per live VM,
 //! one entry per pod.
 
-use crate::cost::Coefficients;
+use crate::cost::{Coefficients, Costs};
+use crate::port::Host;
 use crate::state::rows::{Entry, RowBoard};
+use crate::state::FITS_KEY;
 use hashbrown::HashMap;
 
 const FORMAT: &str = "kvroute-fits/1";
+/// A VM publishes its cost fits this often (they change slowly; read on every tick).
+pub const HEARTBEAT_MS: u64 = 1000;
+const ROW_TTL_MS: u64 = 10 * HEARTBEAT_MS;
 
 /// One VM's knowledge of one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +102,39 @@ impl FitBoard {
             out.entry_ref(f.addr.as_str()).or_default().push(f.clone());
         }
         out
+    }
+}
+
+/// This VM's side of the fits board: the key's version last adopted and when its row was written.
+#[derive(Debug, Default)]
+pub struct FitsRow {
+    last_write_ms: u64,
+    cas: Option<u32>,
+}
+
+impl FitsRow {
+    /// The tick's step: adopts the other VMs' fits when the key changed, and publishes this VM's
+    /// own at most once per heartbeat.
+    pub fn follow(&mut self, costs: &mut Costs, host: &mut dyn Host, vm: u64, now: u64) {
+        let (bytes, cas) = host.shared_get(FITS_KEY);
+        if cas != self.cas {
+            let board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+            costs.set_others_fits(board.others(vm, now, ROW_TTL_MS));
+            self.cas = cas;
+        }
+        if now.saturating_sub(self.last_write_ms) < HEARTBEAT_MS {
+            return;
+        }
+        let own = costs.own_fits();
+        if own.is_empty() {
+            return;
+        }
+        let mut board = bytes.as_deref().map(FitBoard::decode).unwrap_or_default();
+        board.put_row(vm, now, own, ROW_TTL_MS);
+        // One attempt: a lost race is retried on the next tick.
+        if host.shared_set(FITS_KEY, &board.encode(), cas).is_ok() {
+            self.last_write_ms = now;
+        }
     }
 }
 

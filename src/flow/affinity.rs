@@ -1,8 +1,8 @@
 //! Prefix affinity's part of one request, every hook in one place: what the index learns when the
 //! request is routed (provisionally, until the pod accepts it), where it moves when a retry took
 //! the request elsewhere, and the check of the index against the `usage` the response reports.
-//! The index itself and its pages are `crate::affinity`; the VM's side of sharing them is
-//! `crate::vm::prefix_sync`.
+//! The index itself and its pages are `crate::affinity`; what the VM tells the leader is
+//! `crate::vm` (`mailbox.rs`).
 
 use crate::metrics::{self, Counter};
 use crate::port::Host;

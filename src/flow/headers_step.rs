@@ -116,7 +116,7 @@ fn answer_here(
                 ("content-type", "application/octet-stream".to_string()),
                 ("cache-control", "no-store".to_string()),
             ],
-            body: crate::peers::answer(host, path, crate::vm::INFLIGHT_ROW_TTL_MS),
+            body: crate::peers::answer(host, path, crate::work::ROW_TTL_MS),
         });
     }
     if path.split('?').next() == Some("/metrics") {

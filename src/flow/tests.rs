@@ -577,7 +577,7 @@ fn the_work_board_hears_of_a_prefill_end_before_the_client_has_the_response() {
         let (vm, host) = &mut c.vms[1];
         let now = host.now_ms();
         let (board, _) = vm.read_inflight_board(host, now);
-        let work = board.others(1, now, crate::vm::INFLIGHT_ROW_TTL_MS);
+        let work = board.others(1, now, crate::work::ROW_TTL_MS);
         (
             work.values().map(|w| w.prefill_requests).sum::<u32>(),
             work.values().map(|w| w.inflight).sum::<u32>(),

@@ -9,9 +9,11 @@
 //! total are printed and held to their bounds.
 
 use super::*;
+use crate::affinity::pages::MAX_PAGE_BYTES;
 use crate::flow::{BodyOutcome, HeadersOutcome, RequestFlow};
 use crate::protocol::parse::{parse, Endpoint};
 use crate::router::MAX_BLOCKS_PER_REQUEST;
+use crate::state::{FITS_KEY, INFLIGHT_KEY, PAGE_RING, SNAPSHOT_KEY};
 use crate::testing::{FakeHost, Store};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap as StdMap, HashSet};

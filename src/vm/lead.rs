@@ -1,8 +1,8 @@
 //! The leader's step: drain observations, poll pods and the admin API, ask peers, publish the
 //! load table and the gauges; and the answers of those calls.
 
-use super::boards::put_board_row;
 use super::*;
+use crate::work::put_board_row;
 
 /// A GET through `cluster`; `credential` is the pool's `Authorization` value, for calls to pods
 /// (`pod_api_key`), never for the admin API.
@@ -55,7 +55,7 @@ impl Vm {
         }
         let ejected = st.book.update_health(&self.config, now);
         host.count(Counter::Ejections, u64::from(ejected));
-        self.publish_pages(host, &mut st);
+        st.pages.publish(&mut self.router.affinity, host);
         if st.book.discovery_due(&self.config, now) && st.admin_call.is_none() {
             if let Some(cluster) = &self.config.admin_cluster {
                 st.admin_call = dispatch(
@@ -93,11 +93,11 @@ impl Vm {
             match Message::decode(&bytes) {
                 Some(Message::Observation { observation, .. }) => {
                     self.router.affinity.observe(&observation);
-                    st.pending.push(Change::Observed(observation));
+                    st.pages.push(Change::Observed(observation));
                 }
                 Some(Message::Eviction { eviction, .. }) => {
                     self.router.affinity.forget(&eviction);
-                    st.pending.push(Change::Forgotten(eviction));
+                    st.pages.push(Change::Forgotten(eviction));
                 }
                 Some(Message::Verdicts { pods, .. }) => {
                     for (addr, tally) in pods {
@@ -292,7 +292,7 @@ impl Vm {
                         host.count(Counter::PeerBlocksLearned, blocks as u64);
                         self.router.affinity.apply_changes(&page);
                         page.from_peer = true;
-                        st.pending.push(Change::FromPeer(page));
+                        st.pages.push(Change::FromPeer(page));
                     }
                 }
                 peers::Pulled::Itself => {

@@ -10,20 +10,23 @@
 //! was kept while no leader existed, adopt a new load table, expire unseen prefills, rewrite this
 //! VM's work row when due, exchange fits, apply new pages).
 //!
+//! Each concern owns its step on shared data; the tick calls them: the prefix index's pages
+//! (`crate::affinity::pages`: the leader's [`Publisher`], a follower's `catch_up`), this VM's row on
+//! the work board (`crate::work::WorkRow`) and on the fits board (`crate::cost::fit_board::FitsRow`).
+//!
 //! Files: `election` (the lease), `lead` (the leader's step and its calls' answers), `leader`
-//! (polling and discovery state), `discovery` (the admin API's members), `prefix_sync` (the
-//! prefix index across VMs: observations in, pages out), `boards` (this VM's rows on the work and
-//! fits boards).
+//! (polling and discovery state), `discovery` (the admin API's members), `mailbox` (what this VM
+//! tells the leader through the shared queue).
 
-mod boards;
 pub mod discovery;
 mod election;
 mod lead;
 pub mod leader;
-mod prefix_sync;
+mod mailbox;
 
+use crate::affinity::pages::{self, Change, Publisher, RecentTouches};
 use crate::config::Config;
-use crate::cost::fit_board::FitBoard;
+use crate::cost::fit_board::FitsRow;
 use crate::health::{health_of, Health, Tally, Verdict};
 use crate::metrics::{self, Counter, Gauge};
 use crate::peers;
@@ -32,33 +35,17 @@ use crate::pod::prom::GatewayShare;
 use crate::port::{Host, HttpCall};
 use crate::router::{Router, Tokenizer};
 use crate::state::lease::{self, Lease};
-use crate::state::messages::{Message, Observation, Page};
+use crate::state::messages::{Message, Observation};
 use crate::state::{get_u64, set_u64};
-use crate::state::{
-    page_key, EPOCH_KEY, FITS_KEY, INFLIGHT_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, PAGE_RING,
-    QUEUE_ID_KEY, QUEUE_NAME, SNAPSHOT_EVERY_PAGES, SNAPSHOT_KEY,
-};
+use crate::state::{EPOCH_KEY, LEASE_KEY, LOAD_KEY, PAGE_HEAD_KEY, QUEUE_ID_KEY, QUEUE_NAME};
 use crate::vm::leader::{Leader, PollResult};
-use crate::work::{Board, PodWork};
+use crate::work::{Board, WorkRow};
 use hashbrown::HashMap;
 
 /// Queue messages the leader handles per tick at most, so one tick never stalls its worker.
 const MAX_DRAIN_PER_TICK: usize = 20_000;
-/// Observations per delta page: bounds one shared-data value (~ 8 bytes a block).
-const MAX_PAGE_BYTES: usize = 512 * 1024;
-/// Pages a request applies at most before routing; the rest wait for the next request or tick.
-const MAX_PAGES_PER_SYNC: u64 = 8;
 /// Observations kept while no leader has registered the queue (start-up only).
 const MAX_UNSENT: usize = 256;
-/// A VM rewrites its in-flight row at least this often, so readers can tell it is alive.
-const INFLIGHT_HEARTBEAT_MS: u64 = 1000;
-/// Rows not rewritten for this long belong to a VM that is gone; its requests stop counting.
-pub(crate) const INFLIGHT_ROW_TTL_MS: u64 = 3 * INFLIGHT_HEARTBEAT_MS;
-/// Compare-and-swap attempts per row write; a write that loses them all is retried on the next tick.
-const INFLIGHT_CAS_ATTEMPTS: usize = 4;
-/// A VM publishes its cost fits this often (they change slowly; read on every tick).
-const FITS_HEARTBEAT_MS: u64 = 1000;
-const FITS_ROW_TTL_MS: u64 = 10 * FITS_HEARTBEAT_MS;
 
 /// Everything one VM knows; shared by its root and HTTP contexts (one thread per VM).
 pub struct Vm {
@@ -70,41 +57,16 @@ pub struct Vm {
     queue: Option<u32>,
     leader: Option<LeaderState>,
     load_cas: Option<u32>,
-    last_row_write_ms: u64,
-    /// The last row write lost every compare-and-swap; the next tick writes again.
-    row_write_pending: bool,
-    last_fits_write_ms: u64,
-    fits_cas: Option<u32>,
+    work_row: WorkRow,
+    fits_row: FitsRow,
     /// Observations made before any leader registered the queue.
     unsent: Vec<Vec<u8>>,
     /// How this VM's requests ended, per pod, since it last told the leader (`crate::health`).
     verdicts: HashMap<String, Tally>,
-    /// Since when a prompt prefix has been fresh on a pod in the index, as this VM observed it:
-    /// (the prefix's last block, the pod) → (ms, the pod's LRU touches then) (see
-    /// [`Vm::observe_routing`]).
-    recent_touches: HashMap<(u64, u64), (u64, u64)>,
+    /// What this VM observed lately, to tell the index only what it needs to hear again.
+    recent_touches: RecentTouches,
     /// When this VM last split a request (P/D probes, `crate::pd::SplitClock`).
     pub split_clock: crate::pd::SplitClock,
-}
-
-/// What a routed prompt's pod was already known to hold, observed there within this long, is not
-/// observed again: only the blocks after it are. Observing held blocks only refreshes their recency
-/// in the index's LRU (here, in the leader and, through the pages, in every VM), which a second's
-/// delay barely moves, and it is most of an observation's cost: a tenant's 16 KB system prompt
-/// with a new question is 256 held blocks and one new one. In V8 observing was 37 µs of a 130 µs
-/// decision for a 16 KB prompt (`make bench-phases`), paid again by every other VM replaying it.
-const RETOUCH_AFTER_MS: u64 = 1000;
-/// Bounds `recent_touches` (~40 KB): when full, the entries older than the interval go, then all
-/// if that is not enough (the next observations are then just whole). Only prefixes routed again
-/// within the interval need an entry: about the request rate of one worker over a second.
-const MAX_RECENT_TOUCHES: usize = 1024;
-
-/// One change to the index, as the leader publishes it.
-enum Change {
-    Observed(Observation),
-    Forgotten(Observation),
-    /// Another gateway replica's page (`peers`): published whole, as a page of its own.
-    FromPeer(Page),
 }
 
 struct LeaderState {
@@ -115,10 +77,8 @@ struct LeaderState {
     /// `/v1/models` reads under way, by call token.
     model_polls: HashMap<u32, String>,
     admin_call: Option<u32>,
-    /// Index changes drained from the queue, in arrival order, until they are published.
-    pending: Vec<Change>,
-    head: u64,
-    snapshot_seq: u64,
+    /// The index's pages: changes drained from the queue, until they are published.
+    pages: Publisher,
     published_pods: Option<Vec<PodLoad>>,
     /// This Envoy's page numbering (`EPOCH_KEY`).
     epoch: u64,
@@ -138,13 +98,11 @@ impl Vm {
             queue: None,
             leader: None,
             load_cas: None,
-            last_row_write_ms: 0,
-            row_write_pending: false,
-            last_fits_write_ms: 0,
-            fits_cas: None,
+            work_row: WorkRow::default(),
+            fits_row: FitsRow::default(),
             unsent: Vec::new(),
             verdicts: HashMap::new(),
-            recent_touches: HashMap::new(),
+            recent_touches: RecentTouches::default(),
             split_clock: crate::pd::SplitClock::default(),
         }
     }
@@ -194,17 +152,34 @@ impl Vm {
             }
         }
         self.refresh_load_table(host);
-        let expired = self.router.work.expire_prefills(now);
-        if expired
-            || self.row_write_pending
-            || now.saturating_sub(self.last_row_write_ms) >= INFLIGHT_HEARTBEAT_MS
-        {
-            self.write_inflight_row(host, now);
-        }
-        self.sync_fits(host, now);
-        if self.leader.is_none() {
-            self.sync_pages(host);
-        }
+        self.work_row
+            .follow(&mut self.router.work, host, self.id, now);
+        self.fits_row
+            .follow(&mut self.router.costs, host, self.id, now);
+        self.sync_pages(host);
+    }
+
+    /// Reads the work board and adopts the other VMs' unfinished work ([`WorkRow::read`]).
+    pub fn read_inflight_board(&mut self, host: &mut dyn Host, now: u64) -> (Board, Option<u32>) {
+        self.work_row
+            .read(&mut self.router.work, host, self.id, now)
+    }
+
+    /// Rewrites this VM's row on the work board ([`WorkRow::write`]).
+    pub fn write_inflight_row(&mut self, host: &mut dyn Host, now: u64) {
+        self.write_inflight_row_over(host, now, None);
+    }
+
+    /// [`Self::write_inflight_row`], its first compare-and-swap on a board this VM read earlier in
+    /// the same callback ([`Self::read_inflight_board`]).
+    pub fn write_inflight_row_over(
+        &mut self,
+        host: &mut dyn Host,
+        now: u64,
+        read: Option<(Board, Option<u32>)>,
+    ) {
+        self.work_row
+            .write(&mut self.router.work, host, self.id, now, read);
     }
 
     /// Adopts the leader's load table if it changed since this VM last read it.

@@ -2,6 +2,7 @@
 //! lost races, and values written by another module version.
 
 use super::*;
+use crate::state::{page_key, FITS_KEY, INFLIGHT_KEY, PAGE_RING, SNAPSHOT_KEY};
 use crate::testing::{FakeHost, Store};
 use crate::work::PodWork;
 use std::cell::RefCell;
@@ -308,8 +309,11 @@ fn replicas_learn_each_others_placements_without_echo() {
                         .position(|g| Some(*g) == dest.map(|d| d.1.as_str()));
                     let Some(target) = target else { continue };
                     asks_of[e][target] += 1;
-                    let body =
-                        peers::answer(&envoys[target].vms[0].1, &call.path, INFLIGHT_ROW_TTL_MS);
+                    let body = peers::answer(
+                        &envoys[target].vms[0].1,
+                        &call.path,
+                        crate::work::ROW_TTL_MS,
+                    );
                     let (vm, host) = &mut envoys[e].vms[v];
                     let now = host.now_ms();
                     vm.on_call_response(host, token, 200, &body, now);
@@ -384,7 +388,7 @@ fn replicas_learn_each_others_placements_without_echo() {
     let served = peers::Answer::decode(&peers::answer(
         &envoys[1].vms[0].1,
         "/x?epoch=0&after=0",
-        INFLIGHT_ROW_TTL_MS,
+        crate::work::ROW_TTL_MS,
     ))
     .unwrap();
     assert!(served.pages.is_empty(), "{served:?}");
