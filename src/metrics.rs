@@ -208,9 +208,11 @@ pub enum Counter {
     Ejections,
     /// This VM became the leader.
     LeaderChanges,
-    /// Requests sent through a prefill pod and a decode pod (labelled with the decode pod's pool).
+    /// Requests sent through a prefill pod and a decode pod (labelled with the decode pod's pool),
+    /// by `reason` (`crate::pd::PdReason`): `sooner`, `streams_objective` or `probe`.
     PdDisaggregated,
-    /// Requests on a split pool served by the decode pod alone (short, cached, or prefill failed).
+    /// Requests on a split pool served by the decode pod alone, by `reason`: `within_objective`,
+    /// `prefill_busier`, `no_prefill_pod` or `prefill_failed`.
     PdDecodeOnly,
     /// Inline prefill calls that failed or timed out (the request fell back to decode-only).
     PdPrefillFailures,
@@ -385,10 +387,10 @@ impl Counter {
     /// The labels its series carry (none: one gateway-wide series, defined at start).
     pub fn labels(self) -> &'static [&'static str] {
         match self {
-            Counter::RequestsRouted => &[POOL, ROLE, MODEL, REASON],
+            Counter::RequestsRouted | Counter::PdDisaggregated | Counter::PdDecodeOnly => {
+                &[POOL, ROLE, MODEL, REASON]
+            }
             Counter::RequestFailures
-            | Counter::PdDisaggregated
-            | Counter::PdDecodeOnly
             | Counter::CachePredictedTokens
             | Counter::CacheReportedTokens => POOL_ROLE_MODEL,
             Counter::PodReportedImplausible => &[POOL, ROLE, POD],

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::metrics::{self, Counter};
 use crate::pd::inline;
-use crate::pd::{PdMode, PdPlan};
+use crate::pd::{PdMode, PdPlan, PdReason};
 use crate::port::Host;
 use crate::protocol::body;
 use crate::protocol::parse::{self, Endpoint, ParseError, RequestView};
@@ -204,8 +204,12 @@ impl RequestFlow {
         if primary.meets_slo == Some(false) {
             host.count(Counter::SloPredictedMiss, 1);
         }
-        if planned.pd.as_ref().is_some_and(|p| p.prefill.is_none()) {
-            host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+        if let Some(pd) = planned.pd.as_ref().filter(|p| p.prefill.is_none()) {
+            host.count_in(
+                Counter::PdDecodeOnly,
+                &self.labels.with_pd_reason(pd.reason),
+                1,
+            );
         }
     }
 
@@ -290,6 +294,8 @@ impl RequestFlow {
         original: Option<Vec<u8>>,
     ) -> BodyOutcome {
         let prefill_held = planned.prefill().map_or(0, |c| c.matched_blocks);
+        let reason = planned.pd.as_ref().map_or(PdReason::Sooner, |p| p.reason);
+        self.split.reason = Some(reason);
         self.affinity
             .on_split(vm, host, &prefill_addr, planned.blocks, prefill_held);
         match (vm.config.pd.mode, original) {
@@ -306,7 +312,11 @@ impl RequestFlow {
                 self.split.pod = Some(prefill_addr);
             }
             _ => {
-                host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
+                host.count_in(
+                    Counter::PdDisaggregated,
+                    &self.labels.with_pd_reason(reason),
+                    1,
+                );
                 route.prefiller = Some(prefill_addr);
                 self.split.sidecar = true;
             }

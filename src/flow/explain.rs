@@ -184,7 +184,9 @@ pub fn debug_line(
         };
         let _ = write!(
             line,
-            "; pd={outcome}; prefill={}; pd_uncached_tokens={:.0}; local_cost_ms={:.1}; split_cost_ms={}",
+            "; pd={outcome}; pd_reason={}; itl_objective_ms={}; prefill={}; pd_uncached_tokens={:.0}; local_cost_ms={:.1}; split_cost_ms={}",
+            pd.reason.as_str(),
+            pd.streams.objective_ms.map(|t| format!("{t:.1}")).unwrap_or_default(),
             pd.prefill.as_ref().map_or("", |c| c.addr.as_str()),
             pd.uncached_tokens,
             pd.local_cost_ms,

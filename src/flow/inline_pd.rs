@@ -7,7 +7,7 @@
 //! failed or outran its bound teaches the prefill role nothing.
 
 use super::*;
-use crate::pd::prefill_bound_ms;
+use crate::pd::{prefill_bound_ms, PdReason};
 
 /// What one split request holds of its prefill leg between the host's callbacks.
 #[derive(Debug, Default)]
@@ -27,6 +27,8 @@ pub(super) struct SplitLeg {
     pub(super) routed_us: u64,
     /// The plan splits although the split was predicted to lose (`pd.probe_interval_ms`).
     pub(super) probing: bool,
+    /// Why the plan split it (the P/D counters' `reason`).
+    pub(super) reason: Option<PdReason>,
 }
 
 impl RequestFlow {
@@ -104,7 +106,11 @@ impl RequestFlow {
             a.learnable = false;
         }
         host.count(Counter::PdPrefillFailures, 1);
-        host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+        host.count_in(
+            Counter::PdDecodeOnly,
+            &self.labels.with_pd_reason(PdReason::PrefillFailed),
+            1,
+        );
         host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
     }
 
@@ -130,7 +136,12 @@ impl RequestFlow {
         }
         match inline::answer(status, body, &original) {
             Answer::Decode(body) => {
-                host.count_in(Counter::PdDisaggregated, &self.labels.pairs(), 1);
+                let reason = self.split.reason.unwrap_or(PdReason::Sooner);
+                host.count_in(
+                    Counter::PdDisaggregated,
+                    &self.labels.with_pd_reason(reason),
+                    1,
+                );
                 PrefillOutcome::Resume(Some(body))
             }
             Answer::Refused { status, body } => {
@@ -162,7 +173,11 @@ impl RequestFlow {
                     a.learnable = false;
                 }
                 host.count(Counter::PdPrefillFailures, 1);
-                host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+                host.count_in(
+                    Counter::PdDecodeOnly,
+                    &self.labels.with_pd_reason(PdReason::PrefillFailed),
+                    1,
+                );
                 host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
                 PrefillOutcome::Resume(None)
             }
@@ -172,7 +187,11 @@ impl RequestFlow {
     /// The body the host could not rewrite after a good prefill: counted as a fallback.
     pub fn on_body_not_rewritten(&mut self, host: &mut dyn Host) {
         host.count(Counter::PdPrefillFailures, 1);
-        host.count_in(Counter::PdDecodeOnly, &self.labels.pairs(), 1);
+        host.count_in(
+            Counter::PdDecodeOnly,
+            &self.labels.with_pd_reason(PdReason::PrefillFailed),
+            1,
+        );
         host.export_decision_field(explain::PD, PdExport::DecodeOnlyFallback.as_str());
     }
 }

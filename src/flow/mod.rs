@@ -212,6 +212,12 @@ impl RouteLabels {
             (metrics::MODEL, self.model.as_str()),
         ]
     }
+
+    /// The P/D counters' labels: these and why the request was or was not split.
+    fn with_pd_reason(&self, reason: crate::pd::PdReason) -> [(&'static str, &str); 4] {
+        let [pool, role, model] = self.pairs();
+        [pool, role, model, (metrics::REASON, reason.as_str())]
+    }
 }
 
 /// The body field kvroute owns: the P/D protocol's KV handle (vLLM's KV connectors read it).
@@ -331,6 +337,7 @@ impl RequestFlow {
                 if let Some(probe) = pd.probe.take() {
                     pd.prefill = Some(probe);
                     pd.outcome = crate::pd::PdOutcome::Disaggregated;
+                    pd.reason = crate::pd::PdReason::Probe;
                     self.split.probing = true;
                 }
             }

@@ -228,9 +228,23 @@ impl Router {
             now_ms,
         );
         let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
+        let pool_itls = self
+            .load
+            .pods
+            .iter()
+            .filter(|p| p.role == Role::Decode)
+            .filter_map(|p| self.costs.itl_of(&p.addr))
+            .collect();
+        let streams = crate::pd::StreamObjective::resolve(
+            &config.pd,
+            hints.slo.tpot_ms,
+            self.costs.itl_of(&decode.addr),
+            pool_itls,
+        );
         let pd = crate::pd::plan_split(
             decode,
             decode_cost.us_per_token,
+            streams,
             prefill_ranking,
             config.debug_header,
         );

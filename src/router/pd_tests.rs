@@ -1,4 +1,5 @@
 use super::*;
+use crate::pd::PdReason;
 use crate::pod::load::PodLoad;
 use crate::pod::prom::PodMetrics;
 use crate::state::messages::Observation;
@@ -217,4 +218,41 @@ fn the_debug_line_lists_every_prefill_candidate_only_when_asked() {
         "the chosen one first"
     );
     assert_eq!(pd.split_cost_ms, Some(pd.prefill_predictions[0].1.ttft_ms));
+}
+
+#[test]
+fn a_short_prompt_beside_streams_within_their_objective_stays_local() {
+    let cfg = pd_config();
+    // 20 streams decode on the decode pod, as in the test above that splits 300 tokens when
+    // every stall counts; here the streams were timed: 25 ms between tokens.
+    let mut r = router_with_streams(&cfg, 0.0, 20.0);
+    r.costs.observe_itl("10.0.1.1:1", 25.0);
+    let short = r
+        .plan(&cfg, "m", &blocks(300), Hints::default(), 100)
+        .pd
+        .unwrap();
+    // Within the objective the stall does not count: the decode pod answers sooner.
+    assert_eq!(short.streams.objective_ms, Some(100.0), "4 × the pool's 25 ms");
+    assert_eq!(short.outcome, PdOutcome::LocalCheaper, "{short:?}");
+    assert_eq!(short.reason, PdReason::WithinObjective);
+    assert!(short.local_cost_ms < short.split_cost_ms.unwrap());
+    // A long one stalls them past it, and goes to a prefill pod. stalls them past it, and goes to a prefill pod.
+    let long = r
+        .plan(&cfg, "m", &blocks(8000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(long.outcome, PdOutcome::Disaggregated, "{long:?}");
+    assert_eq!(long.reason, PdReason::Streams);
+    // A request whose own objective is tighter splits the short prompt too.
+    let tight = Hints {
+        slo: crate::scheduler::slo::Slo {
+            tpot_ms: Some(26.0),
+            ..Default::default()
+        },
+        ..Hints::default()
+    };
+    let short = r.plan(&cfg, "m", &blocks(300), tight, 100).pd.unwrap();
+    assert_eq!(short.streams.objective_ms, Some(26.0));
+    assert_eq!(short.outcome, PdOutcome::Disaggregated, "{short:?}");
+    assert_eq!(short.reason, PdReason::Streams);
 }
