@@ -6,7 +6,7 @@
 //! The body is either an inference request body (chat when it has `messages`, else completions),
 //! tokenised and hashed exactly as the inference endpoints would, or
 //! `{"prompt_tokens": n, "block_hashes": [..], "max_tokens": m}` with the pod's own hashes. The
-//! answer is [`ProbeEstimate`](super::engine::ProbeEstimate) plus the pod's id.
+//! answer is [`ProbeEstimate`](super::engine::probe::ProbeEstimate) plus the pod's id.
 
 use std::sync::Arc;
 

@@ -1,0 +1,127 @@
+//! A request inside the engine: how far its prompt and output have got, the KV blocks it holds,
+//! and where its tokens go.
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::cache::PrefixCache;
+use crate::config::SimConfig;
+
+use super::{SeqEvent, SeqSpec};
+
+/// Where a sequence's events go: straight to the HTTP layer, or through a per-request delivery task
+/// that holds each event until its delivery time (a profile with per-output-token host time).
+pub(super) enum Sink {
+    Direct(mpsc::UnboundedSender<SeqEvent>),
+    Delayed(mpsc::UnboundedSender<(Instant, SeqEvent)>),
+}
+
+impl Sink {
+    /// Sends `event` for delivery at `at`; false if the receiver is gone.
+    pub(super) fn send(&self, at: Instant, event: SeqEvent) -> bool {
+        match self {
+            Sink::Direct(tx) => tx.send(event).is_ok(),
+            Sink::Delayed(tx) => tx.send((at, event)).is_ok(),
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        match self {
+            Sink::Direct(tx) => tx.is_closed(),
+            Sink::Delayed(tx) => tx.is_closed(),
+        }
+    }
+}
+
+/// Forwards events at their delivery times; ends (and so closes the engine's side) when the
+/// receiver goes away.
+pub(super) async fn deliver(
+    mut rx: mpsc::UnboundedReceiver<(Instant, SeqEvent)>,
+    tx: mpsc::UnboundedSender<SeqEvent>,
+) {
+    loop {
+        let item = tokio::select! {
+            _ = tx.closed() => return,
+            item = rx.recv() => item,
+        };
+        let Some((at, event)) = item else { return };
+        if at > Instant::now() {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(at) => {}
+            }
+        }
+        if tx.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+pub(super) struct Seq {
+    pub(super) spec: SeqSpec,
+    pub(super) tx: Sink,
+    pub(super) arrival: Instant,
+    /// When the request reaches the scheduler's queue (arrival + α0 + α1 · input length).
+    pub(super) queued_at: Instant,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub(super) cached: usize,
+    /// Prompt tokens pulled from a prefill pod at first admission.
+    pub(super) transferred: usize,
+    /// Tokens whose KV exists on this pod.
+    pub(super) computed: usize,
+    pub(super) prefill_remaining: usize,
+    pub(super) generated: usize,
+    /// How many leading prompt blocks this sequence holds pinned in the cache.
+    pub(super) pinned: usize,
+    /// Tokens this sequence holds KV slots for (its blocks: `blocks_for(alloc)`).
+    pub(super) alloc: usize,
+    /// Simulated seconds of exclusive link time its pull still needs (shared link only).
+    pub(super) xfer_left: f64,
+    /// When the pulled KV has arrived (transferring sequences whose `xfer_left` is 0).
+    pub(super) ready_at: Instant,
+    /// Delivery time of the last token.
+    pub(super) last_token: Option<Instant>,
+    pub(super) sched_prefill: usize,
+    pub(super) sched_decode: bool,
+    /// Joined the batch since the last step started: the next step cannot start before `eligible`
+    /// (its queueing, or the end of its KV transfer).
+    pub(super) fresh: bool,
+    pub(super) eligible: Instant,
+    pub(super) aborted: bool,
+    /// Admitted at least once (a preempted sequence is not counted again).
+    pub(super) started: bool,
+}
+
+impl Seq {
+    /// Blocks held outside the shared cache: the partial last block, prompt blocks not yet full or
+    /// cached, and generated tokens.
+    pub(super) fn private_blocks(&self, cfg: &SimConfig) -> usize {
+        cfg.blocks_for(self.alloc).saturating_sub(self.pinned)
+    }
+
+    /// Pins (and so caches) every full prompt block whose KV now exists.
+    pub(super) fn cover(&mut self, cache: &mut PrefixCache, block_size: usize) {
+        let full = (self.computed / block_size).min(self.spec.block_hashes.len());
+        for h in self
+            .spec
+            .block_hashes
+            .get(self.pinned..full)
+            .unwrap_or_default()
+        {
+            cache.pin(*h);
+        }
+        self.pinned = self.pinned.max(full);
+    }
+
+    /// Unpins in reverse, as vLLM frees blocks: the tail of a prefix becomes the least recently used
+    /// and is evicted first, so a partly evicted prefix still hits on its head.
+    pub(super) fn release(&self, cache: &mut PrefixCache) {
+        for h in self.spec.block_hashes.iter().take(self.pinned).rev() {
+            cache.unpin(*h);
+        }
+    }
+
+    pub(super) fn pull_done(&self) -> bool {
+        self.xfer_left <= 0.0
+    }
+}

@@ -1,0 +1,359 @@
+//! Hand-made cases for the scheduler and the block pool, driven step by step with synthetic
+//! times (no sleeping): `plan` at a step boundary, `finish_step` at its end.
+use super::*;
+use crate::profile;
+
+fn fitted(blocks: usize, budget: usize) -> SimConfig {
+    let p = profile::find("llama-3.1-8b-h100").expect("profile");
+    SimConfig {
+        num_gpu_blocks: blocks,
+        chunked_prefill_tokens: budget,
+        ..SimConfig::default().with_profile(p)
+    }
+}
+
+/// A prompt of `tokens` tokens whose block hashes are unique to `tag`.
+fn spec(tag: u64, tokens: usize, max_tokens: usize) -> SeqSpec {
+    SeqSpec {
+        prompt_tokens: tokens,
+        block_hashes: (0..(tokens / 16) as u64).map(|i| (tag << 32) | i).collect(),
+        max_tokens,
+        remote_tokens: 0,
+        report_block_ids: false,
+        pull_source: None,
+    }
+}
+
+/// Submits at `now`, queued at once (tests of the α0/α1 delay use `Engine::submit`).
+fn push(eng: &Engine, s: SeqSpec, now: Instant) -> mpsc::UnboundedReceiver<SeqEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut st = eng.lock();
+    st.waiting.push_back(Seq {
+        spec: s,
+        tx: Sink::Direct(tx),
+        arrival: now,
+        queued_at: now,
+        cached: 0,
+        transferred: 0,
+        computed: 0,
+        prefill_remaining: 0,
+        generated: 0,
+        pinned: 0,
+        alloc: 0,
+        xfer_left: 0.0,
+        ready_at: now,
+        last_token: None,
+        sched_prefill: 0,
+        sched_decode: false,
+        fresh: false,
+        eligible: now,
+        aborted: false,
+        started: false,
+    });
+    rx
+}
+
+/// Plans a step at `now` and finishes it; returns its simulated duration (zero if idle) and the
+/// (prefill, decode) tokens it held.
+fn step(eng: &Engine, now: Instant) -> (Duration, usize, usize) {
+    let cfg = &eng.cfg;
+    let mut st = eng.lock();
+    let plan = st.plan(cfg, now, Some(now));
+    let prefill: usize = st.running.iter().map(|s| s.sched_prefill).sum();
+    let decode = st.running.iter().filter(|s| s.sched_decode).count();
+    match plan {
+        Plan::Idle(_) => (Duration::ZERO, 0, 0),
+        Plan::Step { sim, .. } => {
+            st.finish_step(cfg, now + cfg.to_wall(sim));
+            (sim, prefill, decode)
+        }
+    }
+}
+
+fn us(cfg: &SimConfig, prefill: usize, decode: usize) -> Duration {
+    Duration::from_secs_f64(cfg.profile.step_us(prefill, decode).expect("fitted") / 1e6)
+}
+
+#[test]
+fn one_budget_is_shared_by_decodes_and_prefill_chunks() {
+    let cfg = SimConfig {
+        max_num_seqs: 4,
+        ..fitted(1000, 100)
+    };
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _rx: Vec<_> = (0..3).map(|i| push(&eng, spec(i, 17, 50), t0)).collect();
+    // Three 17-token prompts fit the 100-token budget together: one step of 51 prefill tokens.
+    assert_eq!(step(&eng, t0), (us(&cfg, 51, 0), 51, 0));
+    let _long = push(&eng, spec(9, 500, 5), t0);
+    let _fifth = push(&eng, spec(10, 20, 5), t0);
+    // Three decodes take 3 tokens of the budget; the 500-token prompt gets the other 97.
+    assert_eq!(step(&eng, t0), (us(&cfg, 97, 3), 97, 3));
+    assert_eq!(step(&eng, t0), (us(&cfg, 97, 3), 97, 3));
+    // max_num_seqs = 4: the fifth request waits.
+    let st = eng.lock();
+    assert_eq!((st.running.len(), st.waiting.len()), (4, 1));
+    // 5752.705191348184 + 17.25086436834028·97 + 5.999143920128404·3 µs, by hand:
+    let want = 5752.705191348184 + 17.25086436834028 * 97.0 + 5.999143920128404 * 3.0;
+    assert!((us(&cfg, 97, 3).as_secs_f64() * 1e6 - want).abs() < 1e-3);
+}
+
+#[test]
+fn admission_counts_shared_prefix_blocks_once_and_waits_for_room() {
+    let cfg = fitted(10, 0);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    // A: 64 tokens = 4 full blocks.
+    let _a = push(&eng, spec(1, 64, 100), t0);
+    step(&eng, t0);
+    assert_eq!(eng.lock().used_blocks(&cfg), 4);
+    // B: A's 64 tokens + 16 more. Its first 4 blocks are A's (pinned, shared), 1 is new.
+    let mut b = spec(1, 80, 100);
+    b.block_hashes.push(99);
+    let _b = push(&eng, b, t0);
+    let (_, prefill, decode) = step(&eng, t0);
+    assert_eq!(
+        (prefill, decode),
+        (16, 1),
+        "B computes only its uncached block"
+    );
+    // A now holds 5 blocks (65 tokens), B 5 of which 4 are A's: 6 in use, not 10.
+    assert_eq!(eng.lock().used_blocks(&cfg), 6);
+    // C needs 5 blocks for 80 uncached tokens; 4 are free: it waits, nothing is preempted.
+    let _c = push(&eng, spec(3, 80, 1), t0);
+    step(&eng, t0);
+    let st = eng.lock();
+    assert_eq!((st.running.len(), st.waiting.len()), (2, 1));
+    assert_eq!(st.counters.preemptions, 0);
+    assert_eq!(st.counters.prefix_hits, 64);
+}
+
+#[test]
+fn a_request_that_cannot_grow_preempts_the_last_admitted_which_is_recomputed() {
+    let cfg = fitted(8, 0);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _a = push(&eng, spec(1, 48, 20), t0);
+    let mut b_rx = push(&eng, spec(2, 48, 30), t0);
+    // Both 3-block prompts fit (6 of 8); each decode step needs slots for prompt + generated.
+    assert_eq!(step(&eng, t0).1, 96);
+    for _ in 0..16 {
+        step(&eng, t0);
+    }
+    // 48 + 16 = 64 tokens: 4 blocks each, the pool is full.
+    {
+        let st = eng.lock();
+        assert_eq!(st.used_blocks(&cfg), 8);
+        assert_eq!(st.counters.preemptions, 0);
+    }
+    // The next decode needs a 5th block for A: B (admitted last) is preempted, A runs alone.
+    assert_eq!(step(&eng, t0), (us(&cfg, 0, 1), 0, 1));
+    {
+        let st = eng.lock();
+        assert_eq!(st.counters.preemptions, 1);
+        assert_eq!((st.running.len(), st.waiting.len()), (1, 1));
+        assert_eq!(
+            st.waiting[0].generated, 17,
+            "B keeps the tokens it streamed"
+        );
+        assert_eq!(st.used_blocks(&cfg), 5, "B's blocks are free");
+    }
+    let mut b_tokens = Vec::new();
+    while let Ok(SeqEvent::Token { index, .. }) = b_rx.try_recv() {
+        b_tokens.push(index);
+    }
+    assert_eq!(b_tokens, (0..17).collect::<Vec<_>>());
+    // B cannot come back while A holds 5 blocks: reviving its 3 cached prompt blocks and 2 more
+    // for its 65 tokens needs 5, and 3 are free. A's last two tokens (19 and 20):
+    for _ in 0..2 {
+        assert_eq!(step(&eng, t0), (us(&cfg, 0, 1), 0, 1));
+        assert_eq!(eng.lock().waiting.len(), 1);
+    }
+    // A is done; B resumes, hits its 3 cached prompt blocks and recomputes the 17 tokens it had
+    // generated (one step of 17 prefill tokens), then streams token 17 on.
+    assert!(eng.lock().running.is_empty());
+    assert_eq!(step(&eng, t0), (us(&cfg, 17, 0), 17, 0));
+    assert!(matches!(
+        b_rx.try_recv(),
+        Ok(SeqEvent::Token { index: 17, .. })
+    ));
+    assert_eq!(
+        eng.lock().counters.prefix_hits,
+        0,
+        "hits counted once, at first admission"
+    );
+}
+
+#[test]
+fn a_preempted_request_goes_back_to_the_front_of_the_queue() {
+    let cfg = fitted(8, 0);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _a = push(&eng, spec(1, 48, 40), t0);
+    let _b = push(&eng, spec(2, 48, 40), t0);
+    for _ in 0..17 {
+        step(&eng, t0);
+    }
+    assert_eq!(eng.lock().used_blocks(&cfg), 8);
+    // C (one block) arrives while the pool is full; B's preemption puts B ahead of it.
+    let _c = push(&eng, spec(3, 15, 1), t0);
+    assert_eq!(step(&eng, t0).2, 1);
+    {
+        let st = eng.lock();
+        assert_eq!(st.counters.preemptions, 1);
+        assert_eq!(st.waiting.len(), 2, "B at the front, C behind it");
+        assert_eq!(
+            st.waiting[0].spec.block_hashes,
+            spec(2, 48, 40).block_hashes
+        );
+    }
+    // Next step: B (front) does not fit, and FIFO holds C back behind it although C would fit.
+    step(&eng, t0);
+    assert_eq!(eng.lock().waiting.len(), 2);
+}
+
+#[test]
+fn unused_cached_blocks_are_free_and_evicted_lru() {
+    let cfg = fitted(10, 0);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _a = push(&eng, spec(1, 64, 1), t0);
+    step(&eng, t0);
+    {
+        let st = eng.lock();
+        assert!(st.running.is_empty());
+        assert_eq!(
+            st.used_blocks(&cfg),
+            0,
+            "finished: nothing referenced (usage 0)"
+        );
+        assert_eq!(st.cache.block_count(), 4, "but still cached");
+    }
+    // B needs 8 blocks: 6 are unused, 4 more come from A's cached blocks, tail first.
+    let _b = push(&eng, spec(2, 128, 5), t0);
+    step(&eng, t0);
+    let st = eng.lock();
+    assert_eq!(st.used_blocks(&cfg), 8);
+    let a = spec(1, 64, 1).block_hashes;
+    assert_eq!(
+        st.cache.longest_prefix(&a),
+        2,
+        "A's head survives, its tail went first"
+    );
+    assert_eq!(st.cache.block_count(), 10);
+}
+
+#[test]
+fn concurrent_pulls_share_the_link() {
+    let cfg = SimConfig {
+        role: super::super::config::Role::Decode,
+        ..fitted(10_000, 0)
+    };
+    let one = cfg.to_wall(cfg.transfer_time(1000));
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let pull = |tag| SeqSpec {
+        remote_tokens: 1000,
+        ..spec(tag, 1001, 2)
+    };
+    let _a = push(&eng, pull(1), t0);
+    let _b = push(&eng, pull(2), t0);
+    let mut st = eng.lock();
+    let Plan::Idle(Some(wake)) = st.plan(&cfg, t0, None) else {
+        panic!("both requests wait for their KV");
+    };
+    // Two 1,000-token pulls at half the link each end together after twice one pull's time.
+    let err = wake.saturating_duration_since(t0).abs_diff(one * 2);
+    assert!(err < Duration::from_micros(1), "{wake:?} vs {:?}", one * 2);
+    let plan = st.plan(&cfg, t0 + one, None);
+    assert!(matches!(plan, Plan::Idle(_)), "not done at one pull's time");
+    assert_eq!(st.transferring.len(), 2);
+    let plan = st.plan(&cfg, t0 + one * 2 + Duration::from_micros(1), None);
+    assert!(matches!(plan, Plan::Step { .. }));
+    assert_eq!(st.running.len(), 2);
+    assert_eq!(st.counters.transferred_tokens, 2000);
+}
+
+#[test]
+fn a_prefill_pod_holds_pulled_blocks_until_told_or_timed_out() {
+    let cfg = SimConfig {
+        kv_hold_timeout_s: 10.0,
+        ..fitted(100, 0)
+    };
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let prefill = |tag| SeqSpec {
+        report_block_ids: true,
+        ..spec(tag, 64, 1)
+    };
+    let mut rx = push(&eng, prefill(1), t0);
+    step(&eng, t0);
+    let _ = rx.try_recv();
+    let Ok(SeqEvent::Finished(o)) = rx.try_recv() else {
+        panic!("finished");
+    };
+    assert_eq!(o.block_ids, vec![0, 1, 2, 3]);
+    assert_eq!(eng.lock().used_blocks(&cfg), 4, "held for the decoder");
+    assert!(eng.release_held(0));
+    assert!(!eng.release_held(0));
+    assert_eq!(eng.lock().used_blocks(&cfg), 0);
+    // Nobody pulls the second one: freed at the timeout.
+    let _rx = push(&eng, prefill(2), t0);
+    step(&eng, t0);
+    assert_eq!(eng.lock().used_blocks(&cfg), 4);
+    let mut st = eng.lock();
+    let _ = st.plan(&cfg, t0 + Duration::from_secs(9), None);
+    assert_eq!(st.used_blocks(&cfg), 4);
+    let _ = st.plan(&cfg, t0 + Duration::from_secs(11), None);
+    assert_eq!(st.used_blocks(&cfg), 0);
+}
+
+#[tokio::test]
+async fn fitted_ttft_is_queueing_plus_step_plus_output_processing() {
+    let cfg = fitted(1000, 0);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let mut rx = eng.submit(spec(1, 1000, 2));
+    let queued = {
+        let mut st = eng.lock();
+        let Plan::Idle(Some(q)) = st.plan(&cfg, t0, None) else {
+            panic!("queued after α0 + α1·1000");
+        };
+        q
+    };
+    let arrival = eng.lock().arriving[0].arrival;
+    let alpha = cfg.queueing_time(1000);
+    assert!(queued.saturating_duration_since(arrival).abs_diff(alpha) < Duration::from_micros(1));
+    let step_end = {
+        let mut st = eng.lock();
+        let Plan::Step { sim, .. } = st.plan(&cfg, queued, None) else {
+            panic!("a step once queued");
+        };
+        assert_eq!(sim, us(&cfg, 1000, 0));
+        let end = queued + sim;
+        st.finish_step(&cfg, end);
+        end
+    };
+    // BLIS: TTFT = α0 + α1·in + β0 + β1·in + α2.
+    let want = (232.46191091038054 + 1.752360364195244 * 1000.0)
+        + (5752.705191348184 + 17.25086436834028 * 1000.0)
+        + 3357.4400353290152;
+    let ttft = eng.lock().latencies.ttft.sum() * 1e6;
+    assert!((ttft - want).abs() < 2.0, "TTFT {ttft} us, want {want}");
+    // The token reaches the client α2 after the step, not before.
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    assert!(matches!(first, Ok(Some(SeqEvent::Token { index: 0, .. }))));
+    assert!(Instant::now() >= step_end + cfg.output_token_time());
+    // BLIS: each inter-token latency is the decode step plus α2.
+    {
+        let mut st = eng.lock();
+        let Plan::Step { sim, .. } = st.plan(&cfg, step_end, Some(step_end)) else {
+            panic!("the decode step");
+        };
+        assert_eq!(sim, us(&cfg, 0, 1));
+        st.finish_step(&cfg, step_end + sim);
+    }
+    let itl = eng.lock().latencies.itl.sum() * 1e6;
+    let want = 5752.705191348184 + 5.999143920128404 + 3357.4400353290152;
+    assert!((itl - want).abs() < 2.0, "ITL {itl} us, want {want}");
+}
