@@ -615,3 +615,82 @@ async fn inline_mode_probes_bring_splits_back_after_slow_prefills() {
     }
     time_until_splits_by_cost(&s, "healed", Duration::from_secs(30)).await;
 }
+
+/// Streams decode on both decode pods; a long prompt whose request sets a loose inter-token
+/// objective (`x-slo-tpot-ms`) is prefilled on its decode pod, where its stall keeps those streams
+/// within the objective, and a tight objective sends the same length of prompt to a prefill pod.
+/// Each decision is counted with its reason. Before the objective was read, every stream's stall
+/// counted, and both were split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_mode_a_prompt_within_the_streams_objective_stays_on_its_decode_pod() {
+    let s = pd_stack("inline").await;
+    let url = s.envoy.url("/v1/chat/completions");
+    let mut streams = Vec::new();
+    for i in 0..6 {
+        let (client, url) = (fresh_client(), url.clone());
+        let body = chat(&format!("stream {i}"), "tell a long story", 8000, true);
+        streams.push(tokio::spawn(async move {
+            post(&client, &url, &body, &[]).await
+        }));
+    }
+    let decoding = || async { sum_stat(&s.decode.pods, "running").await };
+    assert!(
+        wait_for(Duration::from_secs(5), || async { decoding().await >= 6 }).await,
+        "streams running on the decode pods"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await; // a poll sees them
+    let client = fresh_client();
+    let loose = post(
+        &client,
+        &url,
+        &chat(&system_prompt("objective-loose-", 2000), "q", 4, false),
+        &[("x-slo-tpot-ms", "600000")],
+    )
+    .await;
+    assert_eq!(loose.status, 200, "{}", loose.body);
+    assert_eq!(
+        loose.debug_field("pd").as_deref(),
+        Some("decode_only"),
+        "{:?}",
+        loose.debug
+    );
+    assert_eq!(
+        loose.debug_field("pd_reason").as_deref(),
+        Some("within_objective")
+    );
+    assert_eq!(
+        loose.debug_field("itl_objective_ms").as_deref(),
+        Some("600000.0")
+    );
+    let tight = post(
+        &client,
+        &url,
+        &chat(&system_prompt("objective-tight-", 2000), "q", 4, false),
+        &[("x-slo-tpot-ms", "1")],
+    )
+    .await;
+    assert_eq!(tight.status, 200, "{}", tight.body);
+    assert_eq!(
+        tight.debug_field("pd").as_deref(),
+        Some("disaggregated"),
+        "{:?}",
+        tight.debug
+    );
+    assert_eq!(
+        tight.debug_field("pd_reason").as_deref(),
+        Some("streams_objective")
+    );
+    let counted = |name: &'static str, reason: &'static str| {
+        let envoy = &s.envoy;
+        async move {
+            envoy
+                .stat_where(&format!("wasmcustom.kvroute.pd.{name}"), "reason", reason)
+                .await
+        }
+    };
+    assert!(counted("decode_only_total", "within_objective").await >= 1);
+    assert_eq!(counted("disaggregated_total", "streams_objective").await, 1);
+    for stream in streams {
+        stream.abort();
+    }
+}

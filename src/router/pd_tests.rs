@@ -232,7 +232,11 @@ fn a_short_prompt_beside_streams_within_their_objective_stays_local() {
         .pd
         .unwrap();
     // Within the objective the stall does not count: the decode pod answers sooner.
-    assert_eq!(short.streams.objective_ms, Some(100.0), "4 × the pool's 25 ms");
+    assert_eq!(
+        short.streams.objective_ms,
+        Some(100.0),
+        "4 × the pool's 25 ms"
+    );
     assert_eq!(short.outcome, PdOutcome::LocalCheaper, "{short:?}");
     assert_eq!(short.reason, PdReason::WithinObjective);
     assert!(short.local_cost_ms < short.split_cost_ms.unwrap());
