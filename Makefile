@@ -144,9 +144,9 @@ integration: build nextest sysdeps peers llama
 	$(CARGO) build --release $(TOOL_CRATES) --bins --tests
 	$(CARGO) nextest run --release $(TOOL_CRATES) --no-fail-fast --test-threads 2
 
-# The README's test command: unit tests, the wasm build, lint, the short fuzz run, then the
-# real-Envoy tests.
-test: tools unit build lint fuzz-test integration
+# The README's test command: unit tests, the wasm build, lint, the Helm chart's checks, the short
+# fuzz run, then the real-Envoy tests.
+test: tools unit build lint helm-check fuzz-test integration
 
 # Fuzzing (fuzz/README.md): libFuzzer through cargo-fuzz on the stable toolchain (`-s none`:
 # coverage instrumentation without a sanitizer, so no nightly). `make fuzz` runs every target for
@@ -409,9 +409,21 @@ manifests: $(PYTOOLS_STAMP)
 	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config check dist/manifests/*.yaml
 
+# The Helm chart deploy/helm/kvroute with the real helm (tools/check_helm.py): `helm lint --strict`
+# and `helm template` of every examples/*.yaml into dist/helm/<example>.yaml, each document checked
+# against the schemas `make manifests` uses and each example against its kustomize overlay (the
+# same objects); the unedited values.yaml (its placeholders named), an unknown key and a misspelt
+# configuration field refused; the kvroute configuration in each rendering by the plugin's parser.
+helm-check: $(PYTOOLS_STAMP) $(HELM_STAMP)
+	rm -rf dist/helm
+	$(VENV)/bin/python tools/check_helm.py --helm $(HELM) --out dist/helm
+	$(CARGO) build --release -p kvbench --bin kvbench
+	target/release/kvbench config check dist/helm/*.yaml
+
 # kvroute configurations checked by the plugin's own parser before they are deployed
 # (`make config-check FILES="my-envoy.yaml settings.yaml"`; JSON, Envoy bootstraps, manifests), and
-# the configuration's JSON Schema regenerated from the wire types into deploy/schemas/.
+# the configuration's JSON Schema regenerated from the wire types into deploy/schemas/ (and its
+# copy in the Helm chart's values.schema.json).
 .PHONY: config-check config-schema
 config-check:
 	$(CARGO) build --release -p kvbench --bin kvbench
@@ -419,6 +431,7 @@ config-check:
 config-schema:
 	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config schema > deploy/schemas/kvroute-config.schema.json
+	python3 tools/check_helm.py --sync
 
 clean:
 	$(CARGO) clean
