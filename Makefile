@@ -341,21 +341,58 @@ bench-replicas: build build-tools fonts
 bench-pd: build build-tools
 	target/release/kvbench compare-pd --time-scale $(TIME_SCALE) --out bench-out
 
+# What the filter itself costs, one entry point (docs/cost-instruments.md: which instrument answers
+# which question): `make bench-cost` lists them, `make bench-cost WHAT=<name>` runs one (the same as
+# `make bench-cost-<name>`). Each instrument's own knobs pass through as variables (N=800, PODS=,
+# KVROUTE_WASM=…); COST_ARGS: arguments of the native examples (plan, scale, request).
+COST_INSTRUMENTS := overhead phases polling cpu-split plan scale request
+COST_ARGS ?=
+.PHONY: bench-cost $(addprefix bench-cost-,$(COST_INSTRUMENTS))
+bench-cost:
+ifeq ($(WHAT),)
+	@echo "make bench-cost WHAT=<name>: what the filter costs (docs/cost-instruments.md)"
+	@awk -F' [|] ' '/^[|] `/ { gsub(/`/, ""); sub(/^[|] /, ""); \
+	  printf "  %-10s %s\n  %-10s runs %s\n", $$1, $$2, "", $$3 }' docs/cost-instruments.md
+else
+	@case ' $(COST_INSTRUMENTS) ' in *' $(WHAT) '*) ;; \
+	  *) echo "make bench-cost: WHAT=$(WHAT) is none of: $(COST_INSTRUMENTS)" >&2; exit 2;; esac
+	@$(MAKE) --no-print-directory bench-cost-$(WHAT)
+endif
+
 # kvroute's own cost per request, throughput and memory per VM: Envoy with kvroute against the same
 # Envoy without it, on pods that answer at once, requests interleaved, in chars and tiktoken mode at
 # 256 B, 16 KB and 256 KB prompts, plus fixed-time throughput rounds (about 4 minutes); wall-clock
 # figures (not TIME_SCALE). Writes bench-out/overhead.{txt,json}.
-bench-overhead: build build-tools fonts
+bench-cost-overhead: build build-tools fonts
 	target/release/kvbench overhead --out bench-out
 
 # Where the filter's time goes inside Envoy: each callback timed (`phase_timing`), 16 KB prompts.
-bench-phases: build build-tools
+bench-cost-phases: build build-tools
 	tools/phase_profile/run.sh
 
 # Whether the leader's polling of a large pool (512 cheap pods, every 200 ms) shows in request
 # latency: the same Envoy polling every 200 ms against every 60 s.
-bench-polling: build build-tools
+bench-cost-polling: build build-tools
 	tools/phase_profile/polling.sh
+
+# Which kind of code the filter's CPU goes to (the plugin's Wasm, Envoy's own code, the kernel),
+# sampled with perf (needs `perf`).
+bench-cost-cpu-split: build build-tools
+	tools/phase_profile/cpu_split.sh
+
+# The core's cost natively, on the fake host (no Envoy): one decision (plan_cost), the pool's size
+# (scale_cost), one request's whole path (request_cost).
+bench-cost-plan:
+	$(CARGO) run --release --example plan_cost $(COST_ARGS)
+bench-cost-scale:
+	$(CARGO) run --release --example scale_cost --features testing $(COST_ARGS)
+bench-cost-request:
+	$(CARGO) run --release --example request_cost --features testing $(COST_ARGS)
+
+# The earlier names of three of them.
+bench-overhead: bench-cost-overhead
+bench-phases: bench-cost-phases
+bench-polling: bench-cost-polling
 
 # The plugin as OCI image layouts (Istio's "compat" Wasm image: one tar+gzip layer holding
 # plugin.wasm), built without Docker: dist/oci/kvroute and, for kvroute-lite.wasm, its own image

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use super::peers::{PeerPolicy, PeerStack};
 use super::report::CacheReset;
 use super::routing::{ClientRouter, OracleObjective};
+use super::table::Table;
 use super::workload::WorkloadGen;
 use super::{
     driver, metrics, render_json, render_table, run, Api, Load, RunReport, WorkloadKind,
@@ -1043,10 +1044,11 @@ pub fn render_ratios(rows: &[(String, RunReport)]) -> String {
             fmt_ratio(ratio(kv.success_rate, rr.success_rate)),
         ),
     ];
-    let w = lines.iter().map(|l| l.1.chars().count()).max().unwrap_or(0);
+    let mut table = Table::headless().indent(2).left(3);
     for (name, values, r) in lines {
-        let _ = writeln!(out, "  {name:<15}  {values:<w$}  ratio {r}");
+        table.row([name.to_owned(), values, format!("ratio {r}")]);
     }
+    out.push_str(&table.text());
     out
 }
 

@@ -33,6 +33,7 @@ pub mod report;
 pub mod routing;
 pub mod soak;
 pub mod summary;
+pub mod table;
 pub mod workload;
 
 use std::time::Duration;

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use super::compare::Policy;
 use super::summary::{verdict_brief, verdict_line, PolicySummary, Spread, Verdict};
+use super::table::Table;
 
 /// One cell: a name and the `kvbench compare` flags that make it (on top of the matrix's own
 /// `--seeds`, `--seed`, `--time-scale`, `--policies`, `--previous-wasm`; a cell's flag wins).
@@ -290,12 +291,11 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
     if resets {
         head.push("back after reset");
     }
-    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
-    let mut notes: Vec<(usize, String)> = Vec::new();
+    let mut table = Table::new(&head).left(2);
     for r in results {
         if let Some(e) = &r.error {
-            rows.push(vec![r.cell.name.to_owned(), "-".to_owned()]);
-            notes.push((rows.len(), format!("  cell FAILED: {e}")));
+            table.row([r.cell.name, "-"]);
+            table.note(format!("  cell FAILED: {e}"));
             continue;
         }
         for (i, s) in r.summaries.iter().enumerate() {
@@ -329,28 +329,32 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
                     }
                 });
             }
-            rows.push(row);
+            table.row(row);
         }
-        let mut note = format!("  {} ({:.0} s wall)", verdict_line(&r.verdict), r.wall_s);
+        table.note(format!(
+            "  {} ({:.0} s wall)",
+            verdict_line(&r.verdict),
+            r.wall_s
+        ));
         for (seed, label, why) in &r.failed {
             let why: String = why.chars().take(200).collect();
-            let _ = write!(note, "\n  {label} FAILED on seed {seed}: {why}");
+            table.note(format!("  {label} FAILED on seed {seed}: {why}"));
         }
-        notes.push((rows.len(), note));
     }
-    super::summary::write_table_with_notes(&mut out, &rows, 2, &notes);
+    out.push_str(&table.text());
     let _ = writeln!(out);
     let _ = writeln!(out, "== verdicts ==");
+    let mut verdicts = Table::headless().left(2);
     for r in results {
-        match &r.error {
-            Some(e) => {
-                let _ = writeln!(out, "{:<24} cell failed: {e}", r.cell.name);
-            }
-            None => {
-                let _ = writeln!(out, "{:<24} {}", r.cell.name, verdict_brief(&r.verdict));
-            }
-        }
+        verdicts.row([
+            r.cell.name.to_owned(),
+            match &r.error {
+                Some(e) => format!("cell failed: {e}"),
+                None => verdict_brief(&r.verdict),
+            },
+        ]);
     }
+    out.push_str(&verdicts.text());
     out
 }
 
@@ -462,11 +466,13 @@ mod tests {
         assert!(text.contains("(321 s wall)"), "{text}");
         let verdicts = text.split("== verdicts ==").nth(1).expect("the list");
         assert!(
-            verdicts.contains("tenants-stall            NOT MET (p90 TTFT kvroute / best peer (vllm-router); hit ratio"),
+            verdicts.contains(
+                "tenants-stall  NOT MET (p90 TTFT kvroute / best peer (vllm-router); hit ratio"
+            ),
             "{verdicts}"
         );
         assert!(
-            verdicts.contains("chat                     cell failed: no kvsim"),
+            verdicts.contains("chat           cell failed: no kvsim"),
             "{verdicts}"
         );
     }

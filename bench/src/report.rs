@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::driver::RequestRecord;
 use super::metrics::{cluster_hit_ratio, PodDelta};
+use super::table::Table;
 use super::workload::{Load, WorkloadSpec};
 
 /// The `p`-th percentile (0–100) of `values`, linearly interpolated between closest ranks (NumPy's
@@ -521,7 +522,7 @@ pub fn render_table(rows: &[(String, RunReport)]) -> String {
         "pods",
         "max pod%",
     ];
-    let mut cells: Vec<Vec<String>> = vec![HEAD.iter().map(|s| (*s).to_owned()).collect()];
+    let mut table = Table::new(&HEAD).left(3);
     for (label, r) in rows {
         let total: usize = r.pod_requests.values().sum();
         let max_share = r
@@ -529,7 +530,7 @@ pub fn render_table(rows: &[(String, RunReport)]) -> String {
             .values()
             .max()
             .map(|&m| m as f64 / total.max(1) as f64);
-        cells.push(vec![
+        table.row([
             label.clone(),
             r.workload.clone(),
             r.load.clone(),
@@ -550,15 +551,6 @@ pub fn render_table(rows: &[(String, RunReport)]) -> String {
             pct(max_share),
         ]);
     }
-    let widths: Vec<usize> = (0..HEAD.len())
-        .map(|c| {
-            cells
-                .iter()
-                .map(|row| row.get(c).map_or(0, |s| s.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
     let mut out = String::new();
     let scales: Vec<f64> = rows.iter().map(|(_, r)| r.time_scale).collect();
     if scales.iter().any(|&s| s != 1.0) {
@@ -575,25 +567,7 @@ pub fn render_table(rows: &[(String, RunReport)]) -> String {
         out,
         "Latencies in ms (percentiles over successful requests); rates per second; hit% from pod counters, cached% from responses' usage."
     );
-    for (i, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (s, &w))| {
-                if c < 3 {
-                    format!("{s:<w$}")
-                } else {
-                    format!("{s:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
-    }
+    out.push_str(&table.text());
     for (label, r) in rows {
         let total: usize = r.pod_requests.values().sum();
         let spread: Vec<String> = r

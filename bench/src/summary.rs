@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::compare::Policy;
 use super::peers::PeerPolicy;
 use super::report::{percentile, RunReport};
+use super::table::{Align, Table};
 
 /// Median and range of one figure over runs (seeds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -526,7 +527,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
     if resets {
         head.push("back after reset");
     }
-    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
+    let mut table = Table::new(&head).left(1);
     for s in summaries {
         let mut row = vec![
             s.label.clone(),
@@ -557,73 +558,33 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
                 (_, never) => format!("{} s, never ×{never}", s.recovered_after_s.render(0, 1.0)),
             });
         }
-        rows.push(row);
+        table.row(row);
     }
-    write_table(&mut out, &rows, 1);
+    out.push_str(&table.text());
+    let mut checks = Table::headless().indent(2).aligns(&[
+        Align::Left,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+        Align::Left,
+    ]);
     for c in &verdict.checks {
-        let _ = writeln!(
-            out,
-            "  {:<52} {:>6}  per seed {:<18} target {:<8} {}",
-            c.what,
+        checks.row([
+            c.what.clone(),
             fmt_value(c.value),
-            c.per_seed.render(2, 1.0),
-            c.target,
+            format!("per seed {}", c.per_seed.render(2, 1.0)),
+            format!("target {}", c.target),
             match c.met {
                 Some(true) => "met",
                 Some(false) => "NOT MET",
                 None => "not measured",
             }
-        );
+            .to_owned(),
+        ]);
     }
+    out.push_str(&checks.text());
     let _ = writeln!(out, "{}", verdict_line(verdict));
     out
-}
-
-/// Writes `rows` (the first is the header, underlined) as aligned columns: the first `left`
-/// columns left-aligned, the others right-aligned.
-fn write_table(out: &mut String, rows: &[Vec<String>], left: usize) {
-    write_table_with_notes(out, rows, left, &[]);
-}
-
-/// Aligned columns (the first `left` left-aligned), the header underlined, and after row `n`
-/// (counting the header as row 1) each note whose index is `n`.
-pub(crate) fn write_table_with_notes(
-    out: &mut String,
-    rows: &[Vec<String>],
-    left: usize,
-    notes: &[(usize, String)],
-) {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .map(|r| r.get(c).map_or(0, |x| x.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for (i, row) in rows.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (s, &w))| {
-                if c < left {
-                    format!("{s:<w$}")
-                } else {
-                    format!("{s:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
-        for (_, note) in notes.iter().filter(|(n, _)| *n == i + 1) {
-            let _ = writeln!(out, "{note}");
-        }
-    }
 }
 
 /// One table over every workload of a run: per workload and policy the medians and spreads of
@@ -650,7 +611,7 @@ pub fn render_overview(workloads: &[(String, Vec<PolicySummary>)]) -> String {
         "hit%",
         "p90 / kvroute's",
     ];
-    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
+    let mut table = Table::new(&head).left(2);
     for (workload, summaries) in workloads {
         let kv = summaries
             .iter()
@@ -663,7 +624,7 @@ pub fn render_overview(workloads: &[(String, Vec<PolicySummary>)]) -> String {
                 }
                 _ => "-".to_owned(),
             };
-            rows.push(vec![
+            table.row([
                 if i == 0 {
                     workload.clone()
                 } else {
@@ -680,7 +641,7 @@ pub fn render_overview(workloads: &[(String, Vec<PolicySummary>)]) -> String {
             ]);
         }
     }
-    write_table(&mut out, &rows, 2);
+    out.push_str(&table.text());
     out
 }
 

@@ -15,6 +15,7 @@ mod common;
 
 use common::*;
 use harness::{plugin_config, wait_for, Envoy, LdsEnvoy, Sim};
+use kvbench::table::Table;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -612,10 +613,7 @@ async fn the_fault_matrix_through_real_envoy() {
     });
     let (sim, envoy) = stack(4, &[], extra).await;
     let vms_at_start = vms_created(&envoy).await;
-    let mut table = vec![
-        "| case | expected | outcome |".to_string(),
-        "|---|---|---|".to_string(),
-    ];
+    let mut table = Table::new(&["case", "expected", "outcome"]).left(3);
     for case in request_cases() {
         let ejected_before = envoy
             .stat("wasmcustom.kvroute.health.ejections_total")
@@ -641,15 +639,21 @@ async fn the_fault_matrix_through_real_envoy() {
             Expect::ClientGone => "client gone, no ejection".into(),
         };
         let got = status.map_or("client gone".to_string(), |s| s.to_string());
-        table.push(format!(
-            "| {} | {expected} | {got}; then 200 on every VM |",
-            case.name
-        ));
+        table.row([
+            case.name.to_string(),
+            expected,
+            format!("{got}; then 200 on every VM"),
+        ]);
     }
-    let mut pods_table = vec![
-        "| pod fault | requests | client errors | served by faulty pod | noticed (gauge) | recovered after clear |".to_string(),
-        "|---|---|---|---|---|---|".to_string(),
-    ];
+    let mut pods_table = Table::new(&[
+        "pod fault",
+        "requests",
+        "client errors",
+        "served by faulty pod",
+        "noticed (gauge)",
+        "recovered after clear",
+    ])
+    .left(6);
     let mut failures = Vec::new();
     for (i, case) in pod_cases().iter().enumerate() {
         let m = run_pod_case(&envoy, &sim, case, i).await;
@@ -661,20 +665,22 @@ async fn the_fault_matrix_through_real_envoy() {
             .map(|(g, v)| format!("{g}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        pods_table.push(format!(
-            "| {} | {} | {} | {} | {} ({}) | {} |",
-            case.name,
-            m.requests,
-            m.errors,
-            m.to_faulty,
-            ms(m.notice),
-            if gauge.is_empty() {
-                "ranked last"
-            } else {
-                &gauge
-            },
-            ms(m.recover)
-        ));
+        pods_table.row([
+            case.name.to_string(),
+            m.requests.to_string(),
+            m.errors.to_string(),
+            m.to_faulty.to_string(),
+            format!(
+                "{} ({})",
+                ms(m.notice),
+                if gauge.is_empty() {
+                    "ranked last"
+                } else {
+                    &gauge
+                }
+            ),
+            ms(m.recover),
+        ]);
         if m.errors > case.max_errors {
             failures.push(format!("{}: {} client errors", case.name, m.errors));
         }
@@ -691,7 +697,7 @@ async fn the_fault_matrix_through_real_envoy() {
             failures.push(format!("{}: never recovered", case.name));
         }
     }
-    eprintln!("\n{}\n\n{}\n", table.join("\n"), pods_table.join("\n"));
+    eprintln!("\n{}\n{}", table.markdown(), pods_table.markdown());
     eprintln!(
         "VMs created {} (unchanged), health.ejections {}, no_endpoint {}",
         vms_created(&envoy).await,
@@ -703,7 +709,7 @@ async fn the_fault_matrix_through_real_envoy() {
     assert!(
         failures.is_empty(),
         "{failures:?}\n{}",
-        pods_table.join("\n")
+        pods_table.markdown().trim_end()
     );
     drop(sim);
 }

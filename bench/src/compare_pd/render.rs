@@ -13,6 +13,7 @@ use super::scenario::{Scenario, Setup};
 use super::stack::PdStackOptions;
 use super::verdict::{verdicts, Verdict};
 use crate::report::{render_table, RunReport};
+use crate::table::Table;
 use crate::workload::WorkloadKind;
 
 fn num(v: Option<f64>, decimals: usize) -> String {
@@ -22,40 +23,13 @@ fn num(v: Option<f64>, decimals: usize) -> String {
     }
 }
 
-/// Left-aligned first columns, right-aligned numbers, a rule under the head.
-fn grid(head: &[&str], body: &[Vec<String>], left: usize) -> String {
-    let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| (*s).to_owned()).collect()];
-    cells.extend(body.iter().cloned());
-    let widths: Vec<usize> = (0..head.len())
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for (i, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (s, &w))| {
-                if c < left {
-                    format!("{s:<w$}")
-                } else {
-                    format!("{s:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-        if i == 0 {
-            let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
+/// The head and rows as a table: the first `left` columns left-aligned, the numbers right-aligned.
+fn grid(head: &[&str], body: Vec<Vec<String>>, left: usize) -> String {
+    let mut table = Table::new(head).left(left);
+    for row in body {
+        table.row(row);
     }
-    out
+    table.text()
 }
 
 /// The scenario's own table: one row per topology, the figures its targets are about.
@@ -145,7 +119,7 @@ pub fn render_pd_table(scenario: &Scenario, rows: &[PdRow]) -> String {
         rows.first().map_or(1.0, |r| r.report.time_scale),
         rows.first().map_or(0.0, |r| r.figures.window_s)
     );
-    out.push_str(&grid(&head, &body, 1));
+    out.push_str(&grid(&head, body, 1));
     out
 }
 
@@ -180,7 +154,7 @@ pub fn render_verdicts(verdicts: &[Verdict]) -> String {
             ]
         })
         .collect();
-    grid(&head, &body, 3)
+    grid(&head, body, 3)
 }
 
 /// What the scenario ran: rows, engine and kvroute settings, workload, load.

@@ -32,6 +32,10 @@
 //! difference and its bootstrap interval; `report` is the report's shape, `summary` its flat rows
 //! and the targets, and `render` its text and files. [`run`] below starts the pods and both
 //! Envoys of each section and calls the phases in order.
+//!
+//! This is one of the filter's cost instruments (`make bench-cost WHAT=overhead`); the others
+//! (each callback's time, polling a large pool, the CPU split by kind of code, the core natively)
+//! and the question each answers are listed in `docs/cost-instruments.md`.
 
 mod chart;
 mod conn;

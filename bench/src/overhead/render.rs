@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::report::{OverheadReport, Spread};
+use crate::table::{Align, Table};
 
 fn fmt_us(v: Option<f64>) -> String {
     v.filter(|x| x.is_finite())
@@ -110,35 +111,20 @@ fn latency_table(out: &mut String, r: &OverheadReport) {
          95% CI; CPU = Envoy CPU µs/request;\ndecision = kvroute's body phase as the filter times it \
          inside the VM, p50; rest = added p50 − decision p50):"
     );
-    let _ = writeln!(
-        out,
-        "{:<8} {:>7} {:<6} {:>5} {:>8} {:>8} {:>9} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
-        "mode",
-        "prompt",
-        "kind",
-        "pairs",
-        "plain",
-        "kvroute",
-        "added",
-        "95% CI",
-        "add mean",
-        "CPU pl",
-        "CPU kv",
-        "CPU add",
-        "decision",
-        "rest"
-    );
+    let mut table = Table::new(&[
+        "mode", "prompt", "kind", "pairs", "plain", "kvroute", "added", "95% CI", "add mean",
+        "CPU pl", "CPU kv", "CPU add", "decision", "rest",
+    ])
+    .aligns(&[Align::Left, Align::Right, Align::Left]);
     for row in &r.summary.latency {
         let ci = row
             .added_p50_ci95_us
             .map_or_else(|| "-".to_owned(), |(lo, hi)| format!("{lo:+.1} … {hi:+.1}"));
-        let _ = writeln!(
-            out,
-            "{:<8} {:>7} {:<6} {:>5} {:>8} {:>8} {:>9} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
-            row.mode.name(),
+        table.row([
+            row.mode.name().to_owned(),
             size_name(row.prompt_size),
-            row.kind.name(),
-            row.pairs,
+            row.kind.name().to_owned(),
+            row.pairs.to_string(),
             fmt_us(row.plain_p50_us),
             fmt_us(row.kvroute_p50_us),
             fmt_signed_us(row.added_p50_us),
@@ -149,8 +135,9 @@ fn latency_table(out: &mut String, r: &OverheadReport) {
             fmt_signed_us(row.added_cpu_us_per_request),
             fmt_us(row.decision_p50_us),
             fmt_signed_us(row.added_outside_decision_p50_us),
-        );
+        ]);
     }
+    out.push_str(&table.text());
 }
 
 fn arm_table(out: &mut String, r: &OverheadReport) {
@@ -159,56 +146,41 @@ fn arm_table(out: &mut String, r: &OverheadReport) {
         "\nEach arm (µs), with what kvroute counted over the cell (warm-up included) and its index \
          at the cell's end:"
     );
-    let _ = writeln!(
-        out,
-        "{:<8} {:>7} {:<6} {:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>8}   {:>6} {:>6} {:>7}",
-        "mode",
-        "prompt",
-        "kind",
-        "envoy",
-        "reqs",
-        "ok",
-        "mean",
-        "p50",
-        "p90",
-        "p99",
-        "routed",
-        "hits",
-        "index"
-    );
+    let mut table = Table::new(&[
+        "mode", "prompt", "kind", "envoy", "reqs", "ok", "mean", "p50", "p90", "p99", "routed",
+        "hits", "index",
+    ])
+    .aligns(&[Align::Left, Align::Right, Align::Left, Align::Left]);
     for c in r.sections.iter().flat_map(|s| &s.cells) {
         let counter = |name: &str| c.kvroute_counters.get(name).copied().unwrap_or(0);
         for arm in [&c.kvroute, &c.plain] {
             let l = &arm.latency_us;
-            let counted = if arm.label == super::KVROUTE {
-                format!(
-                    "   {:>6} {:>6} {:>7}",
-                    counter("kvroute.requests_routed_total"),
-                    counter("kvroute.requests_routed_total{reason=\"prefix_hit\"}"),
-                    c.index_entries
-                )
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                out,
-                "{:<8} {:>7} {:<6} {:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>8}{counted}",
-                c.mode.name(),
+            let mut row = vec![
+                c.mode.name().to_owned(),
                 size_name(c.prompt_size),
-                c.kind.name(),
-                arm.label,
-                arm.requests,
-                arm.ok,
+                c.kind.name().to_owned(),
+                arm.label.clone(),
+                arm.requests.to_string(),
+                arm.ok.to_string(),
                 fmt_us(l.mean),
                 fmt_us(l.p50),
                 fmt_us(l.p90),
                 fmt_us(l.p99),
-            );
+            ];
+            if arm.label == super::KVROUTE {
+                row.extend([
+                    counter("kvroute.requests_routed_total").to_string(),
+                    counter("kvroute.requests_routed_total{reason=\"prefix_hit\"}").to_string(),
+                    c.index_entries.to_string(),
+                ]);
+            }
+            table.row(row);
             for e in &arm.errors {
-                let _ = writeln!(out, "    error: {e}");
+                table.note(format!("    error: {e}"));
             }
         }
     }
+    out.push_str(&table.text());
 }
 
 fn throughput_table(out: &mut String, r: &OverheadReport) {
@@ -230,9 +202,7 @@ fn throughput_table(out: &mut String, r: &OverheadReport) {
         first.kind.name(),
         first.machine_cores
     );
-    let _ = writeln!(
-        out,
-        "{:<8} {:>7} {:>8} {:>8} {:>21} {:>8} {:>8} {:>21} {:>11} {:>6} {:>6} {:>7}",
+    let mut table = Table::new(&[
         "mode",
         "prompt",
         "plain/s",
@@ -244,13 +214,12 @@ fn throughput_table(out: &mut String, r: &OverheadReport) {
         "Envoy cores",
         "client",
         "kvsim",
-        "machine"
-    );
+        "machine",
+    ])
+    .left(1);
     for t in &r.summary.throughput {
-        let _ = writeln!(
-            out,
-            "{:<8} {:>7} {:>8} {:>8} {:>21} {:>8} {:>8} {:>21} {:>11} {:>6} {:>6} {:>7}",
-            t.mode.name(),
+        table.row([
+            t.mode.name().to_owned(),
             size_name(t.prompt_size),
             fmt_f(t.plain_rps.median, 0),
             fmt_f(t.kvroute_rps.median, 0),
@@ -266,8 +235,9 @@ fn throughput_table(out: &mut String, r: &OverheadReport) {
             fmt_f(t.client_cores, 2),
             fmt_f(t.sim_cores, 2),
             fmt_f(t.machine_busy_cores, 2),
-        );
+        ]);
     }
+    out.push_str(&table.text());
     for t in &r.summary.throughput {
         if !t.client_below_envoy {
             let _ = writeln!(
@@ -304,9 +274,7 @@ fn memory_table(out: &mut String, r: &OverheadReport) {
          at rest (ready, before any\nrequest) and at the section's end (index full after the fresh \
          prompts); per VM = ÷ wasm.wasm_vm_count:"
     );
-    let _ = writeln!(
-        out,
-        "{:<8} {:>3} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12}",
+    let mut table = Table::new(&[
         "mode",
         "VMs",
         "RSS rest",
@@ -317,14 +285,13 @@ fn memory_table(out: &mut String, r: &OverheadReport) {
         "per VM",
         "alloc full",
         "per VM",
-        "index blocks"
-    );
+        "index blocks",
+    ])
+    .left(1);
     for m in &r.summary.memory {
-        let _ = writeln!(
-            out,
-            "{:<8} {:>3} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>12}",
-            m.mode.name(),
-            m.vms,
+        table.row([
+            m.mode.name().to_owned(),
+            m.vms.to_string(),
             mib_signed(m.rss_added_at_rest),
             mib_signed(m.rss_per_vm_at_rest),
             mib_signed(m.rss_added_full),
@@ -333,9 +300,10 @@ fn memory_table(out: &mut String, r: &OverheadReport) {
             mib_signed(Some(m.allocated_per_vm_at_rest)),
             mib_signed(Some(m.allocated_added_full)),
             mib_signed(Some(m.allocated_per_vm_full)),
-            m.index_entries_peak
-        );
+            m.index_entries_peak.to_string(),
+        ]);
     }
+    out.push_str(&table.text());
 }
 
 /// The text report.

@@ -25,6 +25,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kvbench::compare::{self};
 use kvbench::demo::{self, DemoOptions, UpOptions};
+use kvbench::table::{Align, Table};
 use kvbench::{render_json, render_table, run};
 
 #[derive(Parser, Debug)]
@@ -128,13 +129,28 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 out: args.out.clone(),
             };
             let report = kvbench::soak::soak(&opts).await?;
-            println!("start_s  fault              requests  errors  p50_ms  p99_ms  envoy_rss_mib");
+            let mut table = Table::new(&[
+                "start_s",
+                "fault",
+                "requests",
+                "errors",
+                "p50_ms",
+                "p99_ms",
+                "envoy_rss_mib",
+            ])
+            .aligns(&[Align::Right, Align::Left]);
             for w in &report.windows {
-                println!(
-                    "{:>7}  {:<17}  {:>8}  {:>6}  {:>6.0}  {:>6.0}  {:>13.1}",
-                    w.start_s, w.fault, w.requests, w.errors, w.p50_ms, w.p99_ms, w.envoy_rss_mib
-                );
+                table.row([
+                    w.start_s.to_string(),
+                    w.fault.clone(),
+                    w.requests.to_string(),
+                    w.errors.to_string(),
+                    format!("{:.0}", w.p50_ms),
+                    format!("{:.0}", w.p99_ms),
+                    format!("{:.1}", w.envoy_rss_mib),
+                ]);
             }
+            print!("{}", table.text());
             println!("{}", report.summary());
             anyhow::ensure!(report.lost() == 0, "{} requests lost", report.lost());
         }

@@ -7,6 +7,7 @@ use clap::{Args, Parser, ValueEnum};
 use kvbench::compare;
 use kvbench::matrix::{self, Cell, CellResult};
 use kvbench::summary;
+use kvbench::table::Table;
 
 use crate::*;
 
@@ -106,16 +107,13 @@ fn describe_previous(args: &MatrixArgs) -> String {
 pub(crate) async fn matrix_main(args: &MatrixArgs) -> anyhow::Result<()> {
     let cells = matrix::select(&args.cells)?;
     if args.list {
+        let mut table = Table::headless().left(2);
         for c in &cells {
-            println!(
-                "{:<22} {}{}\n{:<22} {}",
-                c.name,
-                c.about,
-                if c.short { " [short]" } else { "" },
-                "",
-                matrix::shell_args(c.args)
-            );
+            let short = if c.short { " [short]" } else { "" };
+            table.row([c.name.to_owned(), format!("{}{short}", c.about)]);
+            table.row([String::new(), matrix::shell_args(c.args)]);
         }
+        print!("{}", table.text());
         return Ok(());
     }
     anyhow::ensure!(!cells.is_empty(), "no cells selected");
