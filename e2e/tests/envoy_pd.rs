@@ -623,7 +623,9 @@ async fn inline_mode_probes_bring_splits_back_after_slow_prefills() {
 /// counted, and both were split.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_mode_a_prompt_within_the_streams_objective_stays_on_its_decode_pod() {
-    let s = pd_stack("inline").await;
+    // No probe splits (`probe_interval_ms` 0): only the objective decides here.
+    let pd = json!({"mode": "inline", "prefill_timeout_ms": 5000, "probe_interval_ms": 0});
+    let s = pd_stack_with("inline", &[], json!({ "pd": pd })).await;
     let url = s.envoy.url("/v1/chat/completions");
     let mut streams = Vec::new();
     for i in 0..6 {
@@ -634,10 +636,13 @@ async fn inline_mode_a_prompt_within_the_streams_objective_stays_on_its_decode_p
         }));
     }
     let decoding = || async { sum_stat(&s.decode.pods, "running").await };
-    assert!(
-        wait_for(Duration::from_secs(5), || async { decoding().await >= 6 }).await,
-        "streams running on the decode pods"
-    );
+    wait_for(
+        Duration::from_secs(5),
+        "streams running on the decode pods",
+        || async { decoding().await >= 6 },
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await; // a poll sees them
     let client = fresh_client();
     let loose = post(
