@@ -181,7 +181,8 @@ demo: build build-tools
 
 up: build build-tools
 	target/release/kvbench up --via-make $(if $(ENDPOINTS),--endpoints $(ENDPOINTS)) $(if $(PORT),--port $(PORT)) \
-	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE))
+	  $(if $(PREFILL),--prefill-endpoints $(PREFILL)) $(if $(DECODE),--decode-endpoints $(DECODE)) $(if $(PD_MODE),--pd-mode $(PD_MODE)) \
+	  $(if $(CONFIG),--config $(CONFIG))
 
 # The previous version's module, kvbench's `kvroute-previous` policy in make bench and make
 # bench-matrix: the commit pinned in bench/previous-version (PREVIOUS_COMMIT= another, e.g.

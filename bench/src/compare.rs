@@ -251,6 +251,9 @@ pub struct StackOptions {
     pub ready_timeout: Duration,
     /// With kvroute, fail when the pods are not all healthy by then (else only warn).
     pub require_healthy: bool,
+    /// kvroute's configuration exactly as given (`kvbench up --config`), instead of the
+    /// test-speed one with `plugin_extra` merged in.
+    pub plugin_config: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -270,6 +273,7 @@ impl Default for StackOptions {
             admin_port: 0,
             ready_timeout: Duration::from_secs(30),
             require_healthy: true,
+            plugin_config: None,
         }
     }
 }
@@ -346,7 +350,11 @@ impl Stack {
             // As often as the bench polls the pods (`bench_plugin_extra`).
             extra["peers"] = json!({"endpoints": endpoints, "interval_ms": 100});
         }
-        let plugin = policy.is_kvroute().then(|| plugin_config(&pods, extra));
+        let plugin = policy.is_kvroute().then(|| {
+            opts.plugin_config
+                .clone()
+                .unwrap_or_else(|| plugin_config(&pods, extra))
+        });
         let wasm = match policy {
             Policy::Kvroute => Some(harness::wasm_path()?),
             Policy::KvroutePrevious => Some(resolve_previous_wasm(opts.previous_wasm.as_deref())?),

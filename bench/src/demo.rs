@@ -340,6 +340,9 @@ pub struct UpOptions {
     pub pd_mode: String,
     /// Started by `make up`: errors name the make variables the user typed, not the flags.
     pub via_make: bool,
+    /// `--config FILE`: kvroute's configuration (JSON, or the same fields in YAML) to run as it
+    /// is, its pools' static endpoints the pods.
+    pub config: Option<std::path::PathBuf>,
 }
 
 impl UpOptions {
@@ -354,6 +357,7 @@ impl UpOptions {
             "--prefill-endpoints" => "PREFILL=",
             "--decode-endpoints" => "DECODE=",
             "--pd-mode" => "PD_MODE=",
+            "--config" => "CONFIG=",
             other => other,
         }
     }
@@ -444,6 +448,16 @@ pub async fn up(opts: &UpOptions) -> Result<()> {
         opts.name("--prefill-endpoints"),
         opts.name("--decode-endpoints")
     );
+    if let Some(path) = &opts.config {
+        anyhow::ensure!(
+            opts.endpoints.is_empty()
+                && opts.decode_endpoints.is_empty()
+                && opts.prefill_endpoints.is_empty(),
+            "{} takes the pods from the configuration's pools: drop the endpoint options",
+            opts.name("--config")
+        );
+        return up_config(opts, path).await;
+    }
     if !opts.decode_endpoints.is_empty() {
         return up_pd(opts).await;
     }
@@ -591,11 +605,7 @@ async fn up_pd(opts: &UpOptions) -> Result<()> {
         ..StackOptions::default()
     };
     let mut stack = Stack::start(Policy::Kvroute, routed, None, &stack_opts).await?;
-    let model = match decode.first() {
-        Some(p) => first_model(p).await,
-        None => None,
-    }
-    .unwrap_or_else(|| "sim-model".to_owned());
+    let model = served_model(decode.first()).await;
     println!(
         "kvroute is up (Envoy, 2 workers, kvroute plugin, P/D {} mode; loopback only).",
         opts.pd_mode
@@ -606,6 +616,76 @@ async fn up_pd(opts: &UpOptions) -> Result<()> {
     if !aggregated.is_empty() {
         println!("  aggregated    {}", aggregated.join(", "));
     }
+    print_admin_and_try(&stack, &model);
+    println!(
+        "  (x-kvroute-debug shows pd=disaggregated|decode_only and the prefill pod; Ctrl-C stops)"
+    );
+    let why = wait_for_shutdown(&mut stack).await?;
+    eprintln!("kvbench up: {why}: stopping Envoy");
+    Ok(())
+}
+
+/// kvroute's configuration from `path` (JSON, or YAML with the same fields), checked by the
+/// plugin's own parser: its compiled form and the JSON the plugin is given.
+pub fn read_up_config(path: &std::path::Path) -> Result<(kvroute::config::Config, String)> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?;
+    let value: Value =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{name}: neither JSON nor YAML"))?;
+    anyhow::ensure!(
+        value.is_object(),
+        "{name}: expected kvroute's configuration, a mapping with `pools`"
+    );
+    let json = value.to_string();
+    let config = kvroute::config::Config::parse(json.as_bytes())
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    Ok((config, json))
+}
+
+/// The pods of a configuration `kvbench up` can run: every pool's static endpoints, those Envoy
+/// routes to (aggregated and decode) apart from the prefill pods kvroute reaches by its poll
+/// cluster. A pool read from an Envoy cluster (`cluster`) needs the mesh's membership.
+pub fn up_config_pods(config: &kvroute::config::Config) -> Result<(Vec<String>, Vec<String>)> {
+    use kvroute::common::Role;
+    use kvroute::config::Members;
+    anyhow::ensure!(
+        config.poll_cluster == "kvroute_poll",
+        "poll_cluster: kvbench up's Envoy names its polling cluster `kvroute_poll`, not {:?}",
+        config.poll_cluster
+    );
+    let (mut routed, mut prefill) = (Vec::new(), Vec::new());
+    for (i, pool) in config.pools.iter().enumerate() {
+        let Members::Static(endpoints) = &pool.members else {
+            bail!(
+                "pools[{i}] ({}): kvbench up runs pools of static `endpoints`; a pool read from an Envoy cluster needs the mesh's membership",
+                pool.name
+            );
+        };
+        let into = if pool.role == Role::Prefill {
+            &mut prefill
+        } else {
+            &mut routed
+        };
+        into.extend(endpoints.iter().cloned());
+    }
+    anyhow::ensure!(
+        !routed.is_empty(),
+        "pools: no aggregated or decode pool with endpoints to route to"
+    );
+    Ok((routed, prefill))
+}
+
+/// The model `pod` serves (its first in `/v1/models`), or the simulator's.
+async fn served_model(pod: Option<&String>) -> String {
+    match pod {
+        Some(p) => first_model(p).await,
+        None => None,
+    }
+    .unwrap_or_else(|| "sim-model".to_owned())
+}
+
+/// The admin line and a request to try, as `kvbench up` prints them for pools it was given.
+fn print_admin_and_try(stack: &Stack, model: &str) {
     println!(
         "  admin         {}  (curl -s {}/stats | grep wasmcustom.kvroute)",
         stack.admin_url(),
@@ -613,11 +693,36 @@ async fn up_pd(opts: &UpOptions) -> Result<()> {
     );
     println!(
         "  try           {}",
-        curl_line(&stack.url(), &model).trim_start()
+        curl_line(&stack.url(), model).trim_start()
     );
+}
+
+/// `kvbench up --config FILE`: the user's own configuration in front of the pods it names.
+async fn up_config(opts: &UpOptions, path: &std::path::Path) -> Result<()> {
+    let (config, json) = read_up_config(path)?;
+    let (routed, prefill) = up_config_pods(&config)?;
+    let stack_opts = StackOptions {
+        pods: routed.len() + prefill.len(),
+        plugin_config: Some(json),
+        listen_port: opts.port,
+        admin_port: opts.admin_port,
+        ready_timeout: Duration::from_secs(15),
+        require_healthy: false,
+        ..StackOptions::default()
+    };
+    let mut stack = Stack::start(Policy::Kvroute, routed.clone(), None, &stack_opts).await?;
+    let model = served_model(routed.first()).await;
     println!(
-        "  (x-kvroute-debug shows pd=disaggregated|decode_only and the prefill pod; Ctrl-C stops)"
+        "kvroute is up with {} (Envoy, 2 workers; loopback only).",
+        path.display()
     );
+    println!("  listening on  {}", stack.url());
+    println!("  routed pods   {}", routed.join(", "));
+    if !prefill.is_empty() {
+        println!("  prefill pods  {}", prefill.join(", "));
+    }
+    print_admin_and_try(&stack, &model);
+    println!("Ctrl-C to stop.");
     let why = wait_for_shutdown(&mut stack).await?;
     eprintln!("kvbench up: {why}: stopping Envoy");
     Ok(())

@@ -190,3 +190,71 @@ fn errors_under_make_name_the_make_variables() {
         "{text}"
     );
 }
+
+/// `kvbench up --config FILE` runs a user's own configuration as it is, in front of the pods its
+/// pools name: here YAML with one pool of simulated pods and a tie band of its own, and the
+/// repeated request lands on the pod holding its prefix. A misspelt field is refused before
+/// anything starts, naming it as the plugin would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_runs_a_users_own_configuration_and_refuses_a_misspelt_one() {
+    let sim = harness::Sim::start(3, &["--time-scale", common::TIME_SCALE]).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvroute-up-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pods: Vec<String> = sim.pods.iter().map(|p| format!("\"{p}\"")).collect();
+    let good = dir.join("kvroute.yaml");
+    std::fs::write(
+        &good,
+        format!(
+            "pools:\n  - name: mine\n    endpoints: [{}]\npoll_interval_ms: 100\ndebug_header: true\nprediction:\n  tie_band: 0.05\n",
+            pods.join(", ")
+        ),
+    )
+    .unwrap();
+    let mut up = Up::start(&["--port", "0", "--config", good.to_str().unwrap()]);
+    let printed = up.read_until("Ctrl-C to stop");
+    assert!(
+        printed.iter().any(|l| l.contains("kvroute.yaml")),
+        "{printed:#?}"
+    );
+    let curl = printed
+        .iter()
+        .find(|l| l.contains("curl -si"))
+        .unwrap_or_else(|| panic!("no curl line: {printed:#?}"));
+    let (url, body) = parse_curl(curl.trim_start().trim_start_matches("try").trim_start());
+    let client = common::fresh_client();
+    let first = common::post(&client, &url, &body, &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(sim.pods.contains(&first.pod.clone().unwrap()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = common::post(&client, &url, &body, &[]).await;
+    assert_eq!(
+        second.debug_field("reason").as_deref(),
+        Some("prefix"),
+        "{:?}",
+        second.debug
+    );
+    assert_eq!(second.pod, first.pod);
+    let status = up.terminate().expect("kvbench up stops on SIGTERM");
+    assert!(status.success(), "{status}");
+
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!(
+            "pools:\n  - name: mine\n    endpoints: [{}]\npoll_intervall_ms: 100\n",
+            pods[0]
+        ),
+    )
+    .unwrap();
+    let err = up_error(&["--port", "0", "--config", bad.to_str().unwrap()]);
+    assert!(err.contains("poll_intervall_ms"), "{err}");
+    let discovered = dir.join("cluster.yaml");
+    std::fs::write(
+        &discovered,
+        "pools:\n  - name: mesh\n    cluster: outbound|8000||vllm\nadmin_cluster: kvroute_admin\n",
+    )
+    .unwrap();
+    let err = up_error(&["--port", "0", "--config", discovered.to_str().unwrap()]);
+    assert!(err.contains("pools[0] (mesh)"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

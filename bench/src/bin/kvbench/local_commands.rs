@@ -75,4 +75,8 @@ pub(crate) struct UpArgs {
     /// Set by `make up`: errors name its variables (PORT=, DECODE=, …) instead of these flags
     #[arg(long, hide = true)]
     pub(crate) via_make: bool,
+    /// kvroute's configuration to run as it is (JSON, or the same fields in YAML), checked by
+    /// the plugin's parser first; its pools' static endpoints are the pods
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<std::path::PathBuf>,
 }

@@ -175,6 +175,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 decode_endpoints: args.decode_endpoints.clone(),
                 pd_mode: args.pd_mode.clone(),
                 via_make: args.via_make,
+                config: args.config.clone(),
             };
             demo::up(&opts).await?;
         }
