@@ -136,7 +136,10 @@ fn a_misspelt_field_is_caught_in_every_kind() {
             "PodMonitor istio-system/kvroute-gateway",
             "'prot' was unexpected",
         ),
-        ("PrometheusRule istio-system/kvroute", "'fore' was unexpected"),
+        (
+            "PrometheusRule istio-system/kvroute",
+            "'fore' was unexpected",
+        ),
     ] {
         assert!(
             out.lines()

@@ -162,8 +162,8 @@ fn anchor(heading: &str) -> String {
 fn every_alert_links_a_runbook_section_that_exists() {
     let root = repo_root();
     let rules: Value = {
-        let text = std::fs::read_to_string(root.join("deploy/monitoring/kvroute-rules.yaml"))
-            .unwrap();
+        let text =
+            std::fs::read_to_string(root.join("deploy/monitoring/kvroute-rules.yaml")).unwrap();
         serde::Deserialize::deserialize(serde_yaml_ng::Deserializer::from_str(&text)).unwrap()
     };
     let runbooks = std::fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
