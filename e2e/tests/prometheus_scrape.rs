@@ -243,6 +243,14 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     .unwrap();
     wait_healthy(&envoy, 4).await;
     let prom = Prometheus::start(&prometheus_bin, &envoy.admin).await;
+    // Prometheus scrapes a new target only after its first discovery cycle (seconds): the load
+    // starts once a scrape has seen the gateway, so rates over the load (the retries of the
+    // failing pod's requests among them) count from its start.
+    wait_for(Duration::from_secs(30), "the first scrape", || {
+        prom.has_data("up{job=\"kvroute-gateway\"} == 1")
+    })
+    .await
+    .unwrap();
 
     // Load over several scrapes: tenants whose long prompts are split through a prefill pod and
     // then found cached on their decode pod, short prompts decoded alone, streamed with usage
