@@ -37,6 +37,45 @@ COPIES = {
     "files/kvroute-rules.yaml": "deploy/monitoring/kvroute-rules.yaml",
     "files/grafana-dashboard.json": "deploy/monitoring/grafana-dashboard.json",
 }
+# The kustomize component monitoring's objects made from deploy/monitoring (kustomize, like helm,
+# loads no file outside its directory): what the chart renders with monitoring.labels
+# {release: kube-prometheus-stack} and its other monitoring values at their defaults.
+MONITORING = "deploy/kustomize/components/monitoring"
+MONITORING_LABELS = {"release": "kube-prometheus-stack"}
+GENERATED_HEADER = ("# Generated from {source} by `tools/check_helm.py --sync`\n"
+                    "# (make helm-check fails when it differs): edit that file, then sync. {what}\n")
+
+
+def monitoring_rule():
+    with open(os.path.join(ROOT, COPIES["files/kvroute-rules.yaml"])) as f:
+        rules = f.read()
+    body = "".join(f"  {line}" if line.strip() else line for line in rules.splitlines(True))
+    labels = "".join(f"    {k}: {v}\n" for k, v in MONITORING_LABELS.items())
+    return (GENERATED_HEADER.format(source=COPIES["files/kvroute-rules.yaml"],
+                                    what="Its spec is that file.")
+            + "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata:\n"
+            + "  name: kvroute\n  namespace: istio-system\n  labels:\n" + labels
+            + "spec:\n" + body)
+
+
+def monitoring_dashboard():
+    with open(os.path.join(ROOT, COPIES["files/grafana-dashboard.json"])) as f:
+        dashboard = f.read().rstrip("\n")
+    body = "".join(f"    {line}" if line.strip() else line for line in dashboard.splitlines(True))
+    labels = "".join(f"    {k}: {v}\n" for k, v in MONITORING_LABELS.items())
+    return (GENERATED_HEADER.format(source=COPIES["files/grafana-dashboard.json"],
+                                    what="For Grafana's dashboard sidecar.")
+            + "apiVersion: v1\nkind: ConfigMap\nmetadata:\n"
+            + "  name: kvroute-dashboard\n  namespace: istio-system\n  labels:\n" + labels
+            + '    grafana_dashboard: "1"\n'
+            + "data:\n  kvroute-dashboard.json: |-\n" + body + "\n")
+
+
+# Files made from others (path under ROOT -> its text now).
+GENERATED = {
+    f"{MONITORING}/prometheusrule.yaml": monitoring_rule,
+    f"{MONITORING}/grafana-dashboard.yaml": monitoring_dashboard,
+}
 # examples/NAME.yaml renders the objects of overlays/NAME, but for these (kind, name).
 ONLY_IN_OVERLAY = {
     ("HorizontalPodAutoscaler", "vllm-prefill"): "components/autoscaling-hpa",
@@ -98,6 +137,19 @@ def check_copies(sync):
                 print(f"synced deploy/helm/kvroute/{copy} from {source}")
             else:
                 failures.append(f"deploy/helm/kvroute/{copy} differs from {source} "
+                                "(run tools/check_helm.py --sync)")
+    for path, make in GENERATED.items():
+        full = os.path.join(ROOT, path)
+        want = make()
+        have = open(full).read() if os.path.exists(full) else None
+        if have != want:
+            if sync:
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "w") as f:
+                    f.write(want)
+                print(f"synced {path}")
+            else:
+                failures.append(f"{path} is not what deploy/monitoring makes of it "
                                 "(run tools/check_helm.py --sync)")
     return failures
 
@@ -194,15 +246,29 @@ def compare_with_overlay(name, rendered, values, kustomize):
     return failures, only_chart
 
 
-def check_monitoring(rendered):
+# The pool Service's cluster in deploy/monitoring/kvroute-rules.yaml, which the chart and the
+# kustomize component monitoring replace with the deployment's (the fallback ratio's parameter).
+DEFAULT_POOL_CLUSTER = "outbound|8000||vllm.models.svc.cluster.local"
+
+
+def check_monitoring(rendered, values):
     failures = []
     with open(os.path.join(ROOT, "deploy/monitoring/kvroute-rules.yaml")) as f:
         rules = yaml.safe_load(f)
     with open(os.path.join(ROOT, "deploy/monitoring/grafana-dashboard.json")) as f:
         dashboard = json.load(f)
+    pool = {"service": "vllm.models.svc.cluster.local", "port": 8000, **values.get("pool", {})}
+    defaults = [r for r in rules["groups"][0]["rules"] if r.get("record") == "kvroute:pool_cluster:info"
+                and r["labels"]["envoy_cluster_name"] == DEFAULT_POOL_CLUSTER]
+    if len(defaults) != 1:
+        failures.append(f"deploy/monitoring/kvroute-rules.yaml: no kvroute:pool_cluster:info rule "
+                        f"for {DEFAULT_POOL_CLUSTER} (what the chart replaces)")
+    for rule in defaults:
+        rule["labels"]["envoy_cluster_name"] = f"outbound|{int(pool['port'])}||{pool['service']}"
     for doc in rendered:
         if doc["kind"] == "PrometheusRule" and doc["spec"] != rules:
-            failures.append("PrometheusRule: spec is not deploy/monitoring/kvroute-rules.yaml")
+            failures.append("PrometheusRule: spec is not deploy/monitoring/kvroute-rules.yaml with "
+                            "the pool Service's cluster (outbound|pool.port||pool.service)")
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "kvroute-dashboard":
             if json.loads(doc["data"]["kvroute-dashboard.json"]) != dashboard:
                 failures.append("ConfigMap kvroute-dashboard: not deploy/monitoring/grafana-dashboard.json")
@@ -265,7 +331,7 @@ def main():
         rendered = docs(out)
         with open(path) as f:
             values = yaml.safe_load(f)
-        for line in check_monitoring(rendered):
+        for line in check_monitoring(rendered, values):
             print(f"FAIL {label}: {line}")
             failures.append(line)
         if os.path.isdir(os.path.join(args.kustomize, "overlays", name)):

@@ -101,6 +101,18 @@ fn a_misspelt_field_is_caught_in_every_kind() {
         "name: vllm-prefill}\n  minReplicas:",
         "name: vllm-prefill}\n  minReplica:",
     );
+    misspell(
+        &deploy,
+        &format!("{k}components/monitoring/podmonitor.yaml"),
+        "  - port: http-envoy-prom",
+        "  - prot: http-envoy-prom",
+    );
+    misspell(
+        &deploy,
+        &format!("{k}components/monitoring/prometheusrule.yaml"),
+        "    for: 30m",
+        "    fore: 30m",
+    );
     let (ok, out) = check(&deploy, &[]);
     assert!(!ok, "typos passed:\n{out}");
     for (kind, field) in [
@@ -119,6 +131,14 @@ fn a_misspelt_field_is_caught_in_every_kind() {
         (
             "HorizontalPodAutoscaler models/vllm-prefill",
             "'minReplica' was unexpected",
+        ),
+        (
+            "PodMonitor istio-system/kvroute-gateway",
+            "'prot' was unexpected",
+        ),
+        (
+            "PrometheusRule istio-system/kvroute",
+            "'fore' was unexpected",
         ),
     ] {
         assert!(
@@ -190,6 +210,34 @@ fn each_overlays_settings_reach_the_envoyfilter() {
                 .iter()
                 .any(|p| p["cluster"] == cluster.as_str()),
             "overlays/{overlay}: no pool on {cluster}"
+        );
+        // The monitoring component's PrometheusRule: deploy/monitoring's rules, with that cluster
+        // as the pool cluster the fallback ratio counts retries on.
+        let rule = rendered
+            .iter()
+            .find(|d| d["kind"] == "PrometheusRule")
+            .unwrap_or_else(|| panic!("overlays/{overlay}: no PrometheusRule"));
+        let mut want_rules = docs(
+            &std::fs::read_to_string(repo_root().join("deploy/monitoring/kvroute-rules.yaml"))
+                .unwrap(),
+        )
+        .remove(0);
+        let pool_clusters: Vec<&mut Value> = want_rules["groups"][0]["rules"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .filter(|r| r["record"] == "kvroute:pool_cluster:info")
+            .collect();
+        assert_eq!(pool_clusters.len(), 2, "`pool` and the pool Service's");
+        let default = pool_clusters.into_iter().nth(1).unwrap();
+        assert_eq!(
+            default["labels"]["envoy_cluster_name"],
+            "outbound|8000||vllm.models.svc.cluster.local"
+        );
+        default["labels"]["envoy_cluster_name"] = Value::from(cluster.as_str());
+        assert_eq!(
+            rule["spec"], want_rules,
+            "overlays/{overlay}: the PrometheusRule"
         );
     }
 }
@@ -317,6 +365,19 @@ fn the_istio_proxy_configuration_extracts_every_kvroute_label() {
             .iter()
             .any(|p| "wasmcustom.kvroute.pods_healthy".starts_with(p)),
         "{prefixes:?} keep kvroute's stats"
+    );
+    // And the pool cluster's retries, the fallback ratio's numerator.
+    let suffixes: Vec<&str> = proxy_config["proxyStatsMatcher"]["inclusionSuffixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        suffixes.iter().any(|s| {
+            "cluster.outbound|8000||vllm.models.svc.cluster.local.upstream_rq_retry".ends_with(s)
+        }),
+        "{suffixes:?} keep the pool cluster's retries"
     );
     let tags: Vec<&str> = proxy_config["extraStatTags"]
         .as_array()

@@ -142,6 +142,69 @@ fn rules_load_their_unit_tests_pass_and_dashboard_queries_parse() {
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
+/// GitHub's anchor of a Markdown heading: lower case, spaces to `-`, other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every alert of the rules file has a `runbook_url` into docs/runbooks.md whose section exists,
+/// and every section there is some alert's.
+#[test]
+fn every_alert_links_a_runbook_section_that_exists() {
+    let root = repo_root();
+    let rules: Value = {
+        let text =
+            std::fs::read_to_string(root.join("deploy/monitoring/kvroute-rules.yaml")).unwrap();
+        serde::Deserialize::deserialize(serde_yaml_ng::Deserializer::from_str(&text)).unwrap()
+    };
+    let runbooks = std::fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
+    let sections: Vec<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(anchor)
+        .collect();
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let Some(alert) = rule["alert"].as_str() else {
+                continue;
+            };
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{alert}: no annotations.runbook_url"));
+            let (page, section) = url
+                .split_once('#')
+                .unwrap_or_else(|| panic!("{alert}: {url} names no section"));
+            assert_eq!(page, "docs/runbooks.md", "{alert}: {url}");
+            assert!(
+                sections.iter().any(|s| s == section),
+                "{alert}: {url}: no section `{section}` in docs/runbooks.md ({sections:?})"
+            );
+            alerts.push(anchor(alert));
+        }
+    }
+    assert!(alerts.len() >= 7, "{alerts:?}");
+    for section in &sections {
+        assert!(
+            alerts.contains(section),
+            "docs/runbooks.md: section `{section}` is no alert's"
+        );
+    }
+    // The check can fail: a heading's anchor, and a section that is not there.
+    assert_eq!(anchor("KvrouteNoHealthyPods"), "kvroutenohealthypods");
+    assert_eq!(anchor("What it is: a (b)"), "what-it-is-a-b");
+    assert!(!sections.contains(&"kvroutenohealthypod".to_string()));
+}
+
 #[test]
 fn every_kvroute_series_read_is_one_the_plugin_declares() {
     let declared = declared_series();

@@ -1,8 +1,12 @@
 //! A real Prometheus (Debian's `prometheus`) scraping a running Envoy + kvroute + simulated P/D
-//! pods on loopback, with `deploy/monitoring/kvroute-rules.yaml` loaded: after a short load every
-//! recording rule and every query of the Grafana dashboard returns data (a finite value), the
-//! series carry the labels the README documents, and Envoy's own `/stats/prometheus` page has
-//! every kvroute counter ending in `_total` and no label left in a name.
+//! pods on loopback, with nothing loaded but the monitoring objects the chart and the overlays
+//! apply (`deploy/kustomize/components/monitoring`: the PrometheusRule's spec as its rule file, the
+//! dashboard out of its ConfigMap; `tools/check_helm.py` checks the chart renders the same): after a
+//! short load every recording rule (the GIE-named ones too) and every query of the Grafana
+//! dashboard returns data (a finite value), every rule evaluates without error and every alert's
+//! expression is a valid query on the live data, the series carry the labels docs/metrics.md
+//! documents, and Envoy's own `/stats/prometheus` page has every kvroute counter ending in
+//! `_total` and no label left in a name.
 //!
 //! Skips, saying so, where the `prometheus` binary is not installed (`make sysdeps`).
 
@@ -23,8 +27,31 @@ fn yaml(text: &str) -> Value {
     Value::deserialize(serde_yaml_ng::Deserializer::from_str(text)).unwrap()
 }
 
+/// The monitoring component's objects (what the overlays apply; the chart renders the same).
+const MONITORING: &str = "deploy/kustomize/components/monitoring";
+
+/// The PrometheusRule's spec: the rule groups Prometheus Operator loads.
+fn rule_spec() -> Value {
+    let text =
+        std::fs::read_to_string(repo_root().join(MONITORING).join("prometheusrule.yaml")).unwrap();
+    let rule = yaml(&text);
+    assert_eq!(rule["kind"], "PrometheusRule");
+    rule["spec"].clone()
+}
+
+/// The rules of every group of the spec.
+fn rules(spec: &Value) -> Vec<Value> {
+    spec["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
 /// Prometheus on a free loopback port, scraping `target`'s `/stats/prometheus` every second, with
-/// the shipped rules (evaluated every second instead of every 15 s).
+/// the PrometheusRule's rules and no other (its groups evaluated every second instead of every
+/// 15 s).
 struct Prometheus {
     _proc: Proc,
     url: String,
@@ -47,18 +74,15 @@ impl Prometheus {
             free_port().unwrap()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let rules =
-            std::fs::read_to_string(repo_root().join("deploy/monitoring/kvroute-rules.yaml"))
-                .unwrap();
-        assert!(
-            rules.contains("interval: 15s"),
-            "the recording group's interval"
-        );
-        std::fs::write(
-            dir.join("kvroute-rules.yaml"),
-            rules.replace("interval: 15s", "interval: 1s"),
-        )
-        .unwrap();
+        let mut spec = rule_spec();
+        for group in spec["groups"].as_array_mut().unwrap() {
+            if group.get("interval").is_some() {
+                assert_eq!(group["interval"], "15s", "{}", group["name"]);
+                group["interval"] = json!("1s");
+            }
+        }
+        // JSON is YAML: the spec as Prometheus' rule file.
+        std::fs::write(dir.join("kvroute-rules.yaml"), spec.to_string()).unwrap();
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["kvroute-rules.yaml"],
@@ -136,14 +160,9 @@ impl Prometheus {
     }
 }
 
-fn recording_rules() -> Vec<String> {
-    let text =
-        std::fs::read_to_string(repo_root().join("deploy/monitoring/kvroute-rules.yaml")).unwrap();
-    let mut names: Vec<String> = yaml(&text)["groups"]
-        .as_array()
-        .unwrap()
+fn recording_rules(spec: &Value) -> Vec<String> {
+    let mut names: Vec<String> = rules(spec)
         .iter()
-        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["record"].as_str().map(str::to_string))
         .collect();
     names.sort();
@@ -151,10 +170,32 @@ fn recording_rules() -> Vec<String> {
     names
 }
 
-/// Every target of every dashboard panel, with the `pool` variable at "All".
+/// Every alert's name and expression.
+fn alert_exprs(spec: &Value) -> Vec<(String, String)> {
+    rules(spec)
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["alert"].as_str()?.to_string(),
+                r["expr"].as_str().unwrap().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Every target of every panel of the dashboard in the component's ConfigMap, with the `pool`
+/// variable at "All".
 fn dashboard_queries() -> Vec<String> {
-    let path = repo_root().join("deploy/monitoring/grafana-dashboard.json");
-    let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text = std::fs::read_to_string(repo_root().join(MONITORING).join("grafana-dashboard.yaml"))
+        .unwrap();
+    let config_map = yaml(&text);
+    assert_eq!(config_map["kind"], "ConfigMap");
+    let dash: Value = serde_json::from_str(
+        config_map["data"]["kvroute-dashboard.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     dash["panels"]
         .as_array()
         .unwrap()
@@ -202,6 +243,14 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     .unwrap();
     wait_healthy(&envoy, 4).await;
     let prom = Prometheus::start(&prometheus_bin, &envoy.admin).await;
+    // Prometheus scrapes a new target only after its first discovery cycle (seconds): the load
+    // starts once a scrape has seen the gateway, so rates over the load (the retries of the
+    // failing pod's requests among them) count from its start.
+    wait_for(Duration::from_secs(30), "the first scrape", || {
+        prom.has_data("up{job=\"kvroute-gateway\"} == 1")
+    })
+    .await
+    .unwrap();
 
     // Load over several scrapes: tenants whose long prompts are split through a prefill pod and
     // then found cached on their decode pod, short prompts decoded alone, streamed with usage
@@ -268,8 +317,19 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     assert!(ok >= 40, "{ok} of 44 requests answered 200");
 
     // Every recording rule and every dashboard query returns data once the rules have run.
-    let mut queries: Vec<String> = recording_rules();
+    let spec = rule_spec();
+    let mut queries: Vec<String> = recording_rules(&spec);
     assert!(queries.len() >= 10, "{queries:?}");
+    for gie in [
+        "inference_pool_ready_pods",
+        "inference_pool_average_queue_size",
+        "inference_objective_request_total",
+        "inference_objective_request_error_total",
+    ] {
+        assert!(queries.iter().any(|q| q == gie), "{gie} is recorded");
+    }
+    // A retry happened on the pool's cluster (`pool`), the only one the fallback ratio counts.
+    queries.push("kvroute:fallback_ratio:rate5m > 0".into());
     queries.extend(dashboard_queries());
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut missing: Vec<String>;
@@ -295,6 +355,64 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     println!(
         "{} queries (recording rules and dashboard) returned data",
         queries.len()
+    );
+
+    // Every alert's expression is a query Prometheus evaluates on these series (the query helper
+    // asserts the API's `success`), and Prometheus' own evaluation of every rule went without
+    // error.
+    let alerts = alert_exprs(&spec);
+    assert!(alerts.len() >= 7, "{alerts:?}");
+    for (alert, expr) in &alerts {
+        let firing = prom.query(expr).await;
+        println!("alert {alert}: {} series now", firing.len());
+    }
+    let v: Value = reqwest::get(format!("{}/api/v1/rules", prom.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "success", "{v}");
+    let mut evaluated = 0;
+    for group in v["data"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            assert_eq!(
+                rule["health"], "ok",
+                "{}: {} ({})",
+                group["name"], rule["name"], rule["lastError"]
+            );
+            evaluated += 1;
+        }
+    }
+    assert_eq!(evaluated, rules(&spec).len(), "every rule loaded: {v}");
+
+    // The GIE-named series, labelled as GIE labels them.
+    let ready = prom.query("inference_pool_ready_pods").await;
+    assert_eq!(
+        label_values(&ready, "name"),
+        BTreeSet::from(["decode".into(), "prefill".into()])
+    );
+    let requests = prom.query("inference_objective_request_total").await;
+    assert_eq!(
+        label_values(&requests, "model_name"),
+        BTreeSet::from([MODEL.into()])
+    );
+    assert_eq!(
+        label_values(&requests, "target_model_name"),
+        BTreeSet::from([MODEL.into()])
+    );
+    assert!(
+        requests.iter().all(|s| s["metric"]["pool"].is_null()),
+        "{requests:?}"
+    );
+    let errors = prom.query("inference_objective_request_error_total").await;
+    assert_eq!(
+        label_values(&errors, "error_code"),
+        BTreeSet::from([
+            "BadRequest".into(),
+            "ResourceExhausted".into(),
+            "ServiceUnavailable".into()
+        ])
     );
     // The check can fail: the series names before this scheme are gone.
     for old in [
