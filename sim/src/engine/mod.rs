@@ -177,28 +177,7 @@ impl Engine {
         let queued_at = now + self.cfg.to_wall(self.cfg.queueing_time(spec.prompt_tokens));
         let mut st = self.lock();
         if !st.closed {
-            let seq = Seq {
-                spec,
-                tx,
-                arrival: now,
-                queued_at,
-                cached: 0,
-                transferred: 0,
-                computed: 0,
-                prefill_remaining: 0,
-                generated: 0,
-                pinned: 0,
-                alloc: 0,
-                xfer_left: 0.0,
-                ready_at: now,
-                last_token: None,
-                sched_prefill: 0,
-                sched_decode: false,
-                fresh: false,
-                eligible: queued_at,
-                aborted: false,
-                started: false,
-            };
+            let seq = Seq::new(spec, tx, now, queued_at);
             if queued_at > now {
                 st.arriving.push(seq);
             } else {

@@ -93,6 +93,33 @@ pub(super) struct Seq {
 }
 
 impl Seq {
+    /// A request that arrived at `arrival` and joins the queue at `queued_at` (after the
+    /// profile's per-request overhead), nothing of it computed yet.
+    pub(super) fn new(spec: SeqSpec, tx: Sink, arrival: Instant, queued_at: Instant) -> Seq {
+        Seq {
+            spec,
+            tx,
+            arrival,
+            queued_at,
+            cached: 0,
+            transferred: 0,
+            computed: 0,
+            prefill_remaining: 0,
+            generated: 0,
+            pinned: 0,
+            alloc: 0,
+            xfer_left: 0.0,
+            ready_at: arrival,
+            last_token: None,
+            sched_prefill: 0,
+            sched_decode: false,
+            fresh: false,
+            eligible: queued_at,
+            aborted: false,
+            started: false,
+        }
+    }
+
     /// Blocks held outside the shared cache: the partial last block, prompt blocks not yet full or
     /// cached, and generated tokens.
     pub(super) fn private_blocks(&self, cfg: &SimConfig) -> usize {

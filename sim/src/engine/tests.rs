@@ -28,28 +28,8 @@ fn spec(tag: u64, tokens: usize, max_tokens: usize) -> SeqSpec {
 fn push(eng: &Engine, s: SeqSpec, now: Instant) -> mpsc::UnboundedReceiver<SeqEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut st = eng.lock();
-    st.waiting.push_back(Seq {
-        spec: s,
-        tx: Sink::Direct(tx),
-        arrival: now,
-        queued_at: now,
-        cached: 0,
-        transferred: 0,
-        computed: 0,
-        prefill_remaining: 0,
-        generated: 0,
-        pinned: 0,
-        alloc: 0,
-        xfer_left: 0.0,
-        ready_at: now,
-        last_token: None,
-        sched_prefill: 0,
-        sched_decode: false,
-        fresh: false,
-        eligible: now,
-        aborted: false,
-        started: false,
-    });
+    st.waiting
+        .push_back(Seq::new(s, Sink::Direct(tx), now, now));
     rx
 }
 
