@@ -152,22 +152,25 @@ pub struct StreamObjective {
 
 impl StreamObjective {
     /// The request's TPOT objective, else the configured one, else `itl_slack` times the median
-    /// of `pool_itls_ms` (the decode pods' observed gaps).
+    /// of `pool_itls_ms` (the decode pods' observed gaps, gathered only when neither is given).
     pub fn resolve(
         pd: &PdConfig,
         request_tpot_ms: Option<f64>,
         decode_itl_ms: Option<f64>,
-        mut pool_itls_ms: Vec<f64>,
+        pool_itls_ms: impl FnOnce() -> Vec<f64>,
     ) -> StreamObjective {
-        pool_itls_ms.retain(|v| v.is_finite() && *v > 0.0);
-        pool_itls_ms.sort_by(f64::total_cmp);
-        let median = pool_itls_ms.get(pool_itls_ms.len() / 2).copied();
         let configured = (pd.itl_objective_ms > 0.0).then_some(pd.itl_objective_ms);
+        let pool_median = || {
+            let mut itls = pool_itls_ms();
+            itls.retain(|v| v.is_finite() && *v > 0.0);
+            itls.sort_by(f64::total_cmp);
+            itls.get(itls.len() / 2).map(|m| m * pd.itl_slack)
+        };
         StreamObjective {
             objective_ms: request_tpot_ms
                 .filter(|t| *t > 0.0)
                 .or(configured)
-                .or(median.map(|m| m * pd.itl_slack)),
+                .or_else(pool_median),
             decode_itl_ms,
         }
     }
@@ -419,18 +422,18 @@ mod tests {
     fn the_objective_is_the_request_s_then_the_configured_then_a_slack_over_the_pool_median() {
         let pd = PdConfig::default();
         let pool = vec![20.0, 30.0, f64::NAN, 25.0];
-        let derived = StreamObjective::resolve(&pd, None, Some(22.0), pool.clone());
+        let derived = StreamObjective::resolve(&pd, None, Some(22.0), || pool.clone());
         assert_eq!(derived.objective_ms, Some(4.0 * 25.0), "slack × median");
         assert_eq!(derived.decode_itl_ms, Some(22.0));
         let configured = PdConfig {
             itl_objective_ms: 60.0,
             ..PdConfig::default()
         };
-        let c = StreamObjective::resolve(&configured, None, None, pool.clone());
+        let c = StreamObjective::resolve(&configured, None, None, || pool.clone());
         assert_eq!(c.objective_ms, Some(60.0));
-        let r = StreamObjective::resolve(&configured, Some(40.0), None, pool);
+        let r = StreamObjective::resolve(&configured, Some(40.0), None, || pool);
         assert_eq!(r.objective_ms, Some(40.0), "the request's header first");
-        let none = StreamObjective::resolve(&pd, None, None, Vec::new());
+        let none = StreamObjective::resolve(&pd, None, None, Vec::new);
         assert_eq!(none.objective_ms, None, "no stream timed yet");
     }
 

@@ -228,13 +228,14 @@ impl Router {
             now_ms,
         );
         let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
-        let pool_itls = self
-            .load
-            .pods
-            .iter()
-            .filter(|p| p.role == Role::Decode)
-            .filter_map(|p| self.costs.itl_of(&p.addr))
-            .collect();
+        let pool_itls = || {
+            self.load
+                .pods
+                .iter()
+                .filter(|p| p.role == Role::Decode)
+                .filter_map(|p| self.costs.itl_of(&p.addr))
+                .collect()
+        };
         let streams = crate::pd::StreamObjective::resolve(
             &config.pd,
             hints.slo.tpot_ms,
