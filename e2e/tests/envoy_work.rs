@@ -65,10 +65,18 @@ async fn a_prefix_waits_for_its_holder_until_recomputing_it_elsewhere_costs_the_
 
     // Calls that each bring 1,200 new words on top of the context, sent 40 ms apart: while their
     // prefills run, each one's work is on the board when the next is routed. Moving costs the
-    // pool the context's recompute (2,000 words) and the wait it adds to the pool's queue, so it
-    // takes a queue of about five calls on the holder before a move pays.
+    // pool the context's recompute (2,000 words) and the wait it adds to the pool's queue, and the
+    // affinity floor asks the move to win by the learned error band besides. With `q` calls queued
+    // on the holder, each computing `c` (its 1,200 words) against the idle pod's `r × c` (the whole
+    // prompt, r ≈ 2.7), the holder costs the pool about `2qc` (its wait plus what it adds to the
+    // `q` behind it) less the floor's `e^(−0.63 band)`, and the idle pod `rc(1 + q/2)` (the pool's
+    // mean queue behind it): a move pays once `q > r / (2e^(−0.63 band) − r/2)`, about 7 calls at
+    // the band's starting width (0.22) and 15 at 0.45, the widest it can learn from the ~14 first
+    // bytes seen by then (6 warm-ups, the first call, a few completions; +0.016 per wide miss)
+    // even if every one missed widely. 10 calls were enough on a quiet machine but not on a
+    // loaded 2-core CI runner (its band wider: every call waited); 20 cover the widest band.
     let mut calls = Vec::new();
-    for i in 0..10 {
+    for i in 0..20 {
         let body = chat(
             &context,
             &system_prompt(&format!("tool-result-{i}-"), 1200),
