@@ -16,6 +16,7 @@
 //! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
 //! * `headermap` — header bytes from the host, read without trusting them (values that are not UTF-8)
 
+pub mod admission;
 pub mod affinity;
 pub mod common;
 pub mod config;

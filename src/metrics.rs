@@ -251,6 +251,14 @@ pub enum Counter {
     /// cached than prompt tokens or a prompt longer than any model takes (ignored), a `/metrics`
     /// sample beyond what an engine holds (clamped to that bound).
     PodReportedImplausible,
+    /// Requests flow control held at the gateway because every pod was full.
+    FlowHeld,
+    /// Held requests released (routed, or answered or passed on as they would have been).
+    FlowReleased,
+    /// Held requests that left the queue unserved, by `reason`: `queue_full` (429 at once, the
+    /// worker already held `flow_control.max_held`), `queue_timeout` (429 after
+    /// `flow_control.ttl_ms`) or `disconnected` (the client went away).
+    FlowDropped,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -300,10 +308,12 @@ pub enum Histogram {
     PhaseResponseHeadersUs,
     PhaseResponseBodyUs,
     PhaseLogUs,
+    /// How long released requests were held by flow control, ms.
+    FlowWaitMs,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 36] = [
+    pub const ALL: [Counter; 39] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -340,6 +350,9 @@ impl Counter {
         Counter::PeerBlocksLearned,
         Counter::PeerSyncFailures,
         Counter::PodReportedImplausible,
+        Counter::FlowHeld,
+        Counter::FlowReleased,
+        Counter::FlowDropped,
     ];
 
     /// The Envoy stat name, declared once here: reordering cannot mislabel a metric.
@@ -381,6 +394,9 @@ impl Counter {
             Counter::PeerBlocksLearned => "kvroute.replicas.blocks_learned_total",
             Counter::PeerSyncFailures => "kvroute.replicas.sync_failures_total",
             Counter::PodReportedImplausible => "kvroute.pod.reported_implausible_total",
+            Counter::FlowHeld => "kvroute.flow.held_total",
+            Counter::FlowReleased => "kvroute.flow.released_total",
+            Counter::FlowDropped => "kvroute.flow.dropped_total",
         }
     }
 
@@ -394,6 +410,7 @@ impl Counter {
             | Counter::CachePredictedTokens
             | Counter::CacheReportedTokens => POOL_ROLE_MODEL,
             Counter::PodReportedImplausible => &[POOL, ROLE, POD],
+            Counter::FlowDropped => &[REASON],
             _ => &[],
         }
     }
@@ -445,7 +462,7 @@ impl Gauge {
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 9] = [
+    pub const ALL: [Histogram; 10] = [
         Histogram::TtftMs,
         Histogram::TtftPredictedMs,
         Histogram::TtftPredictionErrorPct,
@@ -455,6 +472,7 @@ impl Histogram {
         Histogram::PhaseResponseHeadersUs,
         Histogram::PhaseResponseBodyUs,
         Histogram::PhaseLogUs,
+        Histogram::FlowWaitMs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -468,6 +486,7 @@ impl Histogram {
             Histogram::PhaseResponseHeadersUs => "kvroute.phase.response_headers_microseconds",
             Histogram::PhaseResponseBodyUs => "kvroute.phase.response_body_microseconds",
             Histogram::PhaseLogUs => "kvroute.phase.log_microseconds",
+            Histogram::FlowWaitMs => "kvroute.flow.wait_milliseconds",
         }
     }
 

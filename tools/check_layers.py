@@ -31,6 +31,8 @@ LAYERS = [
     # what the gateway knows about a pod: metrics pages, served models, the load table
     "pod",
     "health",
+    # flow control's queue of held requests and when a pod counts as full
+    "admission",
     # what VMs share in the host's shared data: rows, messages, the leader lease
     "state",
     # prefix affinity: block hashing, the prefix index, this VM's belief of what each pod holds

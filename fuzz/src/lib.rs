@@ -191,6 +191,9 @@ pub fn request_body(data: &[u8]) {
                 let _: Value = serde_json::from_slice(&reply.body).expect("errors are JSON");
             }
             BodyOutcome::Continue => {}
+            BodyOutcome::Hold => {
+                panic!("held, but flow control is off in the fuzzed configurations")
+            }
         }
         g.tick();
     }
@@ -1049,6 +1052,7 @@ pub fn body_differential(data: &[u8]) {
             return;
         }
         BodyOutcome::Continue | BodyOutcome::Route(_) => flow.take_rewritten_body().unwrap_or(body),
+        BodyOutcome::Hold => panic!("held, but flow control is off in the fuzzed configuration"),
     };
     if let Some(keys) = python_json::top_level_keys(&sent) {
         assert!(

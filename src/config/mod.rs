@@ -78,6 +78,8 @@ pub struct Config {
     pub peers: crate::peers::PeersConfig,
     pub session: crate::scheduler::session::Session,
     pub shedding: crate::scheduler::saturation::Shedding,
+    /// `None`: flow control is off.
+    pub flow_control: Option<crate::admission::FlowControl>,
     pub slo: crate::scheduler::slo::SloHeaders,
     pub health: crate::health::HealthConfig,
 }
@@ -227,6 +229,7 @@ impl Config {
     pub fn selection(&self) -> crate::scheduler::SelectionConfig<'_> {
         crate::scheduler::SelectionConfig {
             shedding: &self.shedding,
+            flow_control: self.flow_control.as_ref(),
             overload_guard: &self.overload_guard,
             tie_band: self.prediction.tie_band,
             rendezvous_load_slack: self.rendezvous_load_slack,
@@ -305,6 +308,7 @@ impl Config {
             peers: w.peers.clone(),
             session: w.session.compile()?,
             shedding: w.shedding.compile()?,
+            flow_control: w.flow_control.compile()?,
             slo: w.slo.compile()?,
             health: w.health.clone(),
         })

@@ -124,6 +124,8 @@ pub struct WireConfig {
     pub peers: crate::peers::PeersConfig,
     pub session: crate::scheduler::session::SessionConfig,
     pub shedding: crate::scheduler::saturation::SheddingConfig,
+    /// Holding requests at the gateway while every pod is full (see `crate::admission`).
+    pub flow_control: crate::admission::FlowControlConfig,
     pub slo: crate::scheduler::slo::SloConfig,
     /// Passive health: when pods whose requests fail are ejected (see `crate::health`).
     pub health: crate::health::HealthConfig,
@@ -167,6 +169,7 @@ impl Default for WireConfig {
             peers: Default::default(),
             session: Default::default(),
             shedding: Default::default(),
+            flow_control: Default::default(),
             slo: Default::default(),
             health: Default::default(),
         }

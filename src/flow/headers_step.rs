@@ -75,6 +75,7 @@ impl RequestFlow {
             }
         }
         self.endpoint = Some(endpoint);
+        self.held.flow = super::held::flow_of(vm, header, self.hints.session);
         self.path = parse::without_prefix(path, &vm.config.api_path_prefix).to_string();
         self.debug_wanted =
             vm.config.debug_header

@@ -37,6 +37,10 @@ mod body_steps;
 mod decision_tests;
 mod explain;
 mod headers_step;
+mod held;
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod held_tests;
 mod inline_pd;
 pub mod models;
 #[cfg(test)]
@@ -64,6 +68,7 @@ use crate::scheduler::{Hints, Rejection, RouteReason};
 use crate::vm::Vm;
 use affinity::AffinityLeg;
 use explain::PdExport;
+pub use held::{next_release, Release};
 use inline_pd::SplitLeg;
 pub use reply::{ErrorCode, Reply};
 
@@ -98,6 +103,8 @@ pub enum BodyOutcome {
     Continue,
     Reply(Reply),
     Route(Route),
+    /// Flow control holds it: keep it paused until the host releases it ([`next_release`]).
+    Hold,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -157,6 +164,10 @@ pub struct RequestFlow {
     /// answered 413; and how much of it was dropped.
     discarding: bool,
     discarded: usize,
+    /// The host's handle for this request (its HTTP context): what flow control's queue holds.
+    context: u32,
+    /// Flow control's part: the request's flow, and since when it is held.
+    held: held::HeldLeg,
 }
 
 /// What the host does with the request body buffered so far.
@@ -237,6 +248,14 @@ impl RequestFlow {
         RequestFlow::default()
     }
 
+    /// The flow of the request the host knows as `context`.
+    pub fn for_context(context: u32) -> RequestFlow {
+        RequestFlow {
+            context,
+            ..RequestFlow::default()
+        }
+    }
+
     /// The body to send instead of the client's, if kvroute had to change it (a client-supplied
     /// `kv_transfer_params` removed); the host writes it and fixes `content-length`.
     pub fn take_rewritten_body(&mut self) -> Option<Vec<u8>> {
@@ -271,13 +290,23 @@ impl RequestFlow {
 
     /// The whole body is here (`body` is `None` when it is larger than `max_body_bytes`): parse,
     /// catch up on what other VMs shared, plan (pure), commit the decision to every concern that
-    /// keeps state about it, and answer the host (the steps are in `body_steps`).
+    /// keeps state about it, and answer the host (the steps are in `body_steps`). Called again
+    /// for a held request each time the host releases it (`held`).
     pub fn on_request_body(
         &mut self,
         vm: &mut Vm,
         host: &mut dyn Host,
         body: Option<&[u8]>,
     ) -> BodyOutcome {
+        let outcome = self.route_body(vm, host, body);
+        if outcome != BodyOutcome::Hold {
+            let now = host.now_ms();
+            self.leave_queue(vm, host, now);
+        }
+        outcome
+    }
+
+    fn route_body(&mut self, vm: &mut Vm, host: &mut dyn Host, body: Option<&[u8]>) -> BodyOutcome {
         let Some(endpoint) = self.endpoint.take() else {
             return BodyOutcome::Continue;
         };
@@ -297,9 +326,15 @@ impl RequestFlow {
             split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);
         let now = host.now_ms();
+        if self.queue_ahead(vm, &view.model) {
+            return self.hold(vm, host, endpoint, &view.model, now);
+        }
         let board = vm.read_inflight_board(host, now);
         let mut planned = match self.plan_request(vm, host, &view, now, inline && !split_inline) {
             Ok(planned) => planned,
+            Err(outcome) if *outcome == BodyOutcome::Hold => {
+                return self.hold(vm, host, endpoint, &view.model, now);
+            }
             Err(outcome) => return *outcome,
         };
         self.count_routed(vm, host, &view, endpoint, &planned);
@@ -363,6 +398,8 @@ impl RequestFlow {
             Rejection::UnknownModel => ErrorCode::UnknownModel,
             Rejection::NoneHealthy | Rejection::NoneKnownYet => ErrorCode::NoHealthyPod,
             Rejection::NoPods => ErrorCode::NoPods,
+            // Every pod is full: flow control holds it (`held`).
+            Rejection::Full => return BodyOutcome::Hold,
         };
         if matches!(code, ErrorCode::Saturated | ErrorCode::SloUnattainable) {
             // Shedding is what the client's priority asked for: never failed open.

@@ -14,6 +14,8 @@ pub enum ErrorCode {
     BodyTooLarge,
     ParseBudgetExceeded,
     UnparseableBody,
+    QueueFull,
+    QueueTimeout,
 }
 
 impl ErrorCode {
@@ -30,6 +32,8 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "body_too_large",
             ErrorCode::ParseBudgetExceeded => "parse_budget_exceeded",
             ErrorCode::UnparseableBody => "unparseable_body",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::QueueTimeout => "queue_timeout",
         }
     }
 
@@ -39,7 +43,10 @@ impl ErrorCode {
                 (400, "BadRequestError")
             }
             ErrorCode::BodyTooLarge | ErrorCode::ParseBudgetExceeded => (413, "BadRequestError"),
-            ErrorCode::Saturated | ErrorCode::SloUnattainable => (429, "RateLimitError"),
+            ErrorCode::Saturated
+            | ErrorCode::SloUnattainable
+            | ErrorCode::QueueFull
+            | ErrorCode::QueueTimeout => (429, "RateLimitError"),
             ErrorCode::UnknownModel | ErrorCode::MetricsNotProxied => (404, "NotFoundError"),
             ErrorCode::NoHealthyPod | ErrorCode::NoPods => (503, "ServiceUnavailableError"),
         }
@@ -71,5 +78,12 @@ impl Reply {
             headers,
             body: body.to_string().into_bytes(),
         }
+    }
+
+    /// The reply with `Retry-After: seconds` (a 429's default is 1).
+    pub fn retry_after(mut self, seconds: u64) -> Reply {
+        self.headers.retain(|(name, _)| *name != "retry-after");
+        self.headers.push(("retry-after", seconds.to_string()));
+        self
     }
 }

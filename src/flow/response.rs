@@ -124,6 +124,7 @@ impl RequestFlow {
         upstream: Option<String>,
         details: Option<String>,
     ) {
+        self.abandon_queue(vm, host);
         // Reset, timeout or a local reply before any response byte: the prefill stops counting,
         // and teaches nothing.
         let completed = self.response_ok;

@@ -73,6 +73,7 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
 }
 
 /// The bytes the host wrote for a getter that answered `status`.
@@ -181,6 +182,14 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool
         )
     };
     status == OK
+}
+
+/// Makes the calls that follow act on the context `context_id` (another HTTP stream of this VM, or
+/// back to the caller's own): how flow control releases a held request from another callback.
+/// `false` when the host no longer knows the context (its stream ended).
+pub fn set_effective_context(context_id: u32) -> bool {
+    // SAFETY: no pointers.
+    unsafe { proxy_set_effective_context(context_id) == OK }
 }
 
 /// Lets a paused request go on.

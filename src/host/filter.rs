@@ -21,6 +21,8 @@ pub struct Filter {
     /// The inline prefill call under way, and the body length it will replace.
     prefill_token: Option<u32>,
     body_len: usize,
+    /// Flow control holds the request, paused, until `super::held` releases it.
+    held: bool,
 }
 
 fn set_request_header(name: &str, value: &str) -> bool {
@@ -32,7 +34,7 @@ fn property(path: &[&str]) -> Option<String> {
     String::from_utf8(abi::property(path)?).ok()
 }
 
-fn send(reply: &Reply) {
+pub(super) fn send(reply: &Reply) {
     let headers: Vec<(&str, &str)> = reply
         .headers
         .iter()
@@ -50,13 +52,38 @@ fn resume() {
 }
 
 impl Filter {
-    pub fn new(node: Option<Rc<RefCell<Node>>>) -> Filter {
+    pub fn new(node: Option<Rc<RefCell<Node>>>, context_id: u32) -> Filter {
         Filter {
             node,
-            flow: RequestFlow::new(),
+            flow: RequestFlow::for_context(context_id),
             prefill_token: None,
             body_len: 0,
+            held: false,
         }
+    }
+
+    pub fn node(&self) -> Option<&Rc<RefCell<Node>>> {
+        self.node.as_ref()
+    }
+
+    /// Whether flow control holds the request (paused after its body).
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
+    /// Flow control releases the held request (the host's calls already act on its stream, see
+    /// `super::held`): it is planned again and routed, answered or passed on and resumed — `true`
+    /// — or, every pod still full, stays held — `false`.
+    pub fn release(&mut self) -> bool {
+        self.held = false;
+        let action = self.timed(Histogram::PhaseRequestBodyUs, Filter::route_body);
+        if self.held {
+            return false;
+        }
+        if action == Action::Continue {
+            resume();
+        }
+        true
     }
 
     /// The whole body is buffered (`self.body_len` bytes): route it and carry out the outcome.
@@ -81,6 +108,10 @@ impl Filter {
         match outcome {
             Some(BodyOutcome::Reply(reply)) => {
                 send(&reply);
+                Action::Pause
+            }
+            Some(BodyOutcome::Hold) => {
+                self.held = true;
                 Action::Pause
             }
             Some(BodyOutcome::Route(route)) => {

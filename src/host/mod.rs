@@ -8,6 +8,7 @@
 mod abi;
 mod decision;
 mod filter;
+mod held;
 mod node;
 mod root;
 mod stats;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::new()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(root::Root::new(id)) });
 }}
 
 /// The host port on proxy-wasm; one per VM (it holds the VM's metric ids).

@@ -26,12 +26,13 @@ fn random_u64(now_ms: u64) -> u64 {
 }
 
 pub struct Root {
+    id: u32,
     node: Option<Rc<RefCell<Node>>>,
 }
 
 impl Root {
-    pub fn new() -> Root {
-        Root { node: None }
+    pub fn new(id: u32) -> Root {
+        Root { id, node: None }
     }
 }
 
@@ -94,23 +95,29 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Some(Ok(mut node)) = self.node.as_ref().map(|n| n.try_borrow_mut()) {
+        let Some(node) = self.node.as_ref() else {
+            return;
+        };
+        if let Ok(mut node) = node.try_borrow_mut() {
             let Node { vm, host } = &mut *node;
             if !vm.config.pools.is_empty() {
                 let now = host.now_ms();
                 vm.tick(host, now);
             }
         }
+        // Other workers' completions show on the board this tick read.
+        super::held::release(node, self.id);
     }
 
     fn on_queue_ready(&mut self, _queue_id: u32) {
         // Drained on the next tick; draining here too would only split the same work.
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never None (the SDK would panic): without a valid configuration the filter still strips
         // spoofed routing headers and passes everything through.
-        Some(Box::new(Filter::new(self.node.clone())))
+        let filter = Filter::new(self.node.clone(), context_id);
+        Some(Box::new(super::held::SharedFilter::new(filter, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

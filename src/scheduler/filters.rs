@@ -19,6 +19,8 @@ pub enum Rejection {
     Saturated,
     /// No pod is predicted to meet the request's latency objectives and its priority is negative.
     SloUnattainable,
+    /// With flow control on: every candidate is full (`crate::admission`); the request is held.
+    Full,
 }
 
 impl Rejection {
@@ -33,6 +35,7 @@ impl Rejection {
             Rejection::Saturated => {
                 "every pod that serves this model is saturated; requests of negative priority are shed, retry later"
             }
+            Rejection::Full => "every pod that serves this model is full",
             Rejection::SloUnattainable => {
                 "no pod is predicted to meet the request's latency objectives; requests of negative priority are shed, retry later"
             }

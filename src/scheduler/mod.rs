@@ -137,6 +137,8 @@ pub struct Hints {
 #[derive(Debug, Clone, Copy)]
 pub struct SelectionConfig<'a> {
     pub shedding: &'a saturation::Shedding,
+    /// With flow control on: a request every candidate is full for is held, not routed.
+    pub flow_control: Option<&'a crate::admission::FlowControl>,
     pub overload_guard: &'a OverloadGuard,
     /// `prediction.tie_band`: pods within this share of the best cost are tied.
     pub tie_band: f64,
@@ -158,6 +160,14 @@ pub fn decide(
     };
     if request.hints.priority < 0 && candidates.iter().all(|p| config.shedding.is_saturated(p)) {
         return Decision::NoEndpoint(Rejection::Saturated);
+    }
+    if let Some(flow_control) = config.flow_control {
+        if candidates
+            .iter()
+            .all(|p| flow_control.is_full(p.queue(), p.kv_usage))
+        {
+            return Decision::NoEndpoint(Rejection::Full);
+        }
     }
     let pool_queue =
         candidates.iter().map(|p| p.queue()).sum::<f64>() / candidates.len().max(1) as f64;

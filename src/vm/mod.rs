@@ -67,6 +67,8 @@ pub struct Vm {
     recent_touches: RecentTouches,
     /// When this VM last split a request (P/D probes, `crate::pd::SplitClock`).
     pub split_clock: crate::pd::SplitClock,
+    /// Requests this VM holds while every pod is full (`crate::admission`).
+    pub held: crate::admission::HeldQueue,
 }
 
 struct LeaderState {
@@ -104,6 +106,7 @@ impl Vm {
             verdicts: HashMap::new(),
             recent_touches: RecentTouches::default(),
             split_clock: crate::pd::SplitClock::default(),
+            held: crate::admission::HeldQueue::default(),
         }
     }
 

@@ -1,0 +1,188 @@
+//! Flow control's host side (`crate::admission`, `crate::flow::next_release`): a held request's
+//! filter stays reachable from the rest of its VM, and the release loop resumes held requests from
+//! another stream's callback or from the tick.
+//!
+//! The SDK owns each HTTP context's box, so the filter lives behind an `Rc` ([`SharedFilter`], the
+//! box the SDK gets) and this VM's [`PARKED`] map keeps a weak handle to each held one. To release
+//! one, the loop points the host's calls at its stream (`proxy_set_effective_context`, which the
+//! ABI provides for exactly this), plans it again with its buffered body and resumes it, then
+//! points the calls back at the context whose callback it runs in. A stream that ended is gone
+//! from the SDK, so its weak handle is dead and its queue entry is dropped.
+//!
+//! Releases run where capacity may have freed: after a response's headers and body chunks (its
+//! first byte ends a prefill on the board), after a stream's end, and on every tick (other
+//! workers' completions reach this VM through the shared board, read on the tick). With nothing
+//! held that is one look at an empty queue.
+
+use super::filter::{send, Filter};
+use super::node::Node;
+use crate::flow::{next_release, Release};
+use hashbrown::HashMap;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+
+thread_local! {
+    /// This VM's held filters, by context id (a VM is one thread).
+    static PARKED: RefCell<HashMap<u32, Weak<RefCell<Filter>>>> = RefCell::new(HashMap::new());
+}
+
+fn park(context_id: u32, filter: &Rc<RefCell<Filter>>) {
+    PARKED.with(|p| p.borrow_mut().insert(context_id, Rc::downgrade(filter)));
+}
+
+fn unpark(context_id: u32) -> Option<Rc<RefCell<Filter>>> {
+    PARKED
+        .with(|p| p.borrow_mut().remove(&context_id))?
+        .upgrade()
+}
+
+fn parked(context_id: u32) -> Option<Rc<RefCell<Filter>>> {
+    PARKED.with(|p| p.borrow().get(&context_id).and_then(Weak::upgrade))
+}
+
+/// Releases what flow control lets go now, in its order; then the host's calls act on `caller`
+/// again (the context whose callback this runs in).
+pub fn release(node: &Rc<RefCell<Node>>, caller: u32) {
+    let mut redirected = false;
+    loop {
+        let step = {
+            let Ok(mut node) = node.try_borrow_mut() else {
+                break;
+            };
+            let Node { vm, host } = &mut *node;
+            if vm.held.is_empty() {
+                break;
+            }
+            let now = crate::port::Host::now_ms(host);
+            next_release(vm, host, now)
+        };
+        match step {
+            None => break,
+            Some(Release::Expire(id, reply)) => {
+                unpark(id);
+                redirected = true;
+                if super::abi::set_effective_context(id) {
+                    send(&reply);
+                }
+            }
+            Some(Release::Plan(id)) => {
+                let filter = parked(id);
+                redirected = true;
+                let Some(filter) = filter.filter(|_| super::abi::set_effective_context(id)) else {
+                    // Its stream ended without this VM hearing of it: forget it.
+                    unpark(id);
+                    if let Ok(mut node) = node.try_borrow_mut() {
+                        node.vm.held.remove(id);
+                    }
+                    continue;
+                };
+                let Ok(mut filter) = filter.try_borrow_mut() else {
+                    break;
+                };
+                if !filter.release() {
+                    break; // still full: it stays at the head
+                }
+                drop(filter);
+                unpark(id);
+            }
+        }
+    }
+    if redirected && !super::abi::set_effective_context(caller) {
+        log::warn!("kvroute: could not point host calls back at context {caller}");
+    }
+}
+
+/// The box the SDK owns for each HTTP context: the filter, reachable from the rest of the VM while
+/// flow control holds its request.
+pub struct SharedFilter {
+    id: u32,
+    filter: Rc<RefCell<Filter>>,
+}
+
+impl SharedFilter {
+    pub fn new(filter: Filter, id: u32) -> SharedFilter {
+        SharedFilter {
+            id,
+            filter: Rc::new(RefCell::new(filter)),
+        }
+    }
+
+    /// Runs `callback` on the filter; parks it if the callback left its request held, and with
+    /// `then_release` releases what may go now.
+    fn on<T: Default>(&self, then_release: bool, callback: impl FnOnce(&mut Filter) -> T) -> T {
+        let (out, node, held) = {
+            let Ok(mut filter) = self.filter.try_borrow_mut() else {
+                return T::default();
+            };
+            let out = callback(&mut filter);
+            (out, filter.node().cloned(), filter.is_held())
+        };
+        if held {
+            park(self.id, &self.filter);
+        }
+        if let Some(node) = node.filter(|_| then_release) {
+            release(&node, self.id);
+        }
+        out
+    }
+}
+
+impl Context for SharedFilter {
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
+        self.on(false, |f| {
+            f.on_http_call_response(token, headers, body, trailers);
+        });
+    }
+}
+
+/// `Action::Continue` where the filter could not be reached (never: one thread, no re-entry).
+#[derive(Default)]
+struct Act(Option<Action>);
+
+impl Act {
+    fn action(self) -> Action {
+        self.0.unwrap_or(Action::Continue)
+    }
+}
+
+impl HttpContext for SharedFilter {
+    fn on_http_request_headers(&mut self, n: usize, end_of_stream: bool) -> Action {
+        self.on(false, |f| {
+            Act(Some(f.on_http_request_headers(n, end_of_stream)))
+        })
+        .action()
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.on(false, |f| {
+            Act(Some(f.on_http_request_body(size, end_of_stream)))
+        })
+        .action()
+    }
+
+    fn on_http_request_trailers(&mut self, n: usize) -> Action {
+        self.on(false, |f| Act(Some(f.on_http_request_trailers(n))))
+            .action()
+    }
+
+    fn on_http_response_headers(&mut self, n: usize, end_of_stream: bool) -> Action {
+        self.on(true, |f| {
+            Act(Some(f.on_http_response_headers(n, end_of_stream)))
+        })
+        .action()
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.on(true, |f| {
+            Act(Some(f.on_http_response_body(size, end_of_stream)))
+        })
+        .action()
+    }
+
+    fn on_log(&mut self) {
+        unpark(self.id);
+        self.on(true, HttpContext::on_log);
+    }
+}
