@@ -224,7 +224,7 @@ def objective_priorities(docs, pool, pool_ns, default_ns):
     return priorities
 
 
-def lua_source(priorities):
+def lua_source(priorities, header):
     """The Lua filter that turns the request's objective into kvroute's priority header."""
     table = ", ".join(f"[{json.dumps(name)}] = {json.dumps(str(p))}" for name, p in sorted(priorities.items()))
     return (
@@ -232,11 +232,11 @@ def lua_source(priorities):
         f"local priorities = {{{table}}}\n"
         "function envoy_on_request(handle)\n"
         "  local headers = handle:headers()\n"
-        f'  headers:remove("{PRIORITY_HEADER}")\n'
+        f"  headers:remove({json.dumps(header)})\n"
         f'  local objective = headers:get("{OBJECTIVE_HEADER}")\n'
         "  local priority = objective and priorities[objective]\n"
         "  if priority then\n"
-        f'    headers:add("{PRIORITY_HEADER}", priority)\n'
+        f"    headers:add({json.dumps(header)}, priority)\n"
         "  end\n"
         "end\n")
 
@@ -285,7 +285,7 @@ def envoyfilter(image, sha256, config, service_host, port, gateway_ns, gateway, 
     return ef
 
 
-def objectives_envoyfilter(priorities, gateway_ns, gateway, listener):
+def objectives_envoyfilter(priorities, header, gateway_ns, gateway, listener):
     return {
         "apiVersion": "networking.istio.io/v1alpha3",
         "kind": "EnvoyFilter",
@@ -304,7 +304,7 @@ def objectives_envoyfilter(priorities, gateway_ns, gateway, listener):
                     "name": "kvroute.objectives",
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                        "default_source_code": {"inline_string": lua_source(priorities)}}}},
+                        "default_source_code": {"inline_string": lua_source(priorities, header)}}}},
             }],
         },
     }
@@ -315,8 +315,7 @@ def service(pool, name, namespace, port):
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "type": "ClusterIP",
+        "spec": {   # ClusterIP, the default: not the headless form Istio gives the InferencePool
             "selector": pool_selector(pool),
             "ports": [{"name": "http", "port": port, "targetPort": port,
                        "appProtocol": pool["spec"].get("appProtocol", "http")}],
@@ -360,30 +359,41 @@ def generate(args):
     config = kvroute_config(read_config(args.config) if args.config else default_config(),
                             pool, cluster, failure_mode)
     if args.helm_values:
-        return [helm_values(args, pool, pool_ns, port, svc, config, gw_ns, gw, listener, priorities)]
+        return [helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener)]
     out = [service(pool, svc, pool_ns, port)]
     out += routes
     out.append(envoyfilter(args.image, args.sha256, config, host, port, gw_ns, gw, listener))
     if priorities:
-        out.append(objectives_envoyfilter(priorities, gw_ns, gw, listener))
+        header = (config.get("shedding") or {}).get("priority_header", PRIORITY_HEADER)
+        if not header:
+            raise Refused("InferenceObjectives' priorities need kvroute's shedding.priority_header, "
+                          "which the configuration turns off")
+        out.append(objectives_envoyfilter(priorities, header, gw_ns, gw, listener))
     return out
 
 
-def helm_values(args, pool, pool_ns, port, svc, config, gw_ns, gw, listener, priorities):
+def helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener):
+    """The chart's values for the same objects (templates/inference-pool.yaml and the EnvoyFilter
+    attached to the Gateway by targetRefs: gateway.api gatewayRef)."""
+    ip = {"name": name_of(pool), "namespace": pool_ns}
+    if args.service_name:
+        ip["serviceName"] = args.service_name
+    ip.update({
+        "selector": {"matchLabels": pool_selector(pool)},
+        "targetPorts": [{"number": port}],
+        "appProtocol": pool["spec"].get("appProtocol", "http"),
+        "failureMode": failure_mode,
+        "objectives": priorities,
+        "clusterDomain": args.cluster_domain,
+    })
     values = {
         "module": {"image": args.image, "sha256": args.sha256},
         "gateway": {"api": "gatewayRef", "namespace": gw_ns, "name": gw, "port": listener},
-        "inferencePool": {
-            "name": name_of(pool), "namespace": pool_ns, "serviceName": svc,
-            "selector": {"matchLabels": pool_selector(pool)},
-            "targetPorts": [{"number": port}],
-            "appProtocol": pool["spec"].get("appProtocol", "http"),
-            "objectives": priorities,
-        },
-        "config": {k: v for k, v in config.items() if k != "pools"},
+        "inferencePool": ip,
     }
+    if args.config:
+        values["config"] = {k: v for k, v in read_config(args.config).items() if k != "pools"}
     return values
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
