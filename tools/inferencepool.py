@@ -404,7 +404,7 @@ def main():
                         help="the module's OCI image, where `make push` put it (without oci://)")
     parser.add_argument("--sha256", required=True, help="its manifest digest, 64 hex digits")
     parser.add_argument("--pool", help="the InferencePool's name, when the input holds several")
-    parser.add_argument("--namespace", default="default",
+    parser.add_argument("-n", "--namespace", default="default",
                         help="the namespace of documents that name none (kubectl apply -n; default: default)")
     parser.add_argument("--port", type=int, help="the target port to route to, when the pool has several")
     parser.add_argument("--service-name", help="the Service kvroute routes in (default: <pool>-kvroute)")
