@@ -217,7 +217,8 @@ def objective_priorities(docs, pool, pool_ns, default_ns):
         if (ref.get("name") != name_of(pool) or ref.get("group", POOL_GROUP) != POOL_GROUP
                 or namespace_of(doc, default_ns) != pool_ns):
             continue
-        priority = doc["spec"].get("priority", 0)
+        priority = doc["spec"].get("priority")
+        priority = 0 if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise Refused(f"InferenceObjective {name_of(doc)}: spec.priority {priority!r} is not an integer")
         priorities[name_of(doc)] = priority
