@@ -12,6 +12,11 @@
 * the monitoring objects carry deploy/monitoring's rules and dashboard unchanged;
 * the unedited values.yaml fails, naming each placeholder value; so do an unknown key, a misspelt
   kvroute configuration field, and a configuration whose pools miss the pool Service;
+* the InferencePool source: examples/inference-pool.yaml, which tools/inferencepool.py
+  --helm-values writes from deploy/inferencepool/example.yaml, renders the same Service and
+  EnvoyFilters as the generator writes from that manifest; and the generator, given the
+  gateway-api overlay's pool as an InferencePool with its HTTPRoute, writes that overlay's Service,
+  HTTPRoute and EnvoyFilter;
 * the chart's copies stay equal to their sources: files/ to deploy/monitoring, and the kvroute
   configuration schema in values.schema.json ($defs) to deploy/schemas/kvroute-config.schema.json
   (`--sync` rewrites both copies from their sources).
@@ -258,6 +263,11 @@ def check_monitoring(rendered, values):
     with open(os.path.join(ROOT, "deploy/monitoring/grafana-dashboard.json")) as f:
         dashboard = json.load(f)
     pool = {"service": "vllm.models.svc.cluster.local", "port": 8000, **values.get("pool", {})}
+    ip = values.get("inferencePool") or {}
+    if ip.get("name"):
+        service = ip.get("serviceName") or f"{ip['name']}-kvroute"
+        pool = {"service": f"{service}.{ip['namespace']}.svc.{ip.get('clusterDomain', 'cluster.local')}",
+                "port": ip["targetPorts"][0]["number"]}
     defaults = [r for r in rules["groups"][0]["rules"] if r.get("record") == "kvroute:pool_cluster:info"
                 and r["labels"]["envoy_cluster_name"] == DEFAULT_POOL_CLUSTER]
     if len(defaults) != 1:
@@ -275,6 +285,88 @@ def check_monitoring(rendered, values):
     return failures
 
 
+INFERENCEPOOL_TOOL = os.path.join(ROOT, "tools/inferencepool.py")
+INFERENCEPOOL_MANIFEST = os.path.join(ROOT, "deploy/inferencepool/example.yaml")
+# The gateway-api overlay's pool (components/vllm-pool, overlays/gateway-api) as a GIE user would
+# give it: an InferencePool and the HTTPRoute to it on the overlay's Gateway.
+OVERLAY_AS_POOL = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: vllm, namespace: models}
+spec:
+  targetPorts: [{number: 8000}]
+  selector: {matchLabels: {app: vllm}}
+  endpointPickerRef: {name: vllm-epp, port: {number: 9002}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: inference, namespace: models}
+spec:
+  gatewayClassName: istio
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: vllm, namespace: models}
+spec:
+  parentRefs: [{name: inference}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /}}]
+    backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: vllm}]
+    timeouts: {request: "0s"}
+"""
+
+
+def inferencepool(values, *args, stdin=None):
+    """tools/inferencepool.py with the module of `values` (its output's documents, or its text)."""
+    cmd = [sys.executable, INFERENCEPOOL_TOOL, "--image", values["module"]["image"],
+           "--sha256", values["module"]["sha256"], *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, input=stdin)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:])}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def same_objects(have, want, have_label, want_label):
+    """Failures: each of `want`'s objects missing from `have` or different there."""
+    have = {key(d): normalized(d) for d in have}
+    failures = []
+    for doc in want:
+        k = key(doc)
+        if k not in have:
+            failures.append(f"{k[0]} {k[1]}/{k[2]} of {want_label} is not in {have_label}")
+            continue
+        diff = first_difference(have[k], normalized(doc))
+        if diff:
+            failures.append(f"{k[0]} {k[1]}/{k[2]}: {have_label} differs from {want_label}: {diff}")
+    return failures
+
+
+def compare_with_generator(rendered, values, example):
+    """Failures: where an InferencePool example differs from what tools/inferencepool.py writes for
+    deploy/inferencepool/example.yaml (its objects but the user's HTTPRoute, which the chart leaves
+    to the user, and its --helm-values)."""
+    manifest = os.path.relpath(INFERENCEPOOL_MANIFEST, ROOT)
+    generated = [d for d in docs(inferencepool(values, INFERENCEPOOL_MANIFEST)) if d["kind"] != "HTTPRoute"]
+    failures = same_objects(rendered, generated, f"helm/{example}", f"tools/inferencepool.py {manifest}")
+    wanted = yaml.safe_load(inferencepool(values, INFERENCEPOOL_MANIFEST, "--helm-values"))
+    for k, v in wanted.items():
+        if values.get(k) != v:
+            failures.append(f"{k}: not what `tools/inferencepool.py {manifest} --helm-values` writes: "
+                            f"{json.dumps(v)[:200]}")
+    return failures
+
+
+def check_generator_overlay(values, kustomize):
+    """Failures: where the generator, given the gateway-api overlay's pool as an InferencePool,
+    writes other objects than that overlay (placeholders replaced by `values`' module)."""
+    text = check_manifests.render(os.path.join(kustomize, "overlays", "gateway-api"))
+    text = text.replace("REGISTRY/kvroute:TAG", values["module"]["image"])
+    text = text.replace("MANIFEST_DIGEST", values["module"]["sha256"])
+    generated = docs(inferencepool(values, "-", "--service-name", "vllm", stdin=OVERLAY_AS_POOL))
+    return same_objects(docs(text), generated, "overlays/gateway-api", "tools/inferencepool.py")
+
+
 # What must fail, and the words helm's answer must hold: (label, extra helm args, words).
 REFUSALS = [
     ("the unedited values.yaml", [],
@@ -289,6 +381,16 @@ REFUSALS = [
     ("a configuration without the pool Service's cluster",
      ["-f", "{example}", "--set", "pool.service=other.models.svc.cluster.local"],
      ["config.pools: no pool has cluster \"outbound|8000||other.models.svc.cluster.local\""]),
+    ("an InferencePool with two target ports",
+     ["-f", "{inference-pool}", "--set-json", 'inferencePool.targetPorts=[{"number":8000},{"number":8001}]'],
+     ["/inferencePool/targetPorts", "maxItems"]),
+    ("an InferencePool without a selector",
+     ["-f", "{inference-pool}", "--set-json", 'inferencePool.selector={"matchLabels":{}}'],
+     ["/inferencePool/selector/matchLabels", "minProperties"]),
+    ("an InferencePool with the example model servers",
+     ["-f", "{inference-pool}", "--set", "modelServers.layout=aggregated", "--set",
+      "modelServers.image=vllm/vllm-openai:v0.11.0", "--set", "modelServers.model=m"],
+     ["modelServers.layout must be none"]),
 ]
 
 
@@ -334,7 +436,15 @@ def main():
         for line in check_monitoring(rendered, values):
             print(f"FAIL {label}: {line}")
             failures.append(line)
-        if os.path.isdir(os.path.join(args.kustomize, "overlays", name)):
+        if (values.get("inferencePool") or {}).get("name"):
+            diffs = compare_with_generator(rendered, values, name)
+            for line in diffs:
+                print(f"FAIL {label}: {line}")
+            failures += diffs
+            if not diffs:
+                print(f"ok   {label}: the objects tools/inferencepool.py writes for "
+                      f"{os.path.relpath(INFERENCEPOOL_MANIFEST, ROOT)} (and its --helm-values)")
+        elif os.path.isdir(os.path.join(args.kustomize, "overlays", name)):
             diffs, only_chart = compare_with_overlay(name, rendered, values, args.kustomize)
             for line in diffs:
                 print(f"FAIL {label}: {line}")
@@ -350,8 +460,19 @@ def main():
             with open(os.path.join(args.out, f"{name}.yaml"), "w") as f:
                 f.write(out)
 
+    with open(os.path.join(examples_dir, examples[0])) as f:
+        diffs = check_generator_overlay(yaml.safe_load(f), args.kustomize)
+    for line in diffs:
+        print(f"FAIL tools/inferencepool.py: {line}")
+    failures += diffs
+    if not diffs:
+        print("ok   tools/inferencepool.py: the gateway-api overlay's pool as an InferencePool gives "
+              "that overlay's Service, HTTPRoute and EnvoyFilter")
+
     for what, extra, words in REFUSALS:
-        extra = [a.replace("{example}", os.path.join(examples_dir, examples[0])) for a in extra]
+        extra = [a.replace("{example}", os.path.join(examples_dir, examples[0]))
+                 .replace("{inference-pool}", os.path.join(examples_dir, "inference-pool.yaml"))
+                 for a in extra]
         rc, out, err = helm(args.helm, "template", "kvroute", args.chart, *extra)
         missing = [w for w in words if w not in err]
         if rc == 0 or missing:

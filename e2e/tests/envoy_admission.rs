@@ -64,10 +64,6 @@ async fn a_session_header_keeps_a_conversation_on_one_pod_whatever_its_prompts()
     drop(sim);
 }
 
-async fn waiting(pod: &str) -> u64 {
-    sim_stats(pod).await["waiting"].as_u64().unwrap_or(0)
-}
-
 async fn requests_total(sim: &harness::Sim) -> u64 {
     let mut total = 0;
     for pod in &sim.pods {
@@ -105,31 +101,7 @@ async fn negative_priority_is_shed_with_429_when_every_pod_is_saturated() {
     assert_eq!(requests_total(&sim).await, before + 1);
     // Saturate both pods directly (one running, seven waiting each; ~0.8 s wall per request).
     let base = requests_total(&sim).await;
-    let fillers: Vec<_> = sim
-        .pods
-        .iter()
-        .flat_map(|pod| (0..8).map(move |i| (pod.clone(), i)))
-        .map(|(pod, i)| {
-            let body = chat(&format!("filler {i} for {pod}"), "go", 1000, false);
-            tokio::spawn(async move {
-                post(
-                    &fresh_client(),
-                    &format!("http://{pod}/v1/chat/completions"),
-                    &body,
-                    &[],
-                )
-                .await
-                .status
-            })
-        })
-        .collect();
-    for pod in &sim.pods {
-        harness::wait_for(Duration::from_secs(10), "queued fillers", || async {
-            waiting(pod).await >= 6
-        })
-        .await
-        .unwrap();
-    }
+    let fillers = saturate(&sim.pods, 8, 6).await;
     // Every filler has arrived (so none can be counted against the shed request below).
     harness::wait_for(Duration::from_secs(10), "all fillers arrived", || async {
         requests_total(&sim).await == base + 16

@@ -20,8 +20,13 @@
 //! Then `envoy --mode validate` accepts it (and, with the filter inline, runs kvroute's own
 //! configuration check), and the running Envoy routes chat completions by kvroute through the
 //! Istio-named pool cluster, discovered from the admin API, with the retry policy walking kvroute's
-//! fallbacks and a prompt above 1 MiB accepted. Finally, `tools/oci_image.py` (`make oci`) builds
-//! the image layout Istio's image fetcher accepts, with the manifest digest Istio's `sha256` wants.
+//! fallbacks and a prompt above 1 MiB accepted. The pool given as a Gateway API Inference
+//! Extension user gives it, an `InferencePool` with its HTTPRoute, Gateway and InferenceObjectives
+//! (`deploy/inferencepool/example.yaml`), goes through `tools/inferencepool.py` and the same
+//! assembly: requests are routed by prefix in the generated Service's cluster, and the objectives'
+//! priorities shed what the endpoint picker would shed. Finally, `tools/oci_image.py` (`make oci`)
+//! builds the image layout Istio's image fetcher accepts, with the manifest digest Istio's `sha256`
+//! wants.
 
 mod common;
 
@@ -50,22 +55,26 @@ fn manifests() -> Vec<Value> {
 
 /// Every document of a rendered overlay.
 fn overlay_docs(overlay: &str) -> Vec<Value> {
-    let text = render_overlay(overlay).unwrap();
+    parse_docs(
+        &format!("overlays/{overlay}"),
+        &render_overlay(overlay).unwrap(),
+    )
+}
+
+/// The Kubernetes objects of a multi-document YAML text (`label` names it in failures).
+fn parse_docs(label: &str, text: &str) -> Vec<Value> {
     let mut docs = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("overlays/{overlay}: {e}"));
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{label}: {e}"));
         if v.is_null() {
             continue;
         }
         for key in ["apiVersion", "kind", "metadata"] {
-            assert!(
-                v.get(key).is_some(),
-                "overlays/{overlay}: a document without {key}"
-            );
+            assert!(v.get(key).is_some(), "{label}: a document without {key}");
         }
         docs.push(v);
     }
-    assert!(!docs.is_empty(), "overlays/{overlay} rendered nothing");
+    assert!(!docs.is_empty(), "{label}: no documents");
     docs
 }
 
@@ -109,6 +118,9 @@ struct Fragments {
     pool_merge: Value,
     /// CLUSTER / ADD.
     added_clusters: Vec<Value>,
+    /// Other EnvoyFilters' HTTP filters inserted before kvroute's (INSERT_BEFORE `kvroute`), in
+    /// order: what runs on a request before kvroute reads it.
+    filters_before: Vec<Value>,
     /// The VirtualService route's `retries` and its destination.
     retries: Value,
     route_host: String,
@@ -120,8 +132,42 @@ struct Fragments {
 impl Fragments {
     fn load(docs: &[Value]) -> Fragments {
         let filters = of_kind(docs, "EnvoyFilter");
-        assert_eq!(filters.len(), 1, "one EnvoyFilter");
-        let ef = filters[0];
+        let kvroute: Vec<&Value> = filters
+            .iter()
+            .copied()
+            .filter(|f| f["metadata"]["name"] == "kvroute")
+            .collect();
+        assert_eq!(kvroute.len(), 1, "one EnvoyFilter named kvroute");
+        let ef = kvroute[0];
+        // The others may only put HTTP filters before kvroute's, on the same listener, and are
+        // applied after it (a higher priority), else their subFilter match finds nothing.
+        let mut filters_before = Vec::new();
+        for other in filters
+            .iter()
+            .filter(|f| f["metadata"]["name"] != "kvroute")
+        {
+            assert!(
+                other["spec"]["priority"].as_i64().unwrap_or(0) > 0,
+                "{other}: applied after kvroute's"
+            );
+            assert_eq!(other["spec"]["targetRefs"], ef["spec"]["targetRefs"]);
+            assert_eq!(
+                other["spec"]["workloadSelector"],
+                ef["spec"]["workloadSelector"]
+            );
+            for p in other["spec"]["configPatches"]
+                .as_array()
+                .expect("configPatches")
+            {
+                assert_eq!(p["applyTo"], "HTTP_FILTER", "{p}");
+                assert_eq!(p["patch"]["operation"], "INSERT_BEFORE", "{p}");
+                assert_eq!(
+                    p["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "kvroute",
+                    "{p}"
+                );
+                filters_before.push((p["match"].clone(), p["patch"]["value"].clone()));
+            }
+        }
         let patches = ef["spec"]["configPatches"]
             .as_array()
             .expect("configPatches");
@@ -163,6 +209,14 @@ impl Fragments {
             hcm["match"]["listener"]["portNumber"], listener["match"]["listener"]["portNumber"],
             "on the same listener"
         );
+        for (m, _) in &filters_before {
+            assert_eq!(m["context"], filter["match"]["context"]);
+            assert_eq!(
+                m["listener"]["portNumber"],
+                filter["match"]["listener"]["portNumber"]
+            );
+        }
+        let filters_before = filters_before.into_iter().map(|(_, f)| f).collect();
         let pool = only("CLUSTER", "MERGE");
         let added_clusters = select("CLUSTER", "ADD")
             .iter()
@@ -215,6 +269,7 @@ impl Fragments {
             pool_port: u64_at(pool, "/match/cluster/portNumber"),
             pool_merge: pool["patch"]["value"].clone(),
             added_clusters,
+            filters_before,
             retries,
             route_host,
             route_port,
@@ -426,6 +481,10 @@ fn bootstrap(fr: &Fragments, local: &Local) -> Value {
         .position(|f| f["name"] == before)
         .expect("the INSERT_BEFORE reference filter");
     http_filters.insert(at, filter);
+    // Other EnvoyFilters' INSERT_BEFORE kvroute, each just before it.
+    for (i, f) in fr.filters_before.iter().enumerate() {
+        http_filters.insert(at + i, f.clone());
+    }
 
     // The gateway listener, its route from the VirtualService, then the LISTENER MERGE.
     let port = u64_at(&fr.listener_match, "/listener/portNumber");
@@ -523,6 +582,24 @@ fn envoy_validate(config: &Value, dir: &Path, name: &str) -> (bool, String) {
     (status.success(), output)
 }
 
+/// `envoy --mode validate` on the fragments assembled as shipped with the filter inline (so
+/// kvroute's own configuration check runs); validation connects to nothing, the pool's two
+/// endpoints only have to be well-formed.
+fn validate_inline(fr: &Fragments, dir: &Path, name: &str) -> (bool, String) {
+    let wasm = wasm_path().unwrap();
+    let pods = ["127.0.0.1:18001".to_string(), "127.0.0.1:18002".to_string()];
+    let local = Local {
+        dir,
+        wasm: &wasm,
+        pods: &pods,
+        admin_port: 15000,
+        form: FilterForm::Inline,
+        plugin_edit: no_edit,
+        pool_base_extra: json!({}),
+    };
+    envoy_validate(&bootstrap(fr, &local), dir, name)
+}
+
 /// A scratch directory removed when dropped.
 struct TempDir(PathBuf);
 
@@ -542,6 +619,87 @@ impl Drop for TempDir {
 }
 
 fn no_edit(_: &mut Value) {}
+
+/// Envoy (2 workers) on the assembled fragments in their ECDS form, the pool's endpoints `pods`;
+/// the only change to the shipped configuration is the debug header, to see kvroute's choice.
+/// Returned once kvroute's leader has found every pod through the admin API (the EDS cluster named
+/// as istiod names it) and polled its /metrics through the poll cluster.
+async fn start_envoy(fr: &Fragments, dir: &Path, pods: &[String]) -> Envoy {
+    let wasm = wasm_path().unwrap();
+    let debug: fn(&mut Value) = |c| c["debug_header"] = json!(true);
+    let local = Local {
+        dir,
+        wasm: &wasm,
+        pods,
+        admin_port: u64::from(free_port().unwrap()),
+        form: FilterForm::Ecds,
+        plugin_edit: debug,
+        pool_base_extra: json!({}),
+    };
+    let envoy = Envoy::start_with_config(&bootstrap(fr, &local).to_string(), 2)
+        .await
+        .unwrap();
+    wait_healthy(&envoy, pods.len() as u64).await;
+    harness::wait_for(Duration::from_secs(20), "first polls", || async {
+        envoy.stat("wasmcustom.kvroute.pods_stale").await == 0
+    })
+    .await
+    .unwrap();
+    envoy
+}
+
+/// `n` chat completions with one long system prompt (and `headers`) through `envoy`: the first
+/// goes where kvroute says, every later one to the same pod by prefix once the leader's index
+/// holds it. Returns that pod.
+async fn routed_by_prefix(
+    envoy: &Envoy,
+    system: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> String {
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+    let first = post(
+        &client,
+        &url,
+        &chat(system, "question 0", 4, false),
+        headers,
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first
+        .debug_field("pod")
+        .expect("x-kvroute-debug: kvroute routed it");
+    assert_eq!(
+        first.pod.as_deref(),
+        Some(holder.as_str()),
+        "the pod kvroute chose served it"
+    );
+    // The observation reaches every worker VM through the leader: a poll tick (200 ms) or a few.
+    harness::wait_for(Duration::from_secs(10), "the leader's index", || async {
+        envoy.stat("wasmcustom.kvroute.index_entries").await > 0
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for i in 1..n {
+        let user = format!("question {i}");
+        let again = post(&client, &url, &chat(system, &user, 4, false), headers).await;
+        assert_eq!(again.status, 200, "{}", again.body);
+        assert_eq!(
+            again.pod.as_deref(),
+            Some(holder.as_str()),
+            "request {i}: the prefix stayed on its pod"
+        );
+        assert_eq!(
+            again.debug_field("reason").as_deref(),
+            Some("prefix"),
+            "request {i}: {:?}",
+            again.debug
+        );
+    }
+    holder
+}
 
 // ---------------------------------------------------------------------------------------------
 // The tests.
@@ -777,8 +935,6 @@ fn envoy_validates_the_assembled_fragments_and_kvroute_checks_its_configuration(
 #[test]
 fn every_overlay_assembles_into_a_config_envoy_and_kvroute_accept() {
     let dir = TempDir::new("overlays");
-    let wasm = wasm_path().unwrap();
-    let pods = ["127.0.0.1:18001".to_string(), "127.0.0.1:18002".to_string()];
     for overlay in ["pd", "sidecar-mesh", "gateway-api"] {
         let docs = overlay_docs(overlay);
         let fr = Fragments::load(&docs);
@@ -796,19 +952,7 @@ fn every_overlay_assembles_into_a_config_envoy_and_kvroute_accept() {
             json!(fr.pool_cluster_name()),
             "overlays/{overlay}"
         );
-        let config = bootstrap(
-            &fr,
-            &Local {
-                dir: &dir.0,
-                wasm: &wasm,
-                pods: &pods,
-                admin_port: 15000,
-                form: FilterForm::Inline,
-                plugin_edit: no_edit,
-                pool_base_extra: json!({}),
-            },
-        );
-        let (ok, out) = envoy_validate(&config, &dir.0, overlay);
+        let (ok, out) = validate_inline(&fr, &dir.0, overlay);
         assert!(
             ok,
             "overlays/{overlay}: envoy --mode validate refused it:\n{out}"
@@ -821,7 +965,6 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
     let docs = manifests();
     let fr = Fragments::load(&docs);
     let dir = TempDir::new("run");
-    let wasm = wasm_path().unwrap();
     // Long prompts below: a context long enough for them, prefill cheap enough to stay quick.
     let sim = Sim::start(
         2,
@@ -837,74 +980,12 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
         ],
     )
     .unwrap();
-    let admin_port = u64::from(free_port().unwrap());
-    // The only change to the shipped configuration: the debug header, to see kvroute's choice.
-    let debug: fn(&mut Value) = |c| c["debug_header"] = json!(true);
-    let config = bootstrap(
-        &fr,
-        &Local {
-            dir: &dir.0,
-            wasm: &wasm,
-            pods: &sim.pods,
-            admin_port,
-            form: FilterForm::Ecds,
-            plugin_edit: debug,
-            pool_base_extra: json!({}),
-        },
-    );
-    let envoy = Envoy::start_with_config(&config.to_string(), 2)
-        .await
-        .unwrap();
-    // Membership from the admin API (the EDS cluster named as istiod names it), load from every
-    // pod's /metrics through the poll cluster.
-    wait_healthy(&envoy, 2).await;
+    let envoy = start_envoy(&fr, &dir.0, &sim.pods).await;
 
     let client = fresh_client();
     let url = envoy.url("/v1/chat/completions");
     let system = system_prompt("istio-tenant-", 400);
-    let first = post(
-        &client,
-        &url,
-        &chat(&system, "first question", 4, false),
-        &[],
-    )
-    .await;
-    assert_eq!(first.status, 200, "{}", first.body);
-    let holder = first
-        .debug_field("pod")
-        .expect("x-kvroute-debug: kvroute routed it");
-    assert_eq!(
-        first.pod.as_deref(),
-        Some(holder.as_str()),
-        "the pod kvroute chose served it"
-    );
-
-    // The observation reaches every worker VM through the leader: a poll tick (200 ms) or a few.
-    harness::wait_for(Duration::from_secs(10), "the leader's index", || async {
-        envoy.stat("wasmcustom.kvroute.index_entries").await > 0
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let again = post(
-        &client,
-        &url,
-        &chat(&system, "second question", 4, false),
-        &[],
-    )
-    .await;
-    assert_eq!(again.status, 200, "{}", again.body);
-    assert_eq!(
-        again.pod.as_deref(),
-        Some(holder.as_str()),
-        "the prefix stayed on its pod"
-    );
-    assert_eq!(
-        again.debug_field("reason").as_deref(),
-        Some("prefix"),
-        "{:?}",
-        again.debug
-    );
+    let holder = routed_by_prefix(&envoy, &system, &[], 2).await;
     assert!(envoy.stat("wasmcustom.kvroute.requests_routed_total").await >= 2);
 
     // An HTTP/1.0 client (ApacheBench): the NETWORK_FILTER patch has it served, not sent a 426.
@@ -984,6 +1065,270 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
         exercised,
         "a poll noticed the refusal first on every attempt"
     );
+    drop(envoy);
+    drop(sim);
+}
+
+// ---------------------------------------------------------------------------------------------
+// An InferencePool as the pool's source: what `tools/inferencepool.py` writes from a GIE user's
+// own manifests (deploy/inferencepool/example.yaml: Gateway, HTTPRoute, InferencePool v1,
+// InferenceObjectives), assembled like the overlays above.
+
+const POOL_EXAMPLE: &str = "deploy/inferencepool/example.yaml";
+const POOL_NAME: &str = "vllm-llama3-8b-instruct";
+const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
+fn pool_example() -> String {
+    std::fs::read_to_string(repo_root().join(POOL_EXAMPLE)).unwrap()
+}
+
+/// `tools/inferencepool.py` on `input` (given on standard input) with `args`: the documents it
+/// wrote, or its exit status and what it said.
+fn inferencepool(input: &str, args: &[&str]) -> Result<Vec<Value>, String> {
+    use std::io::Write;
+    let mut child = Command::new(harness::tools_bin("python").unwrap())
+        .arg(repo_root().join("tools/inferencepool.py"))
+        .args(["-", "--image", "registry.example.com/ml/kvroute:0.1.0"])
+        .args(["--sha256", &"5".repeat(64)])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(parse_docs(
+        "tools/inferencepool.py",
+        &String::from_utf8_lossy(&out.stdout),
+    ))
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+/// The input without the documents of `kind`.
+fn without_kind(input: &str, kind: &str) -> String {
+    input
+        .split("\n---\n")
+        .filter(|d| !d.lines().any(|l| l == format!("kind: {kind}")))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+#[test]
+fn an_inference_pool_becomes_a_clusterip_pool_its_route_and_kvroutes_filters() {
+    let input = pool_example();
+    let docs = inferencepool(&input, &[]).unwrap();
+    let service_name = format!("{POOL_NAME}-kvroute");
+
+    // The Service Istio gives EDS members: ClusterIP (not the shadow Service's headless form),
+    // the pool's selector, its target port.
+    let service = named(&docs, "Service", &service_name).expect("the pool's Service");
+    assert_eq!(service["metadata"]["namespace"], "default");
+    assert!(
+        service["spec"].get("type").is_none(),
+        "ClusterIP: {service}"
+    );
+    assert!(service["spec"].get("clusterIP").is_none(), "{service}");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({"app": "vllm-llama3-8b-instruct"})
+    );
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "http", "port": 8000, "targetPort": 8000, "appProtocol": "http"}])
+    );
+
+    // The user's HTTPRoute, now to that Service; the rest of it as written.
+    let route = named(&docs, "HTTPRoute", "llm-route").expect("the HTTPRoute");
+    assert_eq!(
+        route["spec"]["rules"][0]["backendRefs"],
+        json!([{"name": service_name, "port": 8000}])
+    );
+    assert_eq!(route["spec"]["rules"][0]["timeouts"]["request"], "300s");
+    assert_eq!(route["spec"]["parentRefs"][0]["name"], "inference-gateway");
+
+    // kvroute's filter on that Gateway (targetRefs, its listener's port 80), its pool the
+    // Service's Istio cluster, which the CLUSTER MERGE patches and the route reaches.
+    let fr = Fragments::load(&docs);
+    let cluster = format!("outbound|8000||{service_name}.default.svc.cluster.local");
+    assert_eq!(fr.pool_cluster_name(), cluster);
+    assert_eq!(
+        fr.plugin_config["pools"],
+        json!([{"name": POOL_NAME, "cluster": cluster}])
+    );
+    assert_eq!(
+        (fr.route_host.as_str(), fr.route_port),
+        (fr.pool_service.as_str(), fr.pool_port)
+    );
+    assert_eq!(fr.http_filter_match["listener"]["portNumber"], 80);
+    assert_eq!(fr.http_filter_match["context"], "GATEWAY");
+    let ef = named(&docs, "EnvoyFilter", "kvroute").unwrap();
+    assert_eq!(
+        ef["spec"]["targetRefs"],
+        json!([{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}])
+    );
+    assert!(ef["spec"].get("workloadSelector").is_none());
+    assert!(
+        fr.plugin_config.get("on_no_endpoint").is_none(),
+        "FailClose: kvroute's default, reject"
+    );
+    // The objectives' priorities reach kvroute through one filter just before it.
+    assert_eq!(fr.filters_before.len(), 1);
+    let lua = str_at(
+        &fr.filters_before[0],
+        "/typed_config/default_source_code/inline_string",
+    );
+    for entry in [
+        r#"["food-review"] = "1""#,
+        r#"["base-model"] = "2""#,
+        r#"["batch-eval"] = "-1""#,
+    ] {
+        assert!(lua.contains(entry), "{entry} in\n{lua}");
+    }
+
+    // The pool's own target port, not a default: the Service, the cluster and the patch follow it.
+    let docs = inferencepool(&input.replace("  - number: 8000", "  - number: 8200"), &[]).unwrap();
+    let fr = Fragments::load(&docs);
+    assert_eq!(
+        fr.pool_cluster_name(),
+        format!("outbound|8200||{service_name}.default.svc.cluster.local")
+    );
+    assert_eq!(
+        fr.plugin_config["pools"][0]["cluster"],
+        json!(fr.pool_cluster_name())
+    );
+    let service = named(&docs, "Service", &service_name).unwrap();
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], 8200);
+    // Several target ports (data-parallel engines): kvroute routes within one Envoy cluster, so
+    // one port is chosen, by name, never silently.
+    let two = input.replace("  - number: 8000", "  - number: 8000\n  - number: 8001");
+    let refused = inferencepool(&two, &[]).unwrap_err();
+    assert!(
+        refused.contains("spec.targetPorts [8000, 8001]") && refused.contains("--port"),
+        "{refused}"
+    );
+    let docs = inferencepool(&two, &["--port", "8001"]).unwrap();
+    assert!(Fragments::load(&docs)
+        .pool_cluster_name()
+        .starts_with("outbound|8001||"));
+
+    // failureMode FailOpen: with no pod to pick, kvroute leaves the request to the cluster's
+    // balancer instead of answering 503.
+    let docs = inferencepool(
+        &input.replace("failureMode: FailClose", "failureMode: FailOpen"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        Fragments::load(&docs).plugin_config["on_no_endpoint"],
+        "passthrough"
+    );
+    // Without objectives, no priority filter; without the Gateway, its listener port is asked
+    // for rather than guessed (a patch on another port would be skipped silently).
+    let docs = inferencepool(&without_kind(&input, "InferenceObjective"), &[]).unwrap();
+    assert_eq!(of_kind(&docs, "EnvoyFilter").len(), 1);
+    let no_gateway = without_kind(&input, "Gateway");
+    let refused = inferencepool(&no_gateway, &[]).unwrap_err();
+    assert!(refused.contains("--listener-port"), "{refused}");
+    let docs = inferencepool(&no_gateway, &["--listener-port", "8080"]).unwrap();
+    assert_eq!(
+        Fragments::load(&docs).http_filter_match["listener"]["portNumber"],
+        8080
+    );
+    // A route that names no such pool is not rewritten, and without one the Gateway is asked for.
+    let refused = inferencepool(&without_kind(&input, "HTTPRoute"), &[]).unwrap_err();
+    assert!(refused.contains("--gateway"), "{refused}");
+
+    // Envoy accepts the assembled configuration, the Lua filter included, and kvroute its own.
+    let dir = TempDir::new("pool-validate");
+    let fr = Fragments::load(&inferencepool(&input, &[]).unwrap());
+    let (ok, out) = validate_inline(&fr, &dir.0, "inferencepool");
+    assert!(ok, "envoy --mode validate refused it:\n{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_routes_by_prefix_and_sheds_by_objective_on_real_envoy() {
+    let docs = inferencepool(&pool_example(), &[]).unwrap();
+    let fr = Fragments::load(&docs);
+    let dir = TempDir::new("pool-run");
+    // One running request per pod, so a few direct requests saturate both.
+    let sim = Sim::start(2, &["--time-scale", TIME_SCALE, "--max-num-seqs", "1"]).unwrap();
+    // The pods are the generated Service's cluster's members, read from the admin API.
+    let envoy = start_envoy(&fr, &dir.0, &sim.pods).await;
+
+    // Routed by prefix: every request with the same system prompt goes where the first went.
+    let system = system_prompt("pool-tenant-", 400);
+    routed_by_prefix(&envoy, &system, &[(OBJECTIVE_HEADER, "food-review")], 3).await;
+    let client = fresh_client();
+    let url = envoy.url("/v1/chat/completions");
+
+    // The priority is the objective's, never the client's own: a malformed one sent by the client
+    // is removed before kvroute reads it (kvroute alone answers 400 bad priority).
+    let spoof = post(
+        &client,
+        &url,
+        &chat("hello", "q", 1, false),
+        &[("x-kvroute-priority", "high")],
+    )
+    .await;
+    assert_eq!(spoof.status, 200, "{}", spoof.body);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.bad_priority_total").await, 0);
+    // A sheddable objective is served while the pool has room.
+    let calm = post(
+        &client,
+        &url,
+        &chat("hello", "q", 1, false),
+        &[(OBJECTIVE_HEADER, "batch-eval")],
+    )
+    .await;
+    assert_eq!(calm.status, 200, "{}", calm.body);
+
+    // Saturate both pods directly (one running, eleven waiting each: still five or more waiting
+    // after the few seconds the sheds below take on a busy machine).
+    let fillers = saturate(&sim.pods, 12, 10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // a few polls: kvroute sees the queues
+                                                          // The objective with priority -1 is shed, as the EPP sheds it; a client that claims a higher
+                                                          // priority for it is not believed.
+    for extra in [None, Some(("x-kvroute-priority", "10"))] {
+        let mut headers = vec![(OBJECTIVE_HEADER, "batch-eval")];
+        headers.extend(extra);
+        let shed = post(&client, &url, &chat("hello", "q", 1, false), &headers).await;
+        assert_eq!(shed.status, 429, "{extra:?}: {}", shed.body);
+        assert!(shed.body.contains("saturated"), "{}", shed.body);
+    }
+    assert_eq!(envoy.stat("wasmcustom.kvroute.shed_total").await, 2);
+    // A critical objective claiming to be sheddable keeps its objective's priority: served (it
+    // queues behind the fillers).
+    let kept = post(
+        &client,
+        &url,
+        &chat("hello", "q", 1, false),
+        &[
+            (OBJECTIVE_HEADER, "food-review"),
+            ("x-kvroute-priority", "-1"),
+        ],
+    )
+    .await;
+    assert_eq!(kept.status, 200, "{}", kept.body);
+    for f in fillers {
+        assert_eq!(f.await.unwrap(), 200);
+    }
     drop(envoy);
     drop(sim);
 }

@@ -143,6 +143,35 @@ pub async fn sim_fault(pod: &str, fault: Value) {
     assert!(r.status().is_success(), "fault on {pod}: {}", r.status());
 }
 
+/// Saturates pods directly (not through Envoy): `per_pod` long requests to each, then waits until
+/// at least `waiting` of them wait on every pod (with `--max-num-seqs 1`: one runs, the rest
+/// wait). The handles answer each filler's status.
+pub async fn saturate(
+    pods: &[String],
+    per_pod: usize,
+    waiting: u64,
+) -> Vec<tokio::task::JoinHandle<u16>> {
+    let fillers = pods
+        .iter()
+        .flat_map(|pod| (0..per_pod).map(move |i| (pod.clone(), i)))
+        .map(|(pod, i)| {
+            let body = chat(&format!("filler {i} for {pod}"), "go", 1000, false);
+            tokio::spawn(async move {
+                let url = format!("http://{pod}/v1/chat/completions");
+                post(&fresh_client(), &url, &body, &[]).await.status
+            })
+        })
+        .collect();
+    for pod in pods {
+        harness::wait_for(Duration::from_secs(10), "queued fillers", || async {
+            sim_stats(pod).await["waiting"].as_u64().unwrap_or(0) >= waiting
+        })
+        .await
+        .unwrap();
+    }
+    fillers
+}
+
 /// Waits until the plugin's leader reports `n` healthy pods.
 pub async fn wait_healthy(envoy: &harness::Envoy, n: u64) {
     let ok = harness::wait_for(Duration::from_secs(20), "healthy pods", || async {

@@ -6,19 +6,59 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The pool Service's name and namespace, from pool.service (NAME.NAMESPACE.svc.DOMAIN). */}}
+{{/*
+The pool Service (NAME.NAMESPACE.svc.DOMAIN) and its port: pool.service and pool.port, or with
+inferencePool.name set, the ClusterIP Service the chart makes for that InferencePool
+(templates/inference-pool.yaml) and the pool's target port.
+*/}}
+{{- define "kvroute.poolService" -}}
+{{- $ip := .Values.inferencePool -}}
+{{- if $ip.name -}}
+{{- printf "%s.%s.svc.%s" (include "kvroute.inferencePoolService" .) $ip.namespace $ip.clusterDomain -}}
+{{- else -}}
+{{- .Values.pool.service -}}
+{{- end -}}
+{{- end -}}
+{{- define "kvroute.poolPort" -}}
+{{- if .Values.inferencePool.name -}}
+{{- (index .Values.inferencePool.targetPorts 0).number | int -}}
+{{- else -}}
+{{- .Values.pool.port | int -}}
+{{- end -}}
+{{- end -}}
+{{- define "kvroute.inferencePoolService" -}}
+{{- .Values.inferencePool.serviceName | default (printf "%s-kvroute" .Values.inferencePool.name) -}}
+{{- end -}}
 {{- define "kvroute.poolName" -}}
-{{- index (splitList "." .Values.pool.service) 0 -}}
+{{- index (splitList "." (include "kvroute.poolService" .)) 0 -}}
 {{- end -}}
 {{- define "kvroute.poolNamespace" -}}
-{{- index (splitList "." .Values.pool.service) 1 -}}
+{{- index (splitList "." (include "kvroute.poolService" .)) 1 -}}
+{{- end -}}
+
+{{/*
+kvroute's configuration: config, or with inferencePool.name set, config with its pools replaced by
+the InferencePool's (its Service's cluster) and, for failureMode FailOpen, on_no_endpoint
+passthrough unless config sets it (tools/inferencepool.py writes the same).
+*/}}
+{{- define "kvroute.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $ip := .Values.inferencePool -}}
+{{- if $ip.name -}}
+{{- $cluster := printf "outbound|%s||%s" (include "kvroute.poolPort" .) (include "kvroute.poolService" .) -}}
+{{- $_ := set $config "pools" (list (dict "name" $ip.name "cluster" $cluster)) -}}
+{{- if and (eq $ip.failureMode "FailOpen") (not (hasKey $config "on_no_endpoint")) -}}
+{{- $_ := set $config "on_no_endpoint" "passthrough" -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $config -}}
 {{- end -}}
 
 {{/* The gateway listener port the HTTP_FILTER, LISTENER and NETWORK_FILTER patches match. */}}
 {{- define "kvroute.listenerPort" -}}
 {{- if not (kindIs "invalid" .Values.gateway.listenerPort) -}}
 {{- .Values.gateway.listenerPort | int -}}
-{{- else if eq .Values.gateway.api "gatewayApi" -}}
+{{- else if has .Values.gateway.api (list "gatewayApi" "gatewayRef") -}}
 {{- .Values.gateway.port | int -}}
 {{- else -}}
 8080
@@ -37,7 +77,11 @@ reaches only its own namespace's Services.
 {{- range $v.config.pools -}}
 {{- $clusters = append $clusters (.cluster | default "") -}}
 {{- end -}}
-{{- if not (has $cluster $clusters) -}}
+{{- if $v.inferencePool.name -}}
+{{- if ne $v.modelServers.layout "none" -}}
+{{- fail (printf "inferencePool.name %s: modelServers.layout must be none (the InferencePool's pods are the pool)" $v.inferencePool.name) -}}
+{{- end -}}
+{{- else if not (has $cluster $clusters) -}}
 {{- fail (printf "config.pools: no pool has cluster %q, the Istio cluster of pool.service %s port %d (clusters: %s)" $cluster $v.pool.service ($v.pool.port | int) (join ", " $clusters)) -}}
 {{- end -}}
 {{- $poolName := include "kvroute.poolName" . -}}
@@ -49,6 +93,6 @@ reaches only its own namespace's Services.
 {{- end -}}
 {{- end -}}
 {{- if and (eq $v.gateway.api "gatewayApi") (ne $poolNs $v.gateway.namespace) -}}
-{{- fail (printf "gateway.api gatewayApi: pool.service %s is not in gateway.namespace %s (the HTTPRoute reaches another namespace's Service only with a ReferenceGrant)" $v.pool.service $v.gateway.namespace) -}}
+{{- fail (printf "gateway.api gatewayApi: pool Service %s is not in gateway.namespace %s (the HTTPRoute reaches another namespace's Service only with a ReferenceGrant)" (include "kvroute.poolService" .) $v.gateway.namespace) -}}
 {{- end -}}
 {{- end -}}
