@@ -438,11 +438,7 @@ pub fn render_text(r: &OverheadReport) -> String {
                 "  {}: {} (limit {}): {verdict}",
                 t.what,
                 fmt_f(t.value, 3),
-                if t.limit.fract() == 0.0 {
-                    t.limit.to_string()
-                } else {
-                    fmt_f(Some(t.limit), 3)
-                }
+                (t.limit * 1000.0).round() / 1000.0
             );
         }
     }
