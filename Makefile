@@ -363,9 +363,20 @@ endif
 # kvroute's own cost per request, throughput and memory per VM: Envoy with kvroute against the same
 # Envoy without it, on pods that answer at once, requests interleaved, in chars and tiktoken mode at
 # 256 B, 16 KB and 256 KB prompts, plus fixed-time throughput rounds (about 4 minutes); wall-clock
-# figures (not TIME_SCALE). Writes bench-out/overhead.{txt,json}.
+# figures (not TIME_SCALE). Then the hop phase, 3 runs on the same pods at 256 B, 16 KB and 220 KB:
+# the pod called directly (the zero line), plain Envoy, Envoy + kvroute and each peer router
+# (sglang-router, smg, vllm-router), sequential p50/p99 and requests per CPU-second of the hop's
+# processes under load (about 5 more minutes with the peers). The peers are on when `make peers` has
+# installed them (not installed here: it is not a prerequisite) or when PEERS names them
+# (PEERS=smg,vllm-router; PEERS=none for none). Writes bench-out/overhead.{txt,json,png} and
+# bench-out/overhead-hops.png. OVERHEAD_ARGS: more flags (`kvbench overhead --help`), e.g.
+# OVERHEAD_ARGS='--hop-runs 5 --hop-requests 1000'.
+comma := ,
+space := $(subst ,, )
+OVERHEAD_PEERS = $(if $(or $(filter command line environment,$(origin PEERS)),$(wildcard $(PEERS_DIR)/peers-*.stamp)),$(subst $(space),$(comma),$(strip $(PEERS))),none)
+OVERHEAD_ARGS ?=
 bench-cost-overhead: build build-tools fonts
-	target/release/kvbench overhead --out bench-out
+	target/release/kvbench overhead --peers '$(OVERHEAD_PEERS)' $(OVERHEAD_ARGS) --out bench-out
 
 # Where the filter's time goes inside Envoy: each callback timed (`phase_timing`), 16 KB prompts.
 bench-cost-phases: build build-tools

@@ -119,6 +119,11 @@ impl PeerPolicy {
         }
     }
 
+    /// The policy whose [`label`](Self::label) is `label`.
+    pub fn from_label(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.label() == label)
+    }
+
     /// The router's `--policy`.
     pub fn policy_flag(self) -> &'static str {
         if self.cache_aware {
@@ -157,6 +162,13 @@ impl PeerPolicy {
         );
         args.extend(pods.iter().map(|p| format!("http://{p}")));
         args
+    }
+}
+
+/// Written as its [`label`](PeerPolicy::label).
+impl serde::Serialize for PeerPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.label())
     }
 }
 
@@ -282,7 +294,9 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), labels.len());
+        assert_eq!(PeerPolicy::from_label("kvroute"), None);
         for p in PeerPolicy::ALL {
+            assert_eq!(PeerPolicy::from_label(p.label()), Some(p));
             assert!(p.label().starts_with(p.router.name()));
             assert_eq!(p.label().ends_with("-rr"), !p.cache_aware);
         }

@@ -3,20 +3,32 @@
 //! of both arms, all of them answered, the kvroute arm's requests routed by kvroute (and timed by
 //! its own decision histogram, one entry per measured request) and the plain arm untouched by it;
 //! a short fixed-time throughput phase in which both Envoys served requests and their CPU was
-//! read; the memory figures; and the output files with the flat rows for charts. No timing is
-//! asserted: speed is what the benchmark measures, not what tests check.
+//! read; the memory figures; a one-run hop phase in the first section (the pod directly, both
+//! Envoys and, when `make peers` installed it, vllm-router), every hop answering and its CPU read;
+//! and the output files with the flat rows for charts. No timing is asserted: speed is what the
+//! benchmark measures, not what tests check.
 
 use std::collections::BTreeMap;
 
 use kvbench::overhead::{self, BlockMode, OverheadOptions, PromptKind};
+use kvbench::peers::{PeerPolicy, PeerRouter};
 use serde_json::Value;
 
 const PAIRS: usize = 20;
 const WARMUP: usize = 3;
 const SIZES: [usize; 2] = [256, 4096];
+const HOP_REQUESTS: usize = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm() {
+    let peer = PeerPolicy::new(PeerRouter::VllmRouter, true);
+    let peers = match peer.router.check_installed() {
+        Ok(_) => vec![peer],
+        Err(e) => {
+            eprintln!("the hop phase runs without a peer router: {e}");
+            Vec::new()
+        }
+    };
     let opts = OverheadOptions {
         pods: 2,
         modes: vec![BlockMode::Chars, BlockMode::Tiktoken],
@@ -31,6 +43,12 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
         concurrency: 4,
         idle_s: 0.2,
         keep_samples: true,
+        hop_runs: 1,
+        hop_sizes: vec![256],
+        hop_requests: HOP_REQUESTS,
+        hop_warmup: 2,
+        hop_load_s: 0.3,
+        peers: peers.clone(),
         ..OverheadOptions::default()
     };
     let report = overhead::run(&opts).await.expect("the overhead run");
@@ -177,12 +195,38 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
         assert!(m.index_entries > 0, "{mode}: index empty at the end");
         assert!(section.idle_cpu.is_some());
     }
+    // The hop phase ran in the first section only: every hop answered every request, and each
+    // hop but the pod itself had its CPU read, sequentially and under load.
+    assert!(report.sections[1].hops.is_none());
+    let hops = report.sections[0].hops.as_ref().expect("the hop phase");
+    let mut labels = vec![overhead::DIRECT, overhead::PLAIN, overhead::KVROUTE];
+    labels.extend(peers.iter().map(|p| p.label()));
+    assert_eq!(hops.hops, labels);
+    assert_eq!(hops.runs.len(), 1);
+    for arm in &hops.runs[0].arms {
+        let (seq, label) = (&arm.sequential, &arm.sequential.label);
+        assert_eq!(seq.requests, HOP_REQUESTS, "{label}");
+        assert_eq!(seq.ok, HOP_REQUESTS, "{label}: {:?}", seq.errors);
+        let load = arm.load.as_ref().expect("a load");
+        assert!(load.ok > 0 && load.failed == 0, "{label}: {load:?}");
+        let direct = label == overhead::DIRECT;
+        assert_eq!(seq.cpu_us_per_request.is_none(), direct, "{label}");
+        assert_eq!(load.envoy_cpu_s.is_none(), direct, "{label}");
+        assert_eq!(load.rps_per_envoy_cpu_s.is_some(), !direct, "{label}");
+    }
+
     let s = &report.summary;
     assert_eq!(s.latency.len(), 2 * SIZES.len() * 2);
     assert_eq!(s.throughput.len(), SIZES.len());
     assert_eq!(s.memory.len(), 2);
-    // No 16 KB cell in this run: the targets are reported as not measured, not as met.
-    assert!(!s.targets.is_empty() && s.targets.iter().all(|t| t.met.is_none()));
+    assert_eq!(s.hops.len(), labels.len());
+    assert!(s.hops.iter().all(|r| r.runs == 1 && r.failed == 0));
+    // No 16 KB cell in this run: the filter's own targets are reported as not measured, not as
+    // met; with a peer, kvroute's hop at 256 B is held to it (met or not, measured).
+    let (own, against_peers) = s.targets.split_at(4);
+    assert!(own.iter().all(|t| t.met.is_none()), "{own:?}");
+    assert_eq!(against_peers.len(), peers.len(), "{against_peers:?}");
+    assert!(against_peers.iter().all(|t| t.met.is_some()));
 
     // The text and JSON outputs.
     let dir = std::env::temp_dir().join(format!("kvroute-overhead-test-{}", std::process::id()));
@@ -195,6 +239,7 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
         "tiktoken",
         "Throughput",
         "per VM",
+        "The hop",
     ] {
         assert!(text.contains(needle), "{needle}: {text}");
     }

@@ -3,8 +3,10 @@
 //! decision as the filter times it inside the VM), so the picture shows how much of the added
 //! latency is kvroute's work and how much the crossing into Envoy's Wasm machinery.
 
+use super::hop_summary::{hops_and_sizes, HopRow};
+use super::render::size_name;
 use super::summary::LatencyRow;
-use crate::plot::{Chart, Corner, Figure, LineChart, Plotter, Series};
+use crate::plot::{Bar, BarChart, BarSeries, Chart, Corner, Figure, LineChart, Plotter, Series};
 use std::path::Path;
 
 /// The figure of `rows`.
@@ -61,20 +63,83 @@ pub fn figure(rows: &[LatencyRow]) -> Figure {
     ])
 }
 
-/// Writes `DIR/overhead.png`, or says in one line why not (a plot never fails the benchmark).
-pub fn write(dir: &Path, rows: &[LatencyRow]) {
-    let path = dir.join("overhead.png");
-    let written = Plotter::from_env().and_then(|p| p.write_png(&path, &figure(rows)));
+/// The hop phase's figure: the p50 each hop adds over calling the pod directly against the
+/// prompt's size, one line per hop (medians of the runs, both axes logarithmic); beside it, each
+/// hop's requests per CPU-second under load at every size, with the runs' min–max.
+pub fn hops_figure(rows: &[HopRow]) -> Figure {
+    let (hops, mut sizes) = hops_and_sizes(rows);
+    sizes.sort_unstable();
+    let at = |hop: &str, size: usize| rows.iter().find(|r| r.hop == hop && r.prompt_size == size);
+    let lines = hops
+        .iter()
+        .map(|&hop| Series {
+            name: hop.to_owned(),
+            points: sizes
+                .iter()
+                .filter_map(|&s| Some((s as f64, at(hop, s)?.added_p50_us.median?)))
+                .collect(),
+        })
+        .collect();
+    let bars = hops
+        .iter()
+        .map(|&hop| BarSeries {
+            name: hop.to_owned(),
+            bars: sizes
+                .iter()
+                .map(|&s| {
+                    let v = at(hop, s)?.rps_per_cpu_s;
+                    Some(Bar::spread(v.median?, v.min?, v.max?))
+                })
+                .collect(),
+        })
+        .collect();
+    Figure::row(vec![
+        Chart::Lines(LineChart {
+            title: "latency added over calling the pod (p50)".to_owned(),
+            x_desc: "prompt bytes".to_owned(),
+            y_desc: "µs".to_owned(),
+            x_log: true,
+            y_log: true,
+            markers: true,
+            legend: Corner::UpperLeft,
+            series: lines,
+            ..LineChart::default()
+        }),
+        Chart::Bars(BarChart {
+            title: "requests per CPU-second of the hop".to_owned(),
+            y_desc: "requests / CPU-s".to_owned(),
+            groups: sizes.iter().map(|&s| size_name(s)).collect(),
+            legend: Corner::Hidden,
+            series: bars,
+            ..BarChart::default()
+        }),
+    ])
+}
+
+/// Writes `path` from `figure`, or says in one line why not (a plot never fails the benchmark).
+fn write_figure(path: &Path, figure: &Figure) {
+    let written = Plotter::from_env().and_then(|p| p.write_png(path, figure));
     match written {
         Ok(()) => eprintln!("wrote {}", path.display()),
         Err(e) => eprintln!("plot {} not written: {e:#}", path.display()),
     }
 }
 
+/// Writes `DIR/overhead.png`.
+pub fn write(dir: &Path, rows: &[LatencyRow]) {
+    write_figure(&dir.join("overhead.png"), &figure(rows));
+}
+
+/// Writes `DIR/overhead-hops.png`.
+pub fn write_hops(dir: &Path, rows: &[HopRow]) {
+    write_figure(&dir.join("overhead-hops.png"), &hops_figure(rows));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::overhead::options::{BlockMode, PromptKind};
+    use crate::overhead::DIRECT;
     use crate::plot::check::{plotter_or_skip, Picture, TempDir};
     use crate::plot::color;
 
@@ -136,6 +201,55 @@ mod tests {
             panic!("a line chart")
         };
         assert_eq!(decision.series[0].points[0].1, (100.0 + 2.56) / 2.0);
+    }
+
+    fn hop_row(hop: &str, size: usize, added: f64) -> HopRow {
+        let spread = |v: f64| crate::overhead::Spread {
+            median: Some(v),
+            min: Some(v * 0.9),
+            max: Some(v * 1.2),
+        };
+        HopRow {
+            prompt_size: size,
+            hop: hop.to_owned(),
+            runs: 3,
+            failed: 0,
+            p50_us: spread(300.0 + added),
+            p99_us: spread(600.0 + added),
+            added_p50_us: spread(added),
+            cpu_us_per_request: spread(added),
+            rps: spread(1000.0),
+            rps_per_cpu_s: spread(1e6 / (added + 1.0)),
+            cores: Some(1.0),
+            p50_us_under_load: None,
+        }
+    }
+
+    #[test]
+    fn the_hop_figure_has_a_line_and_bars_per_hop_but_direct() {
+        let mut rows = Vec::new();
+        // Out of order: the figure sorts the sizes.
+        for size in [16_384, 256] {
+            for (hop, added) in [(DIRECT, 0.0), ("kvroute", 400.0), ("smg", 300.0)] {
+                rows.push(hop_row(hop, size, added * size as f64 / 256.0));
+            }
+        }
+        let f = hops_figure(&rows);
+        let (Chart::Lines(lines), Chart::Bars(bars)) = (&f.charts[0], &f.charts[1]) else {
+            panic!("a line chart and a bar chart")
+        };
+        let names: Vec<&str> = lines.series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["kvroute", "smg"]);
+        assert_eq!(
+            lines.series[1].points,
+            [(256.0, 300.0), (16_384.0, 19_200.0)]
+        );
+        assert_eq!(bars.groups, ["256 B", "16 KB"]);
+        assert_eq!(bars.series.len(), 2);
+        let bar = bars.series[0].bars[0].expect("kvroute at 256 B");
+        let v = 1e6 / 401.0;
+        assert_eq!(bar.value, v);
+        assert_eq!(bar.range, Some((v * 0.9, v * 1.2)));
     }
 
     #[test]

@@ -33,6 +33,11 @@
 //! and the targets, and `render` its text and files. [`run`] below starts the pods and both
 //! Envoys of each section and calls the phases in order.
 //!
+//! The first section also runs the hop phase (`hops`, rows and targets in `hop_summary`): what
+//! each way of reaching the same pods adds over calling a pod directly, plain Envoy, Envoy with
+//! kvroute and each peer router asked for (sglang-router, smg, vllm-router: `--peers`), sequential
+//! latency and requests per CPU-second of the hop's processes under load, over several runs.
+//!
 //! This is one of the filter's cost instruments (`make bench-cost WHAT=overhead`); the others
 //! (each callback's time, polling a large pool, the CPU split by kind of code, the core natively)
 //! and the question each answers are listed in `docs/cost-instruments.md`.
@@ -40,6 +45,8 @@
 mod chart;
 mod conn;
 mod decision;
+mod hop_summary;
+mod hops;
 mod options;
 mod phases;
 mod process;
@@ -63,6 +70,8 @@ use phases::{idle_cpu, measure_kind, throughput, Arms};
 use prompts::Prompts;
 
 pub use decision::DecisionSummary;
+pub use hop_summary::{hop_rows, hop_targets, is_peer, HopRow};
+pub use hops::{HopArm, HopReport, HopRun, DIRECT};
 pub use options::{BlockMode, OverheadOptions, PromptKind, DEFAULT_SIM_ARGS, MAX_PROMPT_BYTES};
 pub use process::{MemoryDiff, MemoryFigures};
 pub use render::{render_text, write_outputs};
@@ -147,6 +156,7 @@ fn connections_per_worker(stats: &HashMap<String, u64>) -> BTreeMap<String, u64>
 async fn run_section(
     opts: &OverheadOptions,
     mode: BlockMode,
+    with_hops: bool,
     envoy_version: &mut Option<String>,
 ) -> Result<SectionReport> {
     let t0 = Instant::now();
@@ -266,6 +276,11 @@ async fn run_section(
             .copied()
             .unwrap_or(0),
     };
+    let hops = if with_hops && opts.hop_runs > 0 {
+        Some(hops::hop_phase(&arms, &pods, opts).await?)
+    } else {
+        None
+    };
     drop(arms);
     drop(sim);
     Ok(SectionReport {
@@ -277,6 +292,7 @@ async fn run_section(
         idle_cpu,
         connections,
         memory,
+        hops,
         wall_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -286,11 +302,17 @@ pub async fn run(opts: &OverheadOptions) -> Result<OverheadReport> {
     opts.validate()?;
     check_envoy_installed()?;
     harness::wasm_path()?;
+    if opts.hop_runs > 0 {
+        // Fail on a router that is not installed before the long run, not at its end.
+        for p in &opts.peers {
+            p.router.check_installed()?;
+        }
+    }
     let t0 = Instant::now();
     let mut envoy_version = None;
     let mut sections = Vec::new();
-    for &mode in &opts.modes {
-        sections.push(run_section(opts, mode, &mut envoy_version).await?);
+    for (i, &mode) in opts.modes.iter().enumerate() {
+        sections.push(run_section(opts, mode, i == 0, &mut envoy_version).await?);
     }
     Ok(OverheadReport {
         wall_clock: true,

@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::prompts::QUESTION_BYTES;
+use crate::peers::PeerPolicy;
 
 /// kvsim arguments that make a pod answer at once: no simulated prefill or decode time at all.
 pub const DEFAULT_SIM_ARGS: &str =
@@ -98,6 +99,20 @@ pub struct OverheadOptions {
     /// Seconds without requests, after start-up, over which both Envoys' background CPU is measured
     /// (kvroute's leader polls the pods meanwhile); 0 = skip.
     pub idle_s: f64,
+    /// Runs of the hop phase in the first section (0 = none): each times, at every size of
+    /// `hop_sizes`, the pod called directly, both Envoys and every peer router of `peers`.
+    pub hop_runs: usize,
+    /// Peer routers timed in the hop phase beside the Envoys, in front of the same pods (`make
+    /// peers` installs them).
+    pub peers: Vec<PeerPolicy>,
+    /// Bytes of prompt text per request in the hop phase, in this order.
+    pub hop_sizes: Vec<usize>,
+    /// Measured sequential requests per hop, per run and size.
+    pub hop_requests: usize,
+    /// Sequential requests per hop sent before them, per run and size, not measured.
+    pub hop_warmup: usize,
+    /// Seconds each hop is loaded (`concurrency` connections) per run and size (0 = no loads).
+    pub hop_load_s: f64,
 }
 
 impl Default for OverheadOptions {
@@ -126,6 +141,12 @@ impl Default for OverheadOptions {
             plain_buffer: false,
             keep_samples: false,
             idle_s: 2.0,
+            hop_runs: 3,
+            peers: Vec::new(),
+            hop_sizes: vec![256, 16_384, 225_280],
+            hop_requests: 500,
+            hop_warmup: 50,
+            hop_load_s: 2.0,
         }
     }
 }
@@ -146,7 +167,7 @@ impl OverheadOptions {
         ensure!(!self.kinds.is_empty(), "no prompt kinds given");
         ensure!(!self.prompt_sizes.is_empty(), "no prompt sizes given");
         ensure!(self.requests >= 1, "need at least one measured request");
-        for &size in &self.prompt_sizes {
+        for &size in self.prompt_sizes.iter().chain(&self.hop_sizes) {
             ensure!(
                 size > QUESTION_BYTES && size <= MAX_PROMPT_BYTES,
                 "prompt size {size}: must be more than {QUESTION_BYTES} bytes and at most \
@@ -168,6 +189,16 @@ impl OverheadOptions {
         ensure!(
             self.idle_s.is_finite() && self.idle_s >= 0.0,
             "the idle period must be >= 0 s"
+        );
+        ensure!(
+            self.hop_runs == 0 || (!self.hop_sizes.is_empty() && self.hop_requests >= 1),
+            "the hop phase needs a prompt size and at least one request per hop"
+        );
+        ensure!(
+            self.hop_load_s.is_finite()
+                && self.hop_load_s >= 0.0
+                && (self.hop_load_s == 0.0 || self.concurrency >= 1),
+            "the hop phase's load must be >= 0 s, with a concurrency of at least 1"
         );
         ensure!(
             self.plugin_extra.is_object(),

@@ -17,7 +17,9 @@ use bytes::Bytes;
 use super::conn::{us, Conn, Sample};
 use super::decision;
 use super::options::{BlockMode, OverheadOptions, PromptKind};
-use super::process::{cpu_per_request, machine_cpu_ticks, process_cpu_ns, thread_cpu_ns};
+use super::process::{
+    cpu_per_request, machine_cpu_ticks, process_cpu_ns, thread_cpu_ns, tree_cpu_ns,
+};
 use super::prompts::Prompts;
 use super::report::{arm_report, IdleCpu, KindReport, LoadArm, LoadRound, ThroughputReport};
 use super::statistics::median_difference;
@@ -37,6 +39,15 @@ const KVROUTE_COUNTERS: [&str; 6] = [
 
 /// Distinct request bodies the throughput phase cycles through.
 const LOAD_BODIES: u64 = 64;
+
+/// The bodies a load cycles through: `repeat` prompts numbered apart from the sequential ones.
+pub(super) fn load_bodies(prompts: &Prompts) -> Arc<Vec<Bytes>> {
+    Arc::new(
+        (0..LOAD_BODIES)
+            .map(|i| prompts.body(PromptKind::Repeat, 1_000_000 + i).0)
+            .collect(),
+    )
+}
 
 /// kvroute's stats in `stats` (Envoy's labelled names → value).
 fn kvroute_stats(stats: &HashMap<String, u64>) -> BTreeMap<String, u64> {
@@ -225,9 +236,40 @@ async fn load_round(
     seconds: f64,
 ) -> LoadArm {
     let envoy = arms.envoy(kvroute);
-    let addr = envoy.listener.clone();
-    let pids = [envoy.proc.pid(), std::process::id(), arms.sim_pid];
-    let cpu0 = pids.map(process_cpu_ns);
+    let target = LoadTarget {
+        addr: &envoy.listener,
+        hop_pid: Some(envoy.proc.pid()),
+        sim_pid: arms.sim_pid,
+    };
+    load(&target, bodies, concurrency, seconds).await
+}
+
+/// Where a load goes: the listener, the process its CPU is charged to (with every process below
+/// it; none when the load goes straight to a pod) and the pods' process.
+pub(super) struct LoadTarget<'a> {
+    pub(super) addr: &'a str,
+    pub(super) hop_pid: Option<u32>,
+    pub(super) sim_pid: u32,
+}
+
+/// `concurrency` connections to `target`, each sending its next request as soon as the last is
+/// answered, until `seconds` have passed; the load lasts until the last answer is in. The hop's CPU
+/// (in [`LoadArm::envoy_cpu_s`]: the Envoy's, or a peer router's) is its whole process tree's.
+pub(super) async fn load(
+    target: &LoadTarget<'_>,
+    bodies: &Arc<Vec<Bytes>>,
+    concurrency: usize,
+    seconds: f64,
+) -> LoadArm {
+    let addr = target.addr.to_owned();
+    let cpu_now = || {
+        [
+            target.hop_pid.and_then(tree_cpu_ns),
+            process_cpu_ns(std::process::id()),
+            process_cpu_ns(target.sim_pid),
+        ]
+    };
+    let cpu0 = cpu_now();
     let machine0 = machine_cpu_ticks();
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
@@ -264,7 +306,7 @@ async fn load_round(
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
-    let cpu1 = pids.map(process_cpu_ns);
+    let cpu1 = cpu_now();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let machine_busy_cores = machine0
         .zip(machine_cpu_ticks())
@@ -303,11 +345,7 @@ pub(super) async fn throughput(
     opts: &OverheadOptions,
 ) -> ThroughputReport {
     let kind = PromptKind::Repeat;
-    let bodies: Arc<Vec<Bytes>> = Arc::new(
-        (0..LOAD_BODIES)
-            .map(|i| prompts.body(kind, 1_000_000 + i).0)
-            .collect(),
-    );
+    let bodies = load_bodies(prompts);
     let warmup_s = (opts.throughput_s / 4.0).min(1.0);
     for kvroute in [true, false] {
         load_round(arms, &bodies, kvroute, opts.concurrency, warmup_s).await;

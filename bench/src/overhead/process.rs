@@ -105,10 +105,68 @@ pub(super) fn cpu_per_request(
     (Some(threads.values().sum()), threads)
 }
 
+/// CPU µs per request between two readings of a process's CPU time (ns): `None` without both
+/// readings or without requests.
+pub(super) fn cpu_us_per_request(
+    before: Option<u64>,
+    after: Option<u64>,
+    requests: usize,
+) -> Option<f64> {
+    let (before, after) = before.zip(after)?;
+    (requests > 0).then(|| after.saturating_sub(before) as f64 / 1e3 / requests as f64)
+}
+
 /// CPU time of a whole process so far (every thread), ns; `None` off Linux or once it is gone.
 pub(super) fn process_cpu_ns(pid: u32) -> Option<u64> {
     let threads = thread_cpu_ns(pid);
     (!threads.is_empty()).then(|| threads.values().sum())
+}
+
+/// The parent of a process from its `/proc/PID/stat` line: the fourth field, counted after the
+/// command name's closing parenthesis (a name may hold spaces and parentheses itself).
+fn parent_in_stat(stat: &str) -> Option<u32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `root` and every process below it, from (pid, parent) pairs, `root` first.
+fn tree_of(root: u32, parents: &[(u32, u32)]) -> Vec<u32> {
+    let mut tree = vec![root];
+    let mut i = 0;
+    while let Some(&pid) = tree.get(i) {
+        for &(child, parent) in parents {
+            if parent == pid && !tree.contains(&child) {
+                tree.push(child);
+            }
+        }
+        i += 1;
+    }
+    tree
+}
+
+/// CPU time so far of a process and every process below it (every thread of each), ns: a router
+/// started through a Python launcher may run its work in a child. `None` off Linux or once the
+/// process is gone. Children that have exited are not counted.
+pub(super) fn tree_cpu_ns(root: u32) -> Option<u64> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                    Some((pid, parent_in_stat(&stat)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let own = process_cpu_ns(root)?;
+    let children: u64 = tree_of(root, &parents)
+        .into_iter()
+        .skip(1)
+        .filter_map(process_cpu_ns)
+        .sum();
+    Some(own + children)
 }
 
 /// The whole machine's busy and total CPU time so far, in clock ticks (`/proc/stat`'s `cpu`
@@ -124,4 +182,54 @@ pub(super) fn machine_cpu_ticks() -> Option<(u64, u64)> {
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
     Some((total.saturating_sub(idle), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_per_request_needs_both_readings_and_a_request() {
+        assert_eq!(cpu_us_per_request(Some(1_000), Some(41_000), 4), Some(10.0));
+        assert_eq!(cpu_us_per_request(None, Some(41_000), 4), None);
+        assert_eq!(cpu_us_per_request(Some(1_000), None, 4), None);
+        assert_eq!(cpu_us_per_request(Some(1_000), Some(41_000), 0), None);
+        // A reading that went backwards (a child exited) counts as none, not as negative.
+        assert_eq!(cpu_us_per_request(Some(5_000), Some(1_000), 2), Some(0.0));
+    }
+
+    #[test]
+    fn the_parent_is_read_after_the_command_name() {
+        assert_eq!(parent_in_stat("42 (envoy) S 7 42 42 0 -1"), Some(7));
+        assert_eq!(
+            parent_in_stat("43 (odd) name (x)) R 9 43 43 0 -1"),
+            Some(9),
+            "a name with spaces and parentheses"
+        );
+        assert_eq!(parent_in_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_tree_holds_the_root_and_every_descendant_once() {
+        // 1 ─ 2 ─ 4, 1 ─ 3, and 5 under another root; a loop (6 ↔ 7) does not hang it.
+        let parents = [(2, 1), (3, 1), (4, 2), (5, 9), (6, 7), (7, 6)];
+        let mut t = tree_of(1, &parents);
+        assert_eq!(t.first(), Some(&1));
+        t.sort_unstable();
+        assert_eq!(t, [1, 2, 3, 4]);
+        assert_eq!(tree_of(8, &parents), [8]);
+        let mut looped = tree_of(6, &parents);
+        looped.sort_unstable();
+        assert_eq!(looped, [6, 7]);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_its_tree_at_least_as_much() {
+        let me = std::process::id();
+        let Some(own) = process_cpu_ns(me) else {
+            return; // not Linux
+        };
+        let tree = tree_cpu_ns(me).expect("this process's tree");
+        assert!(tree >= own, "{tree} < {own}");
+    }
 }

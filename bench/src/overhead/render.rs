@@ -9,6 +9,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use super::hop_summary::{hops_and_sizes, HopRow};
+use super::hops::DIRECT;
 use super::report::{OverheadReport, Spread};
 use crate::table::{Align, Table};
 
@@ -34,7 +36,7 @@ fn mib_signed(v: Option<i64>) -> String {
     )
 }
 
-fn size_name(bytes: usize) -> String {
+pub(super) fn size_name(bytes: usize) -> String {
     if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{} KB", bytes / 1024)
     } else {
@@ -267,6 +269,96 @@ fn throughput_table(out: &mut String, r: &OverheadReport) {
     );
 }
 
+/// `+median [min … max]` of an added latency, µs to whole numbers.
+fn added(s: &Spread) -> String {
+    let f = |v: Option<f64>| {
+        v.filter(|x| x.is_finite())
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:+.0}"))
+    };
+    format!("{} [{} … {}]", f(s.median), f(s.min), f(s.max))
+}
+
+/// The hop phase's headline: per prompt size, the pod's own p50 and every other hop's added p50
+/// over it (median of the runs [min … max]).
+pub fn hop_table(rows: &[HopRow]) -> Table {
+    let (hops, sizes) = hops_and_sizes(rows);
+    let mut header = vec!["prompt".to_owned(), "direct p50".to_owned()];
+    header.extend(hops.iter().map(|h| format!("{h} added")));
+    let mut table = Table::new(&header).left(1);
+    for size in sizes {
+        let at = |hop: &str| rows.iter().find(|r| r.prompt_size == size && r.hop == hop);
+        let mut cells = vec![
+            size_name(size),
+            fmt_f(at(DIRECT).and_then(|r| r.p50_us.median), 0),
+        ];
+        cells.extend(
+            hops.iter()
+                .map(|h| at(h).map_or_else(|| "-".to_owned(), |r| added(&r.added_p50_us))),
+        );
+        table.row(cells);
+    }
+    table
+}
+
+fn hops_section(out: &mut String, r: &OverheadReport) {
+    let Some(h) = r.sections.iter().find_map(|s| s.hops.as_ref()) else {
+        return;
+    };
+    let runs = h.runs.iter().map(|x| x.run + 1).max().unwrap_or(0);
+    let requests = h
+        .runs
+        .first()
+        .and_then(|x| x.arms.first())
+        .map_or(0, |a| a.sequential.requests);
+    let _ = writeln!(
+        out,
+        "\nThe hop: what each way of reaching the same pods adds over calling a pod directly. Run(s): \
+         {runs}; per run and size, {requests}\nsequential {} requests per hop, one hop after the \
+         other in rotating order, then each hop loaded by {} connections for {} s.\nAdded p50 = \
+         p50 of the hop − p50 of direct in the same run; median of the runs [min … max], µs:",
+        h.kind.name(),
+        h.concurrency,
+        h.load_s
+    );
+    out.push_str(&hop_table(&r.summary.hops).text());
+    let _ = writeln!(
+        out,
+        "\nEach hop (medians of the runs; CPU = the hop's processes, the Envoy or the router with \
+         everything below it, per\nsequential request; req/s and req/CPU-s under load [min … max]; \
+         cores = the hop's CPU per second under load):"
+    );
+    let mut table = Table::new(&[
+        "prompt",
+        "hop",
+        "failed",
+        "p50",
+        "p99",
+        "added p50",
+        "CPU µs/req",
+        "req/s",
+        "req/CPU-s",
+        "cores",
+        "p50 loaded",
+    ])
+    .aligns(&[Align::Right, Align::Left]);
+    for row in &r.summary.hops {
+        table.row([
+            size_name(row.prompt_size),
+            row.hop.clone(),
+            row.failed.to_string(),
+            fmt_f(row.p50_us.median, 0),
+            fmt_f(row.p99_us.median, 0),
+            added(&row.added_p50_us),
+            fmt_f(row.cpu_us_per_request.median, 0),
+            spread(&row.rps, 0),
+            spread(&row.rps_per_cpu_s, 0),
+            fmt_f(row.cores, 2),
+            fmt_f(row.p50_us_under_load, 0),
+        ]);
+    }
+    out.push_str(&table.text());
+}
+
 fn memory_table(out: &mut String, r: &OverheadReport) {
     let _ = writeln!(
         out,
@@ -314,6 +406,7 @@ pub fn render_text(r: &OverheadReport) -> String {
     arm_table(&mut out, r);
     throughput_table(&mut out, r);
     memory_table(&mut out, r);
+    hops_section(&mut out, r);
     for s in &r.sections {
         if let Some(idle) = &s.idle_cpu {
             let _ = writeln!(
@@ -345,7 +438,7 @@ pub fn render_text(r: &OverheadReport) -> String {
                 "  {}: {} (limit {}): {verdict}",
                 t.what,
                 fmt_f(t.value, 3),
-                t.limit
+                (t.limit * 1000.0).round() / 1000.0
             );
         }
     }
@@ -364,5 +457,8 @@ pub fn write_outputs(dir: &Path, r: &OverheadReport) -> Result<()> {
     std::fs::write(&txt_path, render_text(r))
         .with_context(|| format!("writing {}", txt_path.display()))?;
     super::chart::write(dir, &r.summary.latency);
+    if !r.summary.hops.is_empty() {
+        super::chart::write_hops(dir, &r.summary.hops);
+    }
     Ok(())
 }

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::conn::{us, Sample};
 use super::decision::DecisionSummary;
+use super::hops::HopReport;
 use super::options::{BlockMode, OverheadOptions, PromptKind};
 use super::process::{MemoryDiff, MemoryFigures};
 use super::statistics::median_of;
@@ -106,7 +107,7 @@ pub struct LoadArm {
 
 impl LoadArm {
     /// CPU cores a process used on average over the round.
-    fn cores(&self, cpu_s: Option<f64>) -> Option<f64> {
+    pub(super) fn cores(&self, cpu_s: Option<f64>) -> Option<f64> {
         cpu_s.map(|c| c / self.wall_s.max(1e-9))
     }
 }
@@ -282,6 +283,9 @@ pub struct SectionReport {
     /// (`listener.*.worker_N.downstream_cx_total`).
     pub connections: BTreeMap<String, BTreeMap<String, u64>>,
     pub memory: MemoryReport,
+    /// The hop phase (direct, both Envoys, the peer routers), in the section that ran it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hops: Option<HopReport>,
     pub wall_s: f64,
 }
 

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use super::hop_summary::{hop_rows, hop_targets, HopRow};
 use super::options::{BlockMode, PromptKind};
 use super::report::{SectionReport, Spread};
 use super::statistics::median_of;
@@ -100,6 +101,9 @@ pub struct SummaryTables {
     pub latency: Vec<LatencyRow>,
     pub throughput: Vec<ThroughputRow>,
     pub memory: Vec<MemoryRow>,
+    /// The hop phase: one row per (prompt size, hop).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hops: Vec<HopRow>,
     pub targets: Vec<TargetCheck>,
 }
 
@@ -161,6 +165,9 @@ impl SummaryTables {
                     ),
                 });
             }
+            if let Some(h) = &s.hops {
+                t.hops.extend(hop_rows(h));
+            }
             let m = &s.memory;
             t.memory.push(MemoryRow {
                 mode: s.mode,
@@ -183,6 +190,7 @@ impl SummaryTables {
             });
         }
         t.targets = t.check_targets();
+        t.targets.extend(hop_targets(&t.hops));
         t
     }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use kvbench::overhead::{self, BlockMode, OverheadOptions, PromptKind};
+use kvbench::peers::PeerPolicy;
 
 use crate::*;
 
@@ -96,9 +97,42 @@ pub(crate) struct OverheadArgs {
     /// Seconds without requests over which both Envoys' background CPU is measured (0 = skip)
     #[arg(long, default_value_t = OverheadOptions::default().idle_s)]
     pub(crate) idle: f64,
+    /// Runs of the hop phase (0 = none): the pod called directly, both Envoys and each of --peers, in front of the same pods
+    #[arg(long, default_value_t = OverheadOptions::default().hop_runs)]
+    pub(crate) hop_runs: usize,
+    /// Peer routers timed in the hop phase, comma-separated (sglang-router, smg, vllm-router, or a `-rr` one for its round-robin; `none`); `make peers` installs them
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub(crate) peers: Vec<String>,
+    /// Bytes of prompt text per request in the hop phase, a list measured in this order
+    #[arg(long, value_delimiter = ',', default_values = ["256", "16384", "225280"])]
+    pub(crate) hop_prompt_bytes: Vec<usize>,
+    /// Measured sequential requests per hop, per run and size
+    #[arg(long, default_value_t = OverheadOptions::default().hop_requests)]
+    pub(crate) hop_requests: usize,
+    /// Sequential requests per hop before those, per run and size, not measured
+    #[arg(long, default_value_t = OverheadOptions::default().hop_warmup)]
+    pub(crate) hop_warmup: usize,
+    /// Seconds each hop is loaded (--concurrency connections) per run and size (0 = no loads)
+    #[arg(long, default_value_t = OverheadOptions::default().hop_load_s)]
+    pub(crate) hop_load_seconds: f64,
     /// Write DIR/overhead.json and DIR/overhead.txt
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
+}
+
+/// The peer routers of `--peers`: labels of [`PeerPolicy`], `none` or nothing for none.
+fn peer_policies(names: &[String]) -> anyhow::Result<Vec<PeerPolicy>> {
+    names
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty() && *n != "none")
+        .map(|n| {
+            PeerPolicy::from_label(n).with_context(|| {
+                let known: Vec<&str> = PeerPolicy::ALL.iter().map(|p| p.label()).collect();
+                format!("--peers: unknown router {n:?} ({})", known.join(", "))
+            })
+        })
+        .collect()
 }
 
 pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
@@ -134,6 +168,12 @@ pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
         plain_buffer: args.plain_buffer,
         keep_samples: args.records,
         idle_s: args.idle,
+        hop_runs: args.hop_runs,
+        peers: peer_policies(&args.peers)?,
+        hop_sizes: args.hop_prompt_bytes.clone(),
+        hop_requests: args.hop_requests,
+        hop_warmup: args.hop_warmup,
+        hop_load_s: args.hop_load_seconds,
     };
     opts.validate()?;
     let report = overhead::run(&opts).await?;
@@ -147,4 +187,23 @@ pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_named_by_label_and_none_names_none() {
+        let names = |s: &str| s.split(',').map(str::to_owned).collect::<Vec<_>>();
+        let labels = |v: Vec<PeerPolicy>| v.into_iter().map(PeerPolicy::label).collect::<Vec<_>>();
+        assert_eq!(
+            labels(peer_policies(&names("sglang-router,smg, vllm-router-rr")).expect("known")),
+            ["sglang-router", "smg", "vllm-router-rr"]
+        );
+        assert!(peer_policies(&names("none")).expect("none").is_empty());
+        assert!(peer_policies(&names("")).expect("empty").is_empty());
+        let e = peer_policies(&names("smg,nginx")).expect_err("unknown");
+        assert!(format!("{e:#}").contains("\"nginx\""), "{e:#}");
+    }
 }
