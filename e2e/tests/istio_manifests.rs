@@ -625,6 +625,16 @@ fn no_edit(_: &mut Value) {}
 /// Returned once kvroute's leader has found every pod through the admin API (the EDS cluster named
 /// as istiod names it) and polled its /metrics through the poll cluster.
 async fn start_envoy(fr: &Fragments, dir: &Path, pods: &[String]) -> Envoy {
+    start_envoy_with_workers(fr, dir, pods, 2).await
+}
+
+/// [`start_envoy`] with `workers` Envoy workers.
+async fn start_envoy_with_workers(
+    fr: &Fragments,
+    dir: &Path,
+    pods: &[String],
+    workers: usize,
+) -> Envoy {
     let wasm = wasm_path().unwrap();
     let debug: fn(&mut Value) = |c| c["debug_header"] = json!(true);
     let local = Local {
@@ -636,7 +646,7 @@ async fn start_envoy(fr: &Fragments, dir: &Path, pods: &[String]) -> Envoy {
         plugin_edit: debug,
         pool_base_extra: json!({}),
     };
-    let envoy = Envoy::start_with_config(&bootstrap(fr, &local).to_string(), 2)
+    let envoy = Envoy::start_with_config(&bootstrap(fr, &local).to_string(), workers)
         .await
         .unwrap();
     wait_healthy(&envoy, pods.len() as u64).await;
@@ -1269,8 +1279,10 @@ async fn an_inference_pool_routes_by_prefix_and_sheds_by_objective_on_real_envoy
     let dir = TempDir::new("pool-run");
     // One running request per pod, so a few direct requests saturate both.
     let sim = Sim::start(2, &["--time-scale", TIME_SCALE, "--max-num-seqs", "1"]).unwrap();
-    // The pods are the generated Service's cluster's members, read from the admin API.
-    let envoy = start_envoy(&fr, &dir.0, &sim.pods).await;
+    // The pods are the generated Service's cluster's members, read from the admin API. One worker:
+    // the VM that decides is the leader that polls, so what the test waits to see below is what
+    // the decision sees.
+    let envoy = start_envoy_with_workers(&fr, &dir.0, &sim.pods, 1).await;
 
     // Routed by prefix: every request with the same system prompt goes where the first went.
     let system = system_prompt("pool-tenant-", 400);
@@ -1302,14 +1314,29 @@ async fn an_inference_pool_routes_by_prefix_and_sheds_by_objective_on_real_envoy
     // Saturate both pods directly (one running, eleven waiting each: still five or more waiting
     // after the few seconds the sheds below take on a busy machine).
     let fillers = saturate(&sim.pods, 12, 10).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // a few polls: kvroute sees the queues
-                                                          // The objective with priority -1 is shed, as the EPP sheds it; a client that claims a higher
-                                                          // priority for it is not believed.
+    // Until kvroute sees both queues, fresh: a pod whose poll ran late on a loaded machine is
+    // routed on the board alone (no queue), and a pool with one such pod is not saturated.
+    harness::wait_for(Duration::from_secs(10), "both queues seen", || async {
+        envoy.stat("wasmcustom.kvroute.pods_stale").await == 0
+            && envoy.stat("wasmcustom.kvroute.pool_requests_waiting").await >= 17
+    })
+    .await
+    .unwrap();
+    // The objective with priority -1 is shed, as the EPP sheds it; a client that claims a higher
+    // priority for it is not believed.
     for extra in [None, Some(("x-kvroute-priority", "10"))] {
         let mut headers = vec![(OBJECTIVE_HEADER, "batch-eval")];
         headers.extend(extra);
         let shed = post(&client, &url, &chat("hello", "q", 1, false), &headers).await;
-        assert_eq!(shed.status, 429, "{extra:?}: {}", shed.body);
+        assert_eq!(
+            shed.status,
+            429,
+            "{extra:?}: {} {:?} (pods stale {}, waiting {})",
+            shed.body,
+            shed.debug,
+            envoy.stat("wasmcustom.kvroute.pods_stale").await,
+            envoy.stat("wasmcustom.kvroute.pool_requests_waiting").await,
+        );
         assert!(shed.body.contains("saturated"), "{}", shed.body);
     }
     assert_eq!(envoy.stat("wasmcustom.kvroute.shed_total").await, 2);
