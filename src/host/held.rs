@@ -182,7 +182,8 @@ impl HttpContext for SharedFilter {
     }
 
     fn on_log(&mut self) {
-        unpark(self.id);
         self.on(true, HttpContext::on_log);
+        // Last: a request answered while held (timed out) still reads as held, and `on` parks it.
+        unpark(self.id);
     }
 }
