@@ -7,7 +7,7 @@ use clap::{ArgGroup, Args, ValueEnum};
 use kvbench::compare::{self, Policy, StackOptions};
 use kvbench::compare_plots::ComparePlots;
 use kvbench::peers::{PeerPolicy, PeerRouter};
-use kvbench::summary;
+use kvbench::{overload, summary};
 
 use crate::*;
 
@@ -22,6 +22,9 @@ pub(crate) enum CompareWorkload {
     UnequalPool,
     /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
     Interference,
+    /// Arrivals above capacity for a while, two priority classes, one tenant bursting: flow
+    /// control's benchmark (`make bench-overload`, with kvroute-flow; not part of `all`)
+    Overload,
     /// Every workload above but interference, in turn
     All,
 }
@@ -37,6 +40,7 @@ impl CompareWorkload {
             CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
             CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
             CompareWorkload::Interference => vec![WorkloadArg::Interference],
+            CompareWorkload::Overload => vec![WorkloadArg::Overload],
             CompareWorkload::All => vec![
                 WorkloadArg::MultiTenant,
                 WorkloadArg::MultiTurn,
@@ -53,6 +57,8 @@ impl CompareWorkload {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum PolicyArg {
     Kvroute,
+    /// kvroute with flow control on (requests wait at the gateway while every pod is full)
+    KvrouteFlow,
     /// kvroute with the previous version's module (--previous-wasm; `make previous-module`)
     KvroutePrevious,
     RoundRobin,
@@ -83,6 +89,7 @@ impl From<PolicyArg> for Policy {
     fn from(p: PolicyArg) -> Self {
         match p {
             PolicyArg::Kvroute => Policy::Kvroute,
+            PolicyArg::KvrouteFlow => Policy::KvrouteFlow,
             PolicyArg::KvroutePrevious => Policy::KvroutePrevious,
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
@@ -342,11 +349,20 @@ pub(crate) async fn compare_cases(
             runs.push(rows);
         }
         let summaries = summary::summarize(&runs);
-        let verdict = summary::verdict(case, &runs, &summaries);
+        // The overload workload is judged by flow control's figures, not by routing's.
+        let overload = overload::summarize(&runs);
+        let verdict = if *w == WorkloadArg::Overload {
+            overload::verdict(case, &runs)
+        } else {
+            summary::verdict(case, &runs, &summaries)
+        };
         let mut text = format!(
             "pool: {pool}\n{}",
             summary::render_summary(case, &summaries, &verdict)
         );
+        if !overload.is_empty() {
+            text.push_str(&overload::render_summary(&overload));
+        }
         for (seed, label, why) in &failed {
             text.push_str(&format!("{label} FAILED on seed {seed}: {why}\n"));
         }
@@ -366,6 +382,7 @@ pub(crate) async fn compare_cases(
                 "warmup_s": warmup,
                 "policies": summaries,
                 "verdict": verdict,
+                "overload": overload,
                 "failed": failed,
             });
             std::fs::write(
