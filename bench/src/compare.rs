@@ -1015,7 +1015,7 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
 
 /// `overload`'s base rate (requests per simulated second, every tenant together) outside its
 /// surge: below the pool's capacity, so the queue drains after the surge (×3) has overfilled it.
-pub const OVERLOAD_BASE_RATE: f64 = 4.0;
+pub const OVERLOAD_BASE_RATE: f64 = 3.0;
 /// `overload`'s sending window, simulated seconds: the surge (40–100 s) and 60 s of drain.
 pub const OVERLOAD_DURATION_S: f64 = 160.0;
 /// `overload`'s unmeasured start (every tenant's first prefill).

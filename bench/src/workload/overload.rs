@@ -47,16 +47,16 @@ pub const LOW_PRIORITY: i64 = 0;
 
 impl Default for OverloadParams {
     /// Six tenants × 2,000 words; questions of 200–600 unique words and 64–192 output tokens (a
-    /// request costs a pod about 0.2 s of prefill and a few seconds of decode); the surge triples
-    /// every tenant's rate from 40 s to 100 s, tenant 0 sends 5× its share from 50 s to 90 s; 20%
-    /// interactive.
+    /// request costs a pod about 0.2 s of prefill and a few seconds of decode); the surge
+    /// multiplies every tenant's rate by 2.5 from 40 s to 100 s, tenant 0 sends 5× its share on
+    /// top from 50 s to 90 s; 20% interactive.
     fn default() -> Self {
         Self {
             tenants: 6,
             system_words: 2000,
             question_words: (200, 600),
             max_tokens: (64, 192),
-            surge: 3.0,
+            surge: 2.5,
             surge_start_s: 40.0,
             surge_end_s: 100.0,
             burst_tenant: 0,
