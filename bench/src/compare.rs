@@ -938,6 +938,9 @@ pub struct BenchDefaults {
     pub warmup_s: f64,
     /// The kvsim processes of the pool (every one gets the command line's `--sim-args` too).
     pub groups: Vec<PodGroup>,
+    /// Merged (top-level keys) into kvroute's configuration for this workload: what a deployer
+    /// would set for its pool (`overload`: the pods' seat cap, `overload_guard.max_running`).
+    pub plugin_extra: Value,
 }
 
 /// The `make bench` settings of the workload named `name` (see [`WorkloadKind::NAMES`]). Each run
@@ -962,6 +965,7 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
         duration_s,
         warmup_s,
         groups,
+        plugin_extra: Value::Null,
     };
     let four = || vec![PodGroup::new(4, &[])];
     Ok(match name {
@@ -990,14 +994,17 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
                 PodGroup::new(1, &HALF_SPEED_SIM_ARGS),
             ],
         ),
-        "overload" => d(
-            Load::Open {
-                rate: OVERLOAD_BASE_RATE,
-            },
-            OVERLOAD_DURATION_S,
-            OVERLOAD_WARMUP_S,
-            vec![PodGroup::new(4, &OVERLOAD_SIM_ARGS)],
-        ),
+        "overload" => BenchDefaults {
+            plugin_extra: json!({"overload_guard": {"max_running": OVERLOAD_MAX_NUM_SEQS}}),
+            ..d(
+                Load::Open {
+                    rate: OVERLOAD_BASE_RATE,
+                },
+                OVERLOAD_DURATION_S,
+                OVERLOAD_WARMUP_S,
+                vec![PodGroup::new(4, &OVERLOAD_SIM_ARGS)],
+            )
+        },
         "interference" => d(
             Load::Open {
                 rate: super::compare_pd::INTERFERENCE_RATE,
@@ -1023,6 +1030,18 @@ pub const OVERLOAD_WARMUP_S: f64 = 10.0;
 /// `overload`'s pods: 8 sequences at once each, so a pool of 4 saturates at a few requests a
 /// second and a pod's queue forms in front of its engine rather than inside a 32-wide batch.
 pub const OVERLOAD_SIM_ARGS: [&str; 2] = ["--max-num-seqs", "8"];
+/// The seat cap of `overload`'s pods, which kvroute is told (`overload_guard.max_running`): engines
+/// do not export it, and without it a queue held back by the cap looks like prefill work.
+pub const OVERLOAD_MAX_NUM_SEQS: u64 = 8;
+
+/// `extra`'s top-level keys set in `into` (both JSON objects; anything else in `extra` is ignored).
+pub fn merge_top_level(into: &mut Value, extra: &Value) {
+    if let (Value::Object(into), Value::Object(extra)) = (into, extra) {
+        for (k, v) in extra {
+            into.insert(k.clone(), v.clone());
+        }
+    }
+}
 
 /// The pool of `groups` in words: `4 pods`, `3 pods + 1 pod (--prefill-us-per-token 800 …)`.
 pub fn describe_groups(groups: &[PodGroup]) -> String {

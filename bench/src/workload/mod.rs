@@ -639,11 +639,12 @@ mod tests {
         out
     }
 
-    const NEW: [&str; 4] = [
+    const NEW: [&str; 5] = [
         "shared-agent",
         "long-unique",
         "multi-tenant-stall",
         "unequal-pool",
+        "overload",
     ];
 
     #[test]
@@ -765,6 +766,63 @@ mod tests {
             assert!((64..=256).contains(&plan.max_tokens));
             assert!(seen.insert(plan.messages[0].content.clone()));
         }
+    }
+
+    #[test]
+    fn overload_surges_bursts_one_tenant_and_tags_priorities_and_flows() {
+        let mut s = spec("overload", Load::Open { rate: 3.0 }, 4);
+        s.max_requests = None;
+        s.duration_s = 160.0;
+        let p = OverloadParams::default();
+        let reqs = generate(&s);
+        let in_window = |a: f64, b: f64| {
+            let v: Vec<&(Slot, PlannedRequest)> = reqs
+                .iter()
+                .filter(|(slot, _)| slot.arrival_s >= a && slot.arrival_s < b)
+                .collect();
+            v
+        };
+        // Outside the surge: about 3/s; in the burst, 3 × 2.5 × (5 + 5) / 6 = 12.5/s.
+        let before = in_window(0.0, p.surge_start_s).len() as f64 / p.surge_start_s;
+        let burst = in_window(p.burst_start_s, p.burst_end_s);
+        let burst_rate = burst.len() as f64 / (p.burst_end_s - p.burst_start_s);
+        assert!((2.2..3.8).contains(&before), "{before}");
+        assert!((10.5..14.5).contains(&burst_rate), "{burst_rate}");
+        assert!((p.intensity(60.0) - 2.5 * 10.0 / 6.0).abs() < 1e-12);
+        assert!(p.intensity(60.0) <= p.max_intensity());
+        // Tenant 0 sends half the burst (5 of 10 shares).
+        let zero = burst.iter().filter(|(s, _)| s.session == "tenant-0").count() as f64;
+        let share = zero / burst.len() as f64;
+        assert!((0.4..0.6).contains(&share), "{share}");
+        let expected = p.expected_requests(0, 3.0, 160.0);
+        assert!((expected - (0.5 * 120.0 + 2.5 * 20.0 + 12.5 * 40.0) / 6.0).abs() < 1e-9);
+        let high = reqs
+            .iter()
+            .filter(|(_, r)| r.priority == Some(HIGH_PRIORITY))
+            .count() as f64;
+        let high_share = high / reqs.len() as f64;
+        assert!((0.15..0.25).contains(&high_share), "{high_share}");
+        for (slot, plan) in &reqs {
+            let priority = plan.priority.expect("every request has a class").to_string();
+            assert_eq!(
+                plan.headers,
+                vec![
+                    (PRIORITY_HEADER.to_owned(), priority),
+                    (FAIRNESS_HEADER.to_owned(), slot.session.clone()),
+                ]
+            );
+            assert_eq!(word_count(&plan.messages[0].content), p.system_words);
+        }
+        // Workloads without tags send no extra headers.
+        let plain = generate(&spec("unequal-pool", Load::Open { rate: 2.0 }, 5));
+        assert!(plain.iter().all(|(_, r)| r.headers.is_empty() && r.priority.is_none()));
+        let bad = WorkloadKind::Overload(OverloadParams {
+            burst_tenant: 6,
+            ..OverloadParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Open { rate: 1.0 })
+            .validate()
+            .is_err());
     }
 
     #[test]

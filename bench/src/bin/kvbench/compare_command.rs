@@ -125,6 +125,11 @@ pub(crate) struct CompareArgs {
     /// after ten polls missed
     #[arg(long, default_value_t = compare::BENCH_POLL_INTERVAL_MS)]
     pub(crate) poll_interval_ms: u64,
+    /// A JSON object whose top-level keys are set in kvroute's configuration (every kvroute
+    /// policy), after the workload's own (overload: `{"overload_guard": {"max_running": 8}}`),
+    /// e.g. '{"overload_guard": {}}' to leave the seat cap unset
+    #[arg(long, value_name = "JSON")]
+    pub(crate) kvroute_config: Option<String>,
     /// Empty every pod's prefix cache (POST /sim/reset) this many simulated seconds into each run
     /// (warm-up included); each run's text and JSON then give the hit ratio of the requests
     /// started in every 10 s window and how long it took to come back within 0.05 of its level
@@ -266,12 +271,20 @@ pub(crate) async fn compare_cases(
             w.name(),
             spec.duration_s
         );
+        let mut plugin_extra = compare::bench_plugin_extra_polling(args.poll_interval_ms);
+        compare::merge_top_level(&mut plugin_extra, &defaults.plugin_extra);
+        if let Some(text) = &args.kvroute_config {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
+            anyhow::ensure!(v.is_object(), "--kvroute-config must be a JSON object");
+            compare::merge_top_level(&mut plugin_extra, &v);
+        }
         let mut groups = defaults.groups;
         if let (Some(n), Some(first)) = (args.pods, groups.first_mut()) {
             first.pods = n;
         }
         anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "--pods must be >= 1");
-        cases.push((w, spec, warmup, groups));
+        cases.push((w, spec, warmup, groups, plugin_extra));
     }
     let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
     anyhow::ensure!(!policies.is_empty(), "no policies given");
@@ -281,7 +294,7 @@ pub(crate) async fn compare_cases(
         compare::resolve_previous_wasm(args.previous_wasm.as_deref())?;
     }
     if let Some(at) = args.reset_caches_at {
-        for (w, spec, _, _) in &cases {
+        for (w, spec, _, _, _) in &cases {
             anyhow::ensure!(
                 at.is_finite() && at > 0.0 && at < spec.duration_s,
                 "{}: --reset-caches-at ({at} s) must fall inside the run (0–{} s)",
@@ -296,13 +309,13 @@ pub(crate) async fn compare_cases(
     };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
     let mut results = Vec::new();
-    for (w, spec, warmup, groups) in &cases {
+    for (w, spec, warmup, groups, plugin_extra) in &cases {
         let case = name.unwrap_or(w.name());
         let opts = StackOptions {
             groups: groups.clone(),
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
-            plugin_extra: compare::bench_plugin_extra_polling(args.poll_interval_ms),
+            plugin_extra: plugin_extra.clone(),
             previous_wasm: args.previous_wasm.clone(),
             replica_sync: !args.no_replica_sync,
             shadow_probe: args.shadow_probe,
@@ -314,6 +327,12 @@ pub(crate) async fn compare_cases(
         }
         if args.poll_interval_ms != compare::BENCH_POLL_INTERVAL_MS {
             pool = format!("{pool}; kvroute polls every {} ms", args.poll_interval_ms);
+        }
+        if let Some(guard) = plugin_extra.get("overload_guard") {
+            pool = format!("{pool}; kvroute's overload_guard {guard}");
+        }
+        if let Some(extra) = &args.kvroute_config {
+            pool = format!("{pool}; kvroute config {extra}");
         }
         let mut runs = Vec::new();
         let mut failed = Vec::new();
@@ -377,6 +396,7 @@ pub(crate) async fn compare_cases(
                 "pool": groups,
                 "sim_args": args.sim_args.trim(),
                 "poll_interval_ms": args.poll_interval_ms,
+                "kvroute_config": plugin_extra,
                 "reset_caches_at_s": args.reset_caches_at,
                 "seeds": seeds,
                 "warmup_s": warmup,
