@@ -43,8 +43,8 @@ pub use driver::{DriverOutput, RequestRecord};
 pub use metrics::PodDelta;
 pub use report::{percentile, render_json, render_table, RunReport, Summary};
 pub use workload::{
-    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams,
-    OverloadParams, SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, OverloadParams,
+    SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 
 /// Wall-clock budget of one metrics scrape.

@@ -142,7 +142,10 @@ impl OverloadStats {
             } else if let Some(code) = &r.gateway_error {
                 *out.gateway_errors.entry(code.clone()).or_default() += 1;
             } else if !r.ok {
-                let class = r.error.clone().unwrap_or_else(|| "no first token".to_owned());
+                let class = r
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "no first token".to_owned());
                 *out.other_errors.entry(class).or_default() += 1;
             }
             let answered = r.headers_s.map(sim);
@@ -354,18 +357,7 @@ pub fn verdict(workload: &str, runs: &[Vec<(String, RunReport)>]) -> Verdict {
         target: "= 0".to_owned(),
         met: late_total.map(|n| n == 0.0),
     });
-    let met = if checks.iter().any(|c| c.met == Some(false)) {
-        Some(false)
-    } else if checks.iter().all(|c| c.met == Some(true)) {
-        Some(true)
-    } else {
-        None
-    };
-    Verdict {
-        workload: workload.to_owned(),
-        checks,
-        met,
-    }
+    Verdict::of(workload, checks)
 }
 
 /// One run's overload figures, one row per policy.
@@ -454,7 +446,11 @@ pub fn render_summary(summaries: &[OverloadSummary]) -> String {
             s.high_ttft_p50_ms.render(1, 0.001),
             s.high_ttft_p90_ms.render(1, 0.001),
             s.low_ttft_p90_ms.render(1, 0.001),
-            format!("{} of {}", s.completed.render(0, 1.0), s.sent.render(0, 1.0)),
+            format!(
+                "{} of {}",
+                s.completed.render(0, 1.0),
+                s.sent.render(0, 1.0)
+            ),
             s.queue_timeout.render(0, 1.0),
             s.queue_full.render(0, 1.0),
             s.other_failures.render(0, 1.0),

@@ -78,7 +78,10 @@ fn a_run_is_split_by_class_and_tenant_with_goodput_failures_and_late_answers() {
     assert_eq!(o.gateway_errors.get("queue_timeout"), Some(&1));
     assert_eq!(o.gateway_errors.get("queue_full"), Some(&1));
     assert_eq!(o.other_errors.get("drain timeout"), Some(&1));
-    assert_eq!(o.failures(), "429 queue_full 1, 429 queue_timeout 1, drain timeout 1");
+    assert_eq!(
+        o.failures(),
+        "429 queue_full 1, 429 queue_timeout 1, drain timeout 1"
+    );
     // Goodput: TTFT ≤ 10 s: tenant 0 has 2 of 4, tenant 1 has 1 of 4.
     assert_eq!(o.goodput, 3);
     assert_eq!(o.tenants["tenant-0"].goodput, 2);
@@ -87,7 +90,10 @@ fn a_run_is_split_by_class_and_tenant_with_goodput_failures_and_late_answers() {
     let want = jain(&[2.0 / 1.5, 1.0 / 1.5]).unwrap();
     assert!((o.jain_fair_share.unwrap() - want).abs() < 1e-12);
     assert!((o.jain_demand.unwrap() - jain(&[0.5, 0.25]).unwrap()).abs() < 1e-12);
-    assert_eq!(o.late_answers, 2, "the one cut off and the one answered late");
+    assert_eq!(
+        o.late_answers, 2,
+        "the one cut off and the one answered late"
+    );
     assert_eq!(o.longest_answer_s, Some(FLOW_TTL_S + ANSWER_SLACK_S + 1.0));
     let plain = RequestRecord::default();
     assert!(!OverloadStats::applies(&[&plain]));

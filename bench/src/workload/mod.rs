@@ -791,11 +791,16 @@ mod tests {
         assert!((p.intensity(60.0) - 2.5 * 10.0 / 6.0).abs() < 1e-12);
         assert!(p.intensity(60.0) <= p.max_intensity());
         // Tenant 0 sends half the burst (5 of 10 shares).
-        let zero = burst.iter().filter(|(s, _)| s.session == "tenant-0").count() as f64;
+        let zero = burst
+            .iter()
+            .filter(|(s, _)| s.session == "tenant-0")
+            .count() as f64;
         let share = zero / burst.len() as f64;
         assert!((0.4..0.6).contains(&share), "{share}");
         let expected = p.expected_requests(0, 3.0, 160.0);
-        assert!((expected - (0.5 * 120.0 + 2.5 * 20.0 + 12.5 * 40.0) / 6.0).abs() < 1e-9);
+        // Tenant 0: ×1 for 100 s, ×2.5 for 20 s, ×12.5 for 40 s, at 3/s ÷ 6 tenants.
+        let want = 3.0 * (100.0 + 2.5 * 20.0 + 12.5 * 40.0) / 6.0;
+        assert!((expected - want).abs() < 1e-9, "{expected}");
         let high = reqs
             .iter()
             .filter(|(_, r)| r.priority == Some(HIGH_PRIORITY))
@@ -803,7 +808,10 @@ mod tests {
         let high_share = high / reqs.len() as f64;
         assert!((0.15..0.25).contains(&high_share), "{high_share}");
         for (slot, plan) in &reqs {
-            let priority = plan.priority.expect("every request has a class").to_string();
+            let priority = plan
+                .priority
+                .expect("every request has a class")
+                .to_string();
             assert_eq!(
                 plan.headers,
                 vec![
@@ -815,7 +823,9 @@ mod tests {
         }
         // Workloads without tags send no extra headers.
         let plain = generate(&spec("unequal-pool", Load::Open { rate: 2.0 }, 5));
-        assert!(plain.iter().all(|(_, r)| r.headers.is_empty() && r.priority.is_none()));
+        assert!(plain
+            .iter()
+            .all(|(_, r)| r.headers.is_empty() && r.priority.is_none()));
         let bad = WorkloadKind::Overload(OverloadParams {
             burst_tenant: 6,
             ..OverloadParams::default()

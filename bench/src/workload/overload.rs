@@ -184,22 +184,15 @@ impl Family for Overload {
     }
 
     fn messages(&mut self, seed: u64, vocab: &Vocab, slot: &Slot) -> (Vec<Message>, u32) {
-        let p = &self.p;
         let mut rng = rng_for(seed, "overload-question", slot.index, 0);
-        let n = rng.gen_range(p.question_words.0..=p.question_words.1);
-        let question = vocab.text(&mut rng, n);
-        let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
-        let system = self
-            .prompts
-            .get(slot.session_id as usize)
-            .cloned()
-            .unwrap_or_default();
-        (
-            vec![
-                Message::new("system", system),
-                Message::new("user", question),
-            ],
-            max_tokens,
+        let p = &self.p;
+        super::tenants::tenant_question(
+            &self.prompts,
+            &mut rng,
+            vocab,
+            slot,
+            p.question_words,
+            p.max_tokens,
         )
     }
 

@@ -274,8 +274,8 @@ pub(crate) async fn compare_cases(
         let mut plugin_extra = compare::bench_plugin_extra_polling(args.poll_interval_ms);
         compare::merge_top_level(&mut plugin_extra, &defaults.plugin_extra);
         if let Some(text) = &args.kvroute_config {
-            let v: serde_json::Value = serde_json::from_str(text)
-                .map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
             anyhow::ensure!(v.is_object(), "--kvroute-config must be a JSON object");
             compare::merge_top_level(&mut plugin_extra, &v);
         }

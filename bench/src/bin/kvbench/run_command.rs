@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args, ValueEnum};
 use kvbench::compare::{self};
 use kvbench::{
-    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams,
-    OverloadParams, SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, OverloadParams,
+    SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
