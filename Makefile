@@ -338,6 +338,19 @@ bench-replicas: build build-tools fonts
 	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 2 \
 	  --no-replica-sync --seeds $(SEEDS) --time-scale $(REPLICAS_TIME_SCALE) --out bench-out/replicas-unshared
 
+# Flow control under overload (issue 33; docs/results.md, "Overload and flow control"): the
+# overload workload (6 tenants, arrivals ×2.5 from 40 to 100 s and tenant 0 ×5 more from 50 to
+# 90 s, about 1.8× the pool's capacity at the peak, then below it; 20% priority 1) on 4 pods of 8
+# sequences, through kvroute with flow control (kvroute-flow), kvroute without it and round-robin,
+# SEEDS seeds: high-priority p50/p90 TTFT, requests completed and 429s by code, goodput and Jain's
+# index over the tenants, and whether every request was answered within the TTL (+ 5 s). About 2
+# minutes a seed. Writes bench-out/overload/overload-summary.{txt,json}.
+OVERLOAD_POLICIES ?= kvroute-flow,kvroute,round-robin
+.PHONY: bench-overload
+bench-overload: build build-tools fonts
+	target/release/kvbench compare --workload overload --policies $(OVERLOAD_POLICIES) --seeds $(SEEDS) \
+	  --time-scale $(TIME_SCALE) --out bench-out/overload
+
 # Aggregated pods against prefill/decode pools on the same simulated GPUs (interference, agent).
 bench-pd: build build-tools
 	target/release/kvbench compare-pd --time-scale $(TIME_SCALE) --out bench-out

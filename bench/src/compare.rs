@@ -34,6 +34,9 @@ use harness::{self, plugin_config, Envoy, EnvoyOptions, Lb, Sim};
 pub enum Policy {
     /// The kvroute plugin picks the pod (`override_host`, round-robin fallback).
     Kvroute,
+    /// The same with flow control on ([`flow_control_config`]): while every pod is full, requests
+    /// wait at the gateway and are released by priority and fairly between flows.
+    KvrouteFlow,
     /// The same Envoy and configuration with the previous version's module
     /// ([`StackOptions::previous_wasm`], by default the build of the commit pinned in
     /// `bench/previous-version`, see [`previous_version`]): what a routing change is judged
@@ -57,8 +60,9 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 6] = [
+    pub const ALL: [Policy; 7] = [
         Policy::Kvroute,
+        Policy::KvrouteFlow,
         Policy::KvroutePrevious,
         Policy::RoundRobin,
         Policy::LeastRequest,
@@ -66,11 +70,12 @@ impl Policy {
         Policy::OracleTotal,
     ];
 
-    /// The row label: `kvroute`, `kvroute-previous`, `round-robin`, `least-request`,
+    /// The row label: `kvroute`, `kvroute-flow`, `kvroute-previous`, `round-robin`, `least-request`,
     /// `perfect-knowledge`, `perfect-knowledge-total`, or a peer's ([`PeerPolicy::label`]).
     pub fn label(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
+            Policy::KvrouteFlow => "kvroute-flow",
             Policy::KvroutePrevious => "kvroute-previous",
             Policy::RoundRobin => "round-robin",
             Policy::LeastRequest => "least-request",
@@ -98,9 +103,11 @@ impl Policy {
     /// How Envoy's cluster picks a host; `None` for a peer, which runs without Envoy.
     pub fn lb(self) -> Option<Lb> {
         match self {
-            Policy::Kvroute | Policy::KvroutePrevious | Policy::Oracle | Policy::OracleTotal => {
-                Some(Lb::OverrideHost)
-            }
+            Policy::Kvroute
+            | Policy::KvrouteFlow
+            | Policy::KvroutePrevious
+            | Policy::Oracle
+            | Policy::OracleTotal => Some(Lb::OverrideHost),
             Policy::RoundRobin => Some(Lb::RoundRobin),
             Policy::LeastRequest => Some(Lb::LeastRequest),
             Policy::Peer(_) => None,
@@ -109,8 +116,30 @@ impl Policy {
 
     /// Whether Envoy runs the kvroute plugin: this version's module or the previous one's.
     pub fn is_kvroute(self) -> bool {
-        matches!(self, Policy::Kvroute | Policy::KvroutePrevious)
+        matches!(
+            self,
+            Policy::Kvroute | Policy::KvrouteFlow | Policy::KvroutePrevious
+        )
     }
+}
+
+/// The queue time after which kvroute-flow answers a held request 429 `queue_timeout`, in
+/// simulated seconds (the plugin's default `ttl_ms`, 30 s, at real speed; the plugin's clock is
+/// the wall clock, so [`flow_control_config`] scales it by the time scale).
+pub const FLOW_TTL_S: f64 = 30.0;
+
+/// kvroute-flow's `flow_control`: the plugin's defaults (queue depth 4, KV 0.9, 1,024 held per
+/// worker, the Inference Extension's fairness header) with the TTL of [`FLOW_TTL_S`] simulated
+/// seconds in wall-clock milliseconds at `time_scale`.
+pub fn flow_control_config(time_scale: f64) -> Value {
+    json!({
+        "enabled": true,
+        "queue_depth": 4,
+        "kv_cache": 0.9,
+        "max_held": 1024,
+        "ttl_ms": ((FLOW_TTL_S * time_scale * 1000.0).round() as u64).max(1),
+        "fairness_header": super::workload::FAIRNESS_HEADER,
+    })
 }
 
 /// The file that pins the previous version (`bench/previous-version`): the first word of its
@@ -300,7 +329,7 @@ impl Stack {
         // Fail on a missing Envoy or plugin before starting anything.
         check_envoy_installed()?;
         match policy {
-            Policy::Kvroute => {
+            Policy::Kvroute | Policy::KvrouteFlow => {
                 harness::wasm_path()?;
             }
             Policy::KvroutePrevious => {
@@ -350,13 +379,16 @@ impl Stack {
             // As often as the bench polls the pods (`bench_plugin_extra`).
             extra["peers"] = json!({"endpoints": endpoints, "interval_ms": 100});
         }
+        if policy == Policy::KvrouteFlow {
+            extra["flow_control"] = flow_control_config(opts.time_scale);
+        }
         let plugin = policy.is_kvroute().then(|| {
             opts.plugin_config
                 .clone()
                 .unwrap_or_else(|| plugin_config(&pods, extra))
         });
         let wasm = match policy {
-            Policy::Kvroute => Some(harness::wasm_path()?),
+            Policy::Kvroute | Policy::KvrouteFlow => Some(harness::wasm_path()?),
             Policy::KvroutePrevious => Some(resolve_previous_wasm(opts.previous_wasm.as_deref())?),
             _ => None,
         };
@@ -502,6 +534,26 @@ pub async fn wait_kvroute_healthy(envoy: &Envoy, want: u64, opts: &StackOptions)
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// kvroute's `kvroute.flow.*` counters in `envoy`, each summed over its labels but the drops'
+/// reason (`flow.dropped_total{reason=queue_timeout}`); empty when none (or the admin API did not
+/// answer).
+pub async fn flow_counters(envoy: &Envoy) -> std::collections::BTreeMap<String, u64> {
+    const PREFIX: &str = "wasmcustom.kvroute.";
+    let mut out = std::collections::BTreeMap::new();
+    for (name, value) in envoy.labelled_stats().await.unwrap_or_default() {
+        let base = harness::strip_labels(&name);
+        let Some(metric) = base.strip_prefix(PREFIX).filter(|m| m.starts_with("flow.")) else {
+            continue;
+        };
+        let key = match harness::label_value(&name, "reason") {
+            Some(reason) => format!("{metric}{{reason={reason}}}"),
+            None => metric.to_owned(),
+        };
+        *out.entry(key).or_default() += value;
+    }
+    out
 }
 
 /// Fails early, with the fix, when Envoy is missing.
@@ -839,6 +891,12 @@ async fn compare_one(
     )
     .await
     .with_context(|| format!("running {} with {}", spec.workload.name(), policy.label()))?;
+    let mut report = report;
+    if let Front::Envoy(s) = &stack {
+        if policy.is_kvroute() {
+            report.gateway_flow = flow_counters(&s.envoy).await;
+        }
+    }
     drop(stack);
     let client_router = match &drive.router {
         Some(r) => {
@@ -880,6 +938,9 @@ pub struct BenchDefaults {
     pub warmup_s: f64,
     /// The kvsim processes of the pool (every one gets the command line's `--sim-args` too).
     pub groups: Vec<PodGroup>,
+    /// Merged (top-level keys) into kvroute's configuration for this workload: what a deployer
+    /// would set for its pool (`overload`: the pods' seat cap, `overload_guard.max_running`).
+    pub plugin_extra: Value,
 }
 
 /// The `make bench` settings of the workload named `name` (see [`WorkloadKind::NAMES`]). Each run
@@ -904,6 +965,7 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
         duration_s,
         warmup_s,
         groups,
+        plugin_extra: Value::Null,
     };
     let four = || vec![PodGroup::new(4, &[])];
     Ok(match name {
@@ -932,6 +994,17 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
                 PodGroup::new(1, &HALF_SPEED_SIM_ARGS),
             ],
         ),
+        "overload" => BenchDefaults {
+            plugin_extra: json!({"overload_guard": {"max_running": OVERLOAD_MAX_NUM_SEQS}}),
+            ..d(
+                Load::Open {
+                    rate: OVERLOAD_BASE_RATE,
+                },
+                OVERLOAD_DURATION_S,
+                OVERLOAD_WARMUP_S,
+                vec![PodGroup::new(4, &OVERLOAD_SIM_ARGS)],
+            )
+        },
         "interference" => d(
             Load::Open {
                 rate: super::compare_pd::INTERFERENCE_RATE,
@@ -945,6 +1018,29 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
             WorkloadKind::NAMES.join(", ")
         ),
     })
+}
+
+/// `overload`'s base rate (requests per simulated second, every tenant together) outside its
+/// surge: below the pool's capacity, so the queue drains after the surge (×3) has overfilled it.
+pub const OVERLOAD_BASE_RATE: f64 = 3.0;
+/// `overload`'s sending window, simulated seconds: the surge (40–100 s) and 60 s of drain.
+pub const OVERLOAD_DURATION_S: f64 = 160.0;
+/// `overload`'s unmeasured start (every tenant's first prefill).
+pub const OVERLOAD_WARMUP_S: f64 = 10.0;
+/// `overload`'s pods: 8 sequences at once each, so a pool of 4 saturates at a few requests a
+/// second and a pod's queue forms in front of its engine rather than inside a 32-wide batch.
+pub const OVERLOAD_SIM_ARGS: [&str; 2] = ["--max-num-seqs", "8"];
+/// The seat cap of `overload`'s pods, which kvroute is told (`overload_guard.max_running`): engines
+/// do not export it, and without it a queue held back by the cap looks like prefill work.
+pub const OVERLOAD_MAX_NUM_SEQS: u64 = 8;
+
+/// `extra`'s top-level keys set in `into` (both JSON objects; anything else in `extra` is ignored).
+pub fn merge_top_level(into: &mut Value, extra: &Value) {
+    if let (Value::Object(into), Value::Object(extra)) = (into, extra) {
+        for (k, v) in extra {
+            into.insert(k.clone(), v.clone());
+        }
+    }
 }
 
 /// The pool of `groups` in words: `4 pods`, `3 pods + 1 pod (--prefill-us-per-token 800 …)`.
@@ -1098,6 +1194,23 @@ pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
             "unique prompts of {}–{} words, {}–{} output tokens",
             p.prompt_words.0, p.prompt_words.1, p.max_tokens.0, p.max_tokens.1
         ),
+        WorkloadKind::Overload(p) => format!(
+            "{} tenants × {}-word system prompts, questions of {}–{} words, {}–{} output tokens; every tenant ×{} from {} to {} s, tenant {} ×{} more from {} to {} s; {:.0}% priority 1, the rest 0",
+            p.tenants,
+            p.system_words,
+            p.question_words.0,
+            p.question_words.1,
+            p.max_tokens.0,
+            p.max_tokens.1,
+            trim(p.surge),
+            trim(p.surge_start_s),
+            trim(p.surge_end_s),
+            p.burst_tenant,
+            trim(p.burst),
+            trim(p.burst_start_s),
+            trim(p.burst_end_s),
+            p.high_share * 100.0
+        ),
         WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
             let split = match spec.load {
                 Load::Open { rate } => format!(
@@ -1159,6 +1272,11 @@ pub fn render_text(rows: &[(String, RunReport)], warmup_s: f64) -> String {
             text.push_str(&reset.describe(label));
             text.push('\n');
         }
+    }
+    let overload = super::overload::render_run(rows);
+    if !overload.is_empty() {
+        text.push('\n');
+        text.push_str(&overload);
     }
     let ratios = render_ratios(rows);
     if !ratios.is_empty() {

@@ -31,6 +31,8 @@ use super::workload::{Api, Load, Slot, WorkloadGen, WorkloadSpec};
 pub const POD_HEADER: &str = "x-kvsim-pod";
 /// kvroute's debug response header (with `debug_header: true`).
 pub const DEBUG_HEADER: &str = "x-kvroute-debug";
+/// kvroute's machine-readable reason on a reply it made itself (`queue_full`, `queue_timeout`, …).
+pub const ERROR_HEADER: &str = "x-kvroute-error";
 
 /// `predicted_ttft_ms=<n>` from an `x-kvroute-debug` value (`key=value; key=value; …`).
 pub fn predicted_ttft_ms(debug: &str) -> Option<f64> {
@@ -76,6 +78,17 @@ pub struct RequestRecord {
     pub itl_s: Vec<f64>,
     /// Time to `[DONE]` (or to the failure).
     pub e2e_s: Option<f64>,
+    /// Time to the response's status line and headers, whatever the status: when the client first
+    /// heard back (a simulated pod answers its headers at once, so through a gateway that holds
+    /// requests this is the wait there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers_s: Option<f64>,
+    /// The priority class the request was sent with, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// kvroute's `x-kvroute-error` on a reply the gateway made itself (`queue_timeout`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_error: Option<String>,
     pub prompt_words: usize,
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
@@ -115,6 +128,7 @@ impl RequestRecord {
             ttft_s: self.ttft_s.map(s),
             itl_s: self.itl_s.iter().copied().map(s).collect(),
             e2e_s: self.e2e_s.map(s),
+            headers_s: self.headers_s.map(s),
             ..self.clone()
         }
     }
@@ -159,6 +173,8 @@ struct Measurement {
     predicted_ttft_ms: Option<f64>,
     probed_ttft_ms: Vec<(String, f64)>,
     debug: Option<String>,
+    gateway_error: Option<String>,
+    headers_at: Option<Duration>,
     ttft: Option<Duration>,
     last_content: Option<Duration>,
     itls: Vec<Duration>,
@@ -263,6 +279,12 @@ async fn execute(
         }
     };
     m.status = Some(resp.status().as_u16());
+    m.headers_at = Some(start.elapsed());
+    m.gateway_error = resp
+        .headers()
+        .get(ERROR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     m.pod = resp
         .headers()
         .get(POD_HEADER)
@@ -314,6 +336,7 @@ async fn execute(
 struct Pending {
     slot: Slot,
     prompt_words: usize,
+    priority: Option<i64>,
     sent_at: Option<Instant>,
 }
 
@@ -384,6 +407,7 @@ impl Shared {
             Pending {
                 slot: slot.clone(),
                 prompt_words: 0,
+                priority: None,
                 sent_at: None,
             },
         );
@@ -408,12 +432,22 @@ impl Shared {
         let mut start = Instant::now();
         if let Some(p) = lock(&self.ledger).pending.get_mut(&slot.index) {
             p.prompt_words = plan.prompt_words;
+            p.priority = plan.priority;
             p.sent_at = Some(start);
         }
         let mut m = Measurement::default();
         match serde_json::to_vec(&plan.body) {
             Ok(mut body) => {
-                let mut extra_headers = Vec::new();
+                let mut extra_headers: Vec<(HeaderName, HeaderValue)> = plan
+                    .headers
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        Some((
+                            HeaderName::from_bytes(k.as_bytes()).ok()?,
+                            HeaderValue::from_str(v).ok()?,
+                        ))
+                    })
+                    .collect();
                 let mut hold = None;
                 if let Some(router) = &self.router {
                     let routed = router
@@ -431,7 +465,7 @@ impl Shared {
                             p.sent_at = Some(start);
                         }
                     }
-                    extra_headers = routed.headers;
+                    extra_headers.extend(routed.headers);
                     m.predicted_ttft_ms = routed.predicted_ttft_ms;
                     m.probed_ttft_ms = routed.probed_ttft_ms;
                     hold = routed.hold;
@@ -475,6 +509,9 @@ impl Shared {
             ttft_s: m.ttft.map(|d| d.as_secs_f64()),
             itl_s: m.itls.iter().map(Duration::as_secs_f64).collect(),
             e2e_s: m.end.map(|d| d.as_secs_f64()),
+            headers_s: m.headers_at.map(|d| d.as_secs_f64()),
+            priority: plan.priority,
+            gateway_error: m.gateway_error.take(),
             prompt_words: plan.prompt_words,
             prompt_tokens: m.prompt_tokens,
             cached_tokens: m.cached_tokens,
@@ -511,6 +548,7 @@ impl Shared {
                     .unwrap_or_else(|| now.duration_since(self.t0).as_secs_f64()),
                 e2e_s: p.sent_at.map(|t| now.duration_since(t).as_secs_f64()),
                 prompt_words: p.prompt_words,
+                priority: p.priority,
                 sent: p.sent_at.is_some(),
                 error: Some(
                     if p.sent_at.is_some() {

@@ -27,6 +27,7 @@ pub mod driver;
 pub mod matrix;
 pub mod metrics;
 pub mod overhead;
+pub mod overload;
 pub mod peers;
 pub mod plot;
 pub mod report;
@@ -42,7 +43,7 @@ pub use driver::{DriverOutput, RequestRecord};
 pub use metrics::PodDelta;
 pub use report::{percentile, render_json, render_table, RunReport, Summary};
 pub use workload::{
-    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, OverloadParams,
     SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::driver::RequestRecord;
 use super::metrics::{cluster_hit_ratio, PodDelta};
+use super::overload::OverloadStats;
 use super::table::Table;
 use super::workload::{Load, WorkloadSpec};
 
@@ -236,6 +237,14 @@ pub struct RunReport {
     /// the hit ratio in windows around it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_reset: Option<CacheReset>,
+    /// With a workload whose requests carry a priority (`overload`): the figures per class and
+    /// tenant, fairness and whether every request was answered in time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadStats>,
+    /// kvroute's `kvroute.flow.*` counters at the end of the run, each summed over its labels but
+    /// `dropped_total`'s reason (`flow.dropped_total{reason=queue_timeout}`); empty without kvroute.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub gateway_flow: BTreeMap<String, u64>,
 }
 
 /// How far the hit ratio may be below its steady level and count as back
@@ -466,6 +475,8 @@ impl RunReport {
                 Vec::new()
             },
             cache_reset: None,
+            overload: OverloadStats::applies(&sent).then(|| OverloadStats::of(&sent, time_scale)),
+            gateway_flow: BTreeMap::new(),
         }
     }
 }

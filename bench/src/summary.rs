@@ -149,6 +149,24 @@ pub struct Verdict {
     pub met: Option<bool>,
 }
 
+impl Verdict {
+    /// `checks` judged together: not met when any is not, met when every one is, else incomplete.
+    pub fn of(workload: &str, checks: Vec<Check>) -> Self {
+        let met = if checks.iter().any(|c| c.met == Some(false)) {
+            Some(false)
+        } else if checks.iter().all(|c| c.met == Some(true)) {
+            Some(true)
+        } else {
+            None
+        };
+        Verdict {
+            workload: workload.to_owned(),
+            checks,
+            met,
+        }
+    }
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 && a.is_finite() && b.is_finite() => Some(a / b),
@@ -323,18 +341,7 @@ pub fn verdict(
             met: value.map(|v| v <= RECOVERY_LIMIT_S),
         });
     }
-    let met = if checks.iter().any(|c| c.met == Some(false)) {
-        Some(false)
-    } else if checks.iter().all(|c| c.met == Some(true)) {
-        Some(true)
-    } else {
-        None
-    };
-    Verdict {
-        workload: workload.to_owned(),
-        checks,
-        met,
-    }
+    Verdict::of(workload, checks)
 }
 
 /// kvroute against the best of [`peer_labels`] that ran: p90 TTFT and hit ratio.

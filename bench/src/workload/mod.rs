@@ -17,15 +17,19 @@
 //!
 //! One file per family, each implementing `Family` beside its parameters: `tenants` (multi-tenant
 //! and multi-tenant-stall), `sessions` (multi-turn and agent: sessions that resend their replies),
-//! `interference` (interference and long-unique), `shared_agent`, `unique` (unequal-pool).
+//! `interference` (interference and long-unique), `shared_agent`, `unique` (unequal-pool),
+//! `overload` (arrivals above capacity for a while, two priority classes, one tenant bursting:
+//! its requests carry a priority and a flow id, sent as headers, see [`RequestTags`]).
 
 mod interference;
+mod overload;
 mod sessions;
 mod shared_agent;
 mod tenants;
 mod unique;
 
 pub use interference::InterferenceParams;
+pub use overload::{OverloadParams, HIGH_PRIORITY, LOW_PRIORITY};
 pub use sessions::{AgentParams, MultiTurnParams};
 pub use shared_agent::SharedAgentParams;
 pub use tenants::MultiTenantParams;
@@ -87,11 +91,15 @@ pub enum WorkloadKind {
     MultiTenantStall(MultiTenantParams),
     /// Unique prompts for a pool of unequal pods (one half as fast).
     UnequalPool(UniqueParams),
+    /// Tenants whose arrivals surge above the pool's capacity for a while, one of them bursting,
+    /// in two priority classes (flow control's benchmark; not in `make bench`'s `all`).
+    Overload(OverloadParams),
 }
 
 impl WorkloadKind {
-    /// Every CLI name, in `make bench` order (interference is `make bench-pd`'s).
-    pub const NAMES: [&'static str; 8] = [
+    /// Every CLI name, in `make bench` order (interference is `make bench-pd`'s, overload
+    /// `make bench-overload`'s).
+    pub const NAMES: [&'static str; 9] = [
         "multi-tenant",
         "multi-turn",
         "agent",
@@ -100,10 +108,11 @@ impl WorkloadKind {
         "multi-tenant-stall",
         "unequal-pool",
         "interference",
+        "overload",
     ];
 
     /// The CLI name: `multi-tenant`, `multi-turn`, `agent`, `interference`, `shared-agent`,
-    /// `long-unique`, `multi-tenant-stall` or `unequal-pool`.
+    /// `long-unique`, `multi-tenant-stall`, `unequal-pool` or `overload`.
     pub fn name(&self) -> &'static str {
         match self {
             WorkloadKind::MultiTenant(_) => "multi-tenant",
@@ -114,6 +123,7 @@ impl WorkloadKind {
             WorkloadKind::LongUnique(_) => "long-unique",
             WorkloadKind::MultiTenantStall(_) => "multi-tenant-stall",
             WorkloadKind::UnequalPool(_) => "unequal-pool",
+            WorkloadKind::Overload(_) => "overload",
         }
     }
 
@@ -128,6 +138,7 @@ impl WorkloadKind {
             "long-unique" => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
             "multi-tenant-stall" => WorkloadKind::MultiTenantStall(MultiTenantParams::stall()),
             "unequal-pool" => WorkloadKind::UnequalPool(UniqueParams::default()),
+            "overload" => WorkloadKind::Overload(OverloadParams::default()),
             other => bail!("unknown workload {other:?} ({})", Self::NAMES.join(", ")),
         })
     }
@@ -227,6 +238,7 @@ impl WorkloadSpec {
                 check_range("prompt words", p.prompt_words)?;
                 check_range("max tokens", p.max_tokens)?;
             }
+            WorkloadKind::Overload(p) => p.validate()?,
             WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
                 ensure!(
                     p.long_share.is_finite() && (0.0..=1.0).contains(&p.long_share),
@@ -341,6 +353,35 @@ impl Message {
     }
 }
 
+/// What a request says about itself beyond its body: its priority class and its flow (who it is
+/// fair to), sent as [`PRIORITY_HEADER`] and [`FAIRNESS_HEADER`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestTags {
+    pub priority: Option<i64>,
+    pub flow: Option<String>,
+}
+
+/// kvroute's priority header (`shedding.priority_header`'s default; higher first, negative
+/// sheddable), which flow control orders its bands by.
+pub const PRIORITY_HEADER: &str = "x-kvroute-priority";
+/// The flow id header flow control is fair between (`flow_control.fairness_header`'s default, as
+/// in the Gateway API Inference Extension).
+pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+
+impl RequestTags {
+    /// The request headers these tags are sent as.
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Some(p) = self.priority {
+            out.push((PRIORITY_HEADER.to_owned(), p.to_string()));
+        }
+        if let Some(f) = &self.flow {
+            out.push((FAIRNESS_HEADER.to_owned(), f.clone()));
+        }
+        out
+    }
+}
+
 /// A request ready to send.
 #[derive(Clone, Debug)]
 pub struct PlannedRequest {
@@ -351,6 +392,10 @@ pub struct PlannedRequest {
     pub body: Value,
     /// Words in all message contents (≈ prompt tokens, without template overhead).
     pub prompt_words: usize,
+    /// Its priority class, if the workload gives it one (also in `headers`).
+    pub priority: Option<i64>,
+    /// Request headers beyond the body's (priority, flow id): `(name, value)`.
+    pub headers: Vec<(String, String)>,
 }
 
 /// The completions-API rendering of a conversation: append-only, so a conversation's prompts still
@@ -373,6 +418,23 @@ fn flatten(messages: &[Message]) -> String {
 trait Family: std::fmt::Debug + Send {
     /// The session (name and id) and turn of slot `index`.
     fn next_session(&mut self, index: u64) -> (String, u64, u32);
+    /// The same for a slot arriving `arrival_s` into the run (a family whose mix changes over
+    /// time overrides it).
+    fn next_session_at(&mut self, index: u64, _arrival_s: f64) -> (String, u64, u32) {
+        self.next_session(index)
+    }
+    /// The priority and flow of `slot`'s request (none by default).
+    fn tags(&self, _seed: u64, _slot: &Slot) -> RequestTags {
+        RequestTags::default()
+    }
+    /// The open-loop arrival rate at `t` simulated seconds, as a multiple of the spec's rate, at
+    /// most [`max_intensity`](Self::max_intensity) (arrivals are thinned to it).
+    fn intensity(&self, _t: f64) -> f64 {
+        1.0
+    }
+    fn max_intensity(&self) -> f64 {
+        1.0
+    }
     /// The messages of `slot`'s request, and its `max_tokens`.
     fn messages(&mut self, seed: u64, vocab: &Vocab, slot: &Slot) -> (Vec<Message>, u32);
     /// Whether a session's turns must run one after another (each resends the previous reply).
@@ -398,6 +460,9 @@ pub struct WorkloadGen {
     max_requests: Option<usize>,
     vocab: Vocab,
     arrivals: Option<(Exp<f64>, StdRng)>,
+    /// Thinning of a time-varying rate ([`Family::intensity`]): its own stream, drawn from only
+    /// where the rate is below its peak, so constant-rate workloads draw exactly as before.
+    thinning: Box<StdRng>,
     clock_s: f64,
     next_index: u64,
     exhausted: bool,
@@ -409,10 +474,6 @@ impl WorkloadGen {
         spec.validate()?;
         let seed = spec.seed;
         let vocab = Vocab::new(seed);
-        let arrivals = match spec.load {
-            Load::Open { rate } => Some((Exp::new(rate)?, rng_for(seed, "arrivals", 0, 0))),
-            Load::Closed { .. } => None,
-        };
         let family: Box<dyn Family> = match &spec.workload {
             WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
                 Box::new(tenants::Tenants::new(seed, &vocab, p))
@@ -426,6 +487,13 @@ impl WorkloadGen {
                 Box::new(shared_agent::SharedAgent::new(seed, &vocab, p))
             }
             WorkloadKind::UnequalPool(p) => Box::new(unique::Unique { p: p.clone() }),
+            WorkloadKind::Overload(p) => Box::new(overload::Overload::new(seed, &vocab, p)),
+        };
+        // Candidates come at the peak rate; `next_slot` thins them to the family's intensity.
+        let peak = family.max_intensity();
+        let arrivals = match spec.load {
+            Load::Open { rate } => Some((Exp::new(rate * peak)?, rng_for(seed, "arrivals", 0, 0))),
+            Load::Closed { .. } => None,
         };
         Ok(Self {
             seed,
@@ -436,6 +504,7 @@ impl WorkloadGen {
             max_requests: spec.max_requests,
             vocab,
             arrivals,
+            thinning: Box::new(rng_for(seed, "arrival-thinning", 0, 0)),
             clock_s: 0.0,
             next_index: 0,
             exhausted: false,
@@ -460,20 +529,26 @@ impl WorkloadGen {
                 return None;
             }
         }
+        let peak = self.family.max_intensity();
         let arrival_s = match &mut self.arrivals {
-            Some((exp, rng)) => {
+            Some((exp, rng)) => loop {
                 self.clock_s += exp.sample(rng);
                 if self.clock_s > self.duration_s {
                     self.exhausted = true;
                     return None;
                 }
-                self.clock_s
-            }
+                // Thinning (Lewis and Shedler): candidates at the peak rate, each kept with
+                // probability intensity / peak.
+                let keep = self.family.intensity(self.clock_s) / peak;
+                if keep >= 1.0 || self.thinning.gen::<f64>() < keep {
+                    break self.clock_s;
+                }
+            },
             None => 0.0,
         };
         let index = self.next_index;
         self.next_index += 1;
-        let (session, session_id, turn) = self.family.next_session(index);
+        let (session, session_id, turn) = self.family.next_session_at(index, arrival_s);
         Some(Slot {
             index,
             arrival_s,
@@ -490,11 +565,14 @@ impl WorkloadGen {
         let (messages, max_tokens) = self.family.messages(self.seed, &self.vocab, slot);
         let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
         let body = self.body(&messages, max_tokens);
+        let tags = self.family.tags(self.seed, slot);
         PlannedRequest {
             messages,
             max_tokens,
             body,
             prompt_words,
+            priority: tags.priority,
+            headers: tags.headers(),
         }
     }
 
@@ -561,11 +639,12 @@ mod tests {
         out
     }
 
-    const NEW: [&str; 4] = [
+    const NEW: [&str; 5] = [
         "shared-agent",
         "long-unique",
         "multi-tenant-stall",
         "unequal-pool",
+        "overload",
     ];
 
     #[test]
@@ -687,6 +766,73 @@ mod tests {
             assert!((64..=256).contains(&plan.max_tokens));
             assert!(seen.insert(plan.messages[0].content.clone()));
         }
+    }
+
+    #[test]
+    fn overload_surges_bursts_one_tenant_and_tags_priorities_and_flows() {
+        let mut s = spec("overload", Load::Open { rate: 3.0 }, 4);
+        s.max_requests = None;
+        s.duration_s = 160.0;
+        let p = OverloadParams::default();
+        let reqs = generate(&s);
+        let in_window = |a: f64, b: f64| {
+            let v: Vec<&(Slot, PlannedRequest)> = reqs
+                .iter()
+                .filter(|(slot, _)| slot.arrival_s >= a && slot.arrival_s < b)
+                .collect();
+            v
+        };
+        // Outside the surge: about 3/s; in the burst, 3 × 2.5 × (5 + 5) / 6 = 12.5/s.
+        let before = in_window(0.0, p.surge_start_s).len() as f64 / p.surge_start_s;
+        let burst = in_window(p.burst_start_s, p.burst_end_s);
+        let burst_rate = burst.len() as f64 / (p.burst_end_s - p.burst_start_s);
+        assert!((2.2..3.8).contains(&before), "{before}");
+        assert!((10.5..14.5).contains(&burst_rate), "{burst_rate}");
+        assert!((p.intensity(60.0) - 2.5 * 10.0 / 6.0).abs() < 1e-12);
+        assert!(p.intensity(60.0) <= p.max_intensity());
+        // Tenant 0 sends half the burst (5 of 10 shares).
+        let zero = burst
+            .iter()
+            .filter(|(s, _)| s.session == "tenant-0")
+            .count() as f64;
+        let share = zero / burst.len() as f64;
+        assert!((0.4..0.6).contains(&share), "{share}");
+        let expected = p.expected_requests(0, 3.0, 160.0);
+        // Tenant 0: ×1 for 100 s, ×2.5 for 20 s, ×12.5 for 40 s, at 3/s ÷ 6 tenants.
+        let want = 3.0 * (100.0 + 2.5 * 20.0 + 12.5 * 40.0) / 6.0;
+        assert!((expected - want).abs() < 1e-9, "{expected}");
+        let high = reqs
+            .iter()
+            .filter(|(_, r)| r.priority == Some(HIGH_PRIORITY))
+            .count() as f64;
+        let high_share = high / reqs.len() as f64;
+        assert!((0.15..0.25).contains(&high_share), "{high_share}");
+        for (slot, plan) in &reqs {
+            let priority = plan
+                .priority
+                .expect("every request has a class")
+                .to_string();
+            assert_eq!(
+                plan.headers,
+                vec![
+                    (PRIORITY_HEADER.to_owned(), priority),
+                    (FAIRNESS_HEADER.to_owned(), slot.session.clone()),
+                ]
+            );
+            assert_eq!(word_count(&plan.messages[0].content), p.system_words);
+        }
+        // Workloads without tags send no extra headers.
+        let plain = generate(&spec("unequal-pool", Load::Open { rate: 2.0 }, 5));
+        assert!(plain
+            .iter()
+            .all(|(_, r)| r.headers.is_empty() && r.priority.is_none()));
+        let bad = WorkloadKind::Overload(OverloadParams {
+            burst_tenant: 6,
+            ..OverloadParams::default()
+        });
+        assert!(WorkloadSpec::new(bad, Load::Open { rate: 1.0 })
+            .validate()
+            .is_err());
     }
 
     #[test]

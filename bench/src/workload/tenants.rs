@@ -89,22 +89,41 @@ impl Family for Tenants {
     }
 
     fn messages(&mut self, seed: u64, vocab: &Vocab, slot: &Slot) -> (Vec<Message>, u32) {
-        let p = &self.p;
         let mut rng = rng_for(seed, "tenant-question", slot.index, 0);
-        let n = rng.gen_range(p.question_words.0..=p.question_words.1);
-        let question = vocab.text(&mut rng, n);
-        let max_tokens = rng.gen_range(p.max_tokens.0..=p.max_tokens.1);
-        let system = self
-            .prompts
-            .get(slot.session_id as usize)
-            .cloned()
-            .unwrap_or_default();
-        (
-            vec![
-                Message::new("system", system),
-                Message::new("user", question),
-            ],
-            max_tokens,
+        let p = &self.p;
+        tenant_question(
+            &self.prompts,
+            &mut rng,
+            vocab,
+            slot,
+            p.question_words,
+            p.max_tokens,
         )
     }
+}
+
+/// A tenant's request: its system prompt (`prompts[slot.session_id]`) and a question of
+/// `question_words` words drawn from `rng`, with `max_tokens` drawn after it.
+pub(super) fn tenant_question(
+    prompts: &[String],
+    rng: &mut StdRng,
+    vocab: &Vocab,
+    slot: &Slot,
+    question_words: (usize, usize),
+    max_tokens: (u32, u32),
+) -> (Vec<Message>, u32) {
+    let n = rng.gen_range(question_words.0..=question_words.1);
+    let question = vocab.text(rng, n);
+    let max_tokens = rng.gen_range(max_tokens.0..=max_tokens.1);
+    let system = prompts
+        .get(slot.session_id as usize)
+        .cloned()
+        .unwrap_or_default();
+    (
+        vec![
+            Message::new("system", system),
+            Message::new("user", question),
+        ],
+        max_tokens,
+    )
 }

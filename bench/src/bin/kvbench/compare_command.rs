@@ -7,7 +7,7 @@ use clap::{ArgGroup, Args, ValueEnum};
 use kvbench::compare::{self, Policy, StackOptions};
 use kvbench::compare_plots::ComparePlots;
 use kvbench::peers::{PeerPolicy, PeerRouter};
-use kvbench::summary;
+use kvbench::{overload, summary};
 
 use crate::*;
 
@@ -22,6 +22,9 @@ pub(crate) enum CompareWorkload {
     UnequalPool,
     /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
     Interference,
+    /// Arrivals above capacity for a while, two priority classes, one tenant bursting: flow
+    /// control's benchmark (`make bench-overload`, with kvroute-flow; not part of `all`)
+    Overload,
     /// Every workload above but interference, in turn
     All,
 }
@@ -37,6 +40,7 @@ impl CompareWorkload {
             CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
             CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
             CompareWorkload::Interference => vec![WorkloadArg::Interference],
+            CompareWorkload::Overload => vec![WorkloadArg::Overload],
             CompareWorkload::All => vec![
                 WorkloadArg::MultiTenant,
                 WorkloadArg::MultiTurn,
@@ -53,6 +57,8 @@ impl CompareWorkload {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum PolicyArg {
     Kvroute,
+    /// kvroute with flow control on (requests wait at the gateway while every pod is full)
+    KvrouteFlow,
     /// kvroute with the previous version's module (--previous-wasm; `make previous-module`)
     KvroutePrevious,
     RoundRobin,
@@ -83,6 +89,7 @@ impl From<PolicyArg> for Policy {
     fn from(p: PolicyArg) -> Self {
         match p {
             PolicyArg::Kvroute => Policy::Kvroute,
+            PolicyArg::KvrouteFlow => Policy::KvrouteFlow,
             PolicyArg::KvroutePrevious => Policy::KvroutePrevious,
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
@@ -118,6 +125,11 @@ pub(crate) struct CompareArgs {
     /// after ten polls missed
     #[arg(long, default_value_t = compare::BENCH_POLL_INTERVAL_MS)]
     pub(crate) poll_interval_ms: u64,
+    /// A JSON object whose top-level keys are set in kvroute's configuration (every kvroute
+    /// policy), after the workload's own (overload: `{"overload_guard": {"max_running": 8}}`),
+    /// e.g. '{"overload_guard": {}}' to leave the seat cap unset
+    #[arg(long, value_name = "JSON")]
+    pub(crate) kvroute_config: Option<String>,
     /// Empty every pod's prefix cache (POST /sim/reset) this many simulated seconds into each run
     /// (warm-up included); each run's text and JSON then give the hit ratio of the requests
     /// started in every 10 s window and how long it took to come back within 0.05 of its level
@@ -259,12 +271,20 @@ pub(crate) async fn compare_cases(
             w.name(),
             spec.duration_s
         );
+        let mut plugin_extra = compare::bench_plugin_extra_polling(args.poll_interval_ms);
+        compare::merge_top_level(&mut plugin_extra, &defaults.plugin_extra);
+        if let Some(text) = &args.kvroute_config {
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
+            anyhow::ensure!(v.is_object(), "--kvroute-config must be a JSON object");
+            compare::merge_top_level(&mut plugin_extra, &v);
+        }
         let mut groups = defaults.groups;
         if let (Some(n), Some(first)) = (args.pods, groups.first_mut()) {
             first.pods = n;
         }
         anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "--pods must be >= 1");
-        cases.push((w, spec, warmup, groups));
+        cases.push((w, spec, warmup, groups, plugin_extra));
     }
     let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
     anyhow::ensure!(!policies.is_empty(), "no policies given");
@@ -274,7 +294,7 @@ pub(crate) async fn compare_cases(
         compare::resolve_previous_wasm(args.previous_wasm.as_deref())?;
     }
     if let Some(at) = args.reset_caches_at {
-        for (w, spec, _, _) in &cases {
+        for (w, spec, _, _, _) in &cases {
             anyhow::ensure!(
                 at.is_finite() && at > 0.0 && at < spec.duration_s,
                 "{}: --reset-caches-at ({at} s) must fall inside the run (0–{} s)",
@@ -289,13 +309,13 @@ pub(crate) async fn compare_cases(
     };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
     let mut results = Vec::new();
-    for (w, spec, warmup, groups) in &cases {
+    for (w, spec, warmup, groups, plugin_extra) in &cases {
         let case = name.unwrap_or(w.name());
         let opts = StackOptions {
             groups: groups.clone(),
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
-            plugin_extra: compare::bench_plugin_extra_polling(args.poll_interval_ms),
+            plugin_extra: plugin_extra.clone(),
             previous_wasm: args.previous_wasm.clone(),
             replica_sync: !args.no_replica_sync,
             shadow_probe: args.shadow_probe,
@@ -307,6 +327,12 @@ pub(crate) async fn compare_cases(
         }
         if args.poll_interval_ms != compare::BENCH_POLL_INTERVAL_MS {
             pool = format!("{pool}; kvroute polls every {} ms", args.poll_interval_ms);
+        }
+        if let Some(guard) = plugin_extra.get("overload_guard") {
+            pool = format!("{pool}; kvroute's overload_guard {guard}");
+        }
+        if let Some(extra) = &args.kvroute_config {
+            pool = format!("{pool}; kvroute config {extra}");
         }
         let mut runs = Vec::new();
         let mut failed = Vec::new();
@@ -342,11 +368,20 @@ pub(crate) async fn compare_cases(
             runs.push(rows);
         }
         let summaries = summary::summarize(&runs);
-        let verdict = summary::verdict(case, &runs, &summaries);
+        // The overload workload is judged by flow control's figures, not by routing's.
+        let overload = overload::summarize(&runs);
+        let verdict = if *w == WorkloadArg::Overload {
+            overload::verdict(case, &runs)
+        } else {
+            summary::verdict(case, &runs, &summaries)
+        };
         let mut text = format!(
             "pool: {pool}\n{}",
             summary::render_summary(case, &summaries, &verdict)
         );
+        if !overload.is_empty() {
+            text.push_str(&overload::render_summary(&overload));
+        }
         for (seed, label, why) in &failed {
             text.push_str(&format!("{label} FAILED on seed {seed}: {why}\n"));
         }
@@ -361,11 +396,13 @@ pub(crate) async fn compare_cases(
                 "pool": groups,
                 "sim_args": args.sim_args.trim(),
                 "poll_interval_ms": args.poll_interval_ms,
+                "kvroute_config": plugin_extra,
                 "reset_caches_at_s": args.reset_caches_at,
                 "seeds": seeds,
                 "warmup_s": warmup,
                 "policies": summaries,
                 "verdict": verdict,
+                "overload": overload,
                 "failed": failed,
             });
             std::fs::write(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args, ValueEnum};
 use kvbench::compare::{self};
 use kvbench::{
-    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams,
+    AgentParams, Api, InterferenceParams, Load, MultiTenantParams, MultiTurnParams, OverloadParams,
     SharedAgentParams, UniqueParams, WorkloadKind, WorkloadSpec,
 };
 
@@ -25,6 +25,9 @@ pub(crate) enum WorkloadArg {
     MultiTenantStall,
     /// Unique prompts on a pool with one pod half as fast
     UnequalPool,
+    /// Arrivals above the pool's capacity for a while, two priority classes, 6 tenants, one
+    /// bursting (flow control's benchmark)
+    Overload,
 }
 
 impl WorkloadArg {
@@ -38,6 +41,7 @@ impl WorkloadArg {
             WorkloadArg::LongUnique => "long-unique",
             WorkloadArg::MultiTenantStall => "multi-tenant-stall",
             WorkloadArg::UnequalPool => "unequal-pool",
+            WorkloadArg::Overload => "overload",
         }
     }
 }
@@ -180,6 +184,7 @@ impl SpecDefaults {
             duration_s: d.duration_s,
             tenants: match workload {
                 WorkloadArg::MultiTenantStall => MultiTenantParams::stall().tenants,
+                WorkloadArg::Overload => OverloadParams::default().tenants,
                 _ => 48,
             },
         })
@@ -214,6 +219,14 @@ impl SpecArgs {
             WorkloadArg::SharedAgent => WorkloadKind::SharedAgent(SharedAgentParams::default()),
             WorkloadArg::LongUnique => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
             WorkloadArg::UnequalPool => WorkloadKind::UnequalPool(UniqueParams::default()),
+            WorkloadArg::Overload => {
+                let base = OverloadParams::default();
+                WorkloadKind::Overload(OverloadParams {
+                    tenants: self.tenants.unwrap_or(base.tenants),
+                    system_words: self.tenant_system_words.unwrap_or(base.system_words),
+                    ..base
+                })
+            }
             WorkloadArg::MultiTurn => WorkloadKind::MultiTurn(MultiTurnParams {
                 conversations: self.conversations,
                 turns: self.turns,
