@@ -12,8 +12,8 @@
 //! must not pass the queue (that is the hysteresis: holding starts when the last pod fills and
 //! ends only when the queue has drained, not each time one slot opens).
 //!
-//! **Release.** On every completion or first byte in this VM and on every tick (another VM's
-//! completions show on the shared board there), the queue's next request is planned again with
+//! **Release.** On every tick (at least every 20 ms with flow control on; completions in any VM
+//! show on the shared board there), the queue's next request is planned again with
 //! the then-current view, the pods' caches and load as they are now; if a pod has room it goes
 //! there and the next is tried, otherwise it stays at the head. Late binding: a request goes to
 //! the pod that freed first, holding the freshest prefix placement, not to whichever looked best

@@ -62,10 +62,6 @@ impl Filter {
         }
     }
 
-    pub fn node(&self) -> Option<&Rc<RefCell<Node>>> {
-        self.node.as_ref()
-    }
-
     /// Whether flow control holds the request (paused after its body).
     pub fn is_held(&self) -> bool {
         self.held

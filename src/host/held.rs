@@ -1,6 +1,6 @@
 //! Flow control's host side (`crate::admission`, `crate::flow::next_release`): a held request's
-//! filter stays reachable from the rest of its VM, and the release loop resumes held requests from
-//! another stream's callback or from the tick.
+//! filter stays reachable from the rest of its VM, and the tick's release loop resumes or answers
+//! held requests.
 //!
 //! The SDK owns each HTTP context's box, so the filter lives behind an `Rc` ([`SharedFilter`], the
 //! box the SDK gets) and this VM's [`PARKED`] map keeps a weak handle to each held one. To release
@@ -9,10 +9,12 @@
 //! points the calls back at the context whose callback it runs in. A stream that ended is gone
 //! from the SDK, so its weak handle is dead and its queue entry is dropped.
 //!
-//! Releases run where capacity may have freed: after a response's headers and body chunks (its
-//! first byte ends a prefill on the board), after a stream's end, and on every tick (other
-//! workers' completions reach this VM through the shared board, read on the tick). With nothing
-//! held that is one look at an empty queue.
+//! Releases run on the tick only (every 20 ms or less with flow control on, `super::root`), never
+//! inside another stream's callback: a local reply sent there for a held request (a timeout, or a
+//! refusal its new plan gives) raises the VM's stop-next-iteration flag, and Envoy then turns the
+//! *current* stream's `Continue` into a stop — that stream stalls for good (released from response
+//! callbacks, `make bench-overload` saw 1–4 requests per seed never answered and streams cut before
+//! `[DONE]`). The tick is a root callback with no stream to stop.
 
 use super::filter::{send, Filter};
 use super::node::Node;
@@ -43,7 +45,7 @@ fn parked(context_id: u32) -> Option<Rc<RefCell<Filter>>> {
 }
 
 /// Releases what flow control lets go now, in its order; then the host's calls act on `caller`
-/// again (the context whose callback this runs in).
+/// again (the root context whose tick this runs in).
 pub fn release(node: &Rc<RefCell<Node>>, caller: u32) {
     let mut redirected = false;
     loop {
@@ -109,21 +111,14 @@ impl SharedFilter {
         }
     }
 
-    /// Runs `callback` on the filter; parks it if the callback left its request held, and with
-    /// `then_release` releases what may go now.
-    fn on<T: Default>(&self, then_release: bool, callback: impl FnOnce(&mut Filter) -> T) -> T {
-        let (out, node, held) = {
-            let Ok(mut filter) = self.filter.try_borrow_mut() else {
-                return T::default();
-            };
-            let out = callback(&mut filter);
-            (out, filter.node().cloned(), filter.is_held())
+    /// Runs `callback` on the filter; parks it if the callback left its request held.
+    fn on<T: Default>(&self, callback: impl FnOnce(&mut Filter) -> T) -> T {
+        let Ok(mut filter) = self.filter.try_borrow_mut() else {
+            return T::default();
         };
-        if held {
+        let out = callback(&mut filter);
+        if filter.is_held() {
             park(self.id, &self.filter);
-        }
-        if let Some(node) = node.filter(|_| then_release) {
-            release(&node, self.id);
         }
         out
     }
@@ -131,7 +126,7 @@ impl SharedFilter {
 
 impl Context for SharedFilter {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
-        self.on(false, |f| {
+        self.on(|f| {
             f.on_http_call_response(token, headers, body, trailers);
         });
     }
@@ -149,40 +144,32 @@ impl Act {
 
 impl HttpContext for SharedFilter {
     fn on_http_request_headers(&mut self, n: usize, end_of_stream: bool) -> Action {
-        self.on(false, |f| {
-            Act(Some(f.on_http_request_headers(n, end_of_stream)))
-        })
-        .action()
+        self.on(|f| Act(Some(f.on_http_request_headers(n, end_of_stream))))
+            .action()
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        self.on(false, |f| {
-            Act(Some(f.on_http_request_body(size, end_of_stream)))
-        })
-        .action()
+        self.on(|f| Act(Some(f.on_http_request_body(size, end_of_stream))))
+            .action()
     }
 
     fn on_http_request_trailers(&mut self, n: usize) -> Action {
-        self.on(false, |f| Act(Some(f.on_http_request_trailers(n))))
+        self.on(|f| Act(Some(f.on_http_request_trailers(n))))
             .action()
     }
 
     fn on_http_response_headers(&mut self, n: usize, end_of_stream: bool) -> Action {
-        self.on(true, |f| {
-            Act(Some(f.on_http_response_headers(n, end_of_stream)))
-        })
-        .action()
+        self.on(|f| Act(Some(f.on_http_response_headers(n, end_of_stream))))
+            .action()
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        self.on(true, |f| {
-            Act(Some(f.on_http_response_body(size, end_of_stream)))
-        })
-        .action()
+        self.on(|f| Act(Some(f.on_http_response_body(size, end_of_stream))))
+            .action()
     }
 
     fn on_log(&mut self) {
-        self.on(true, HttpContext::on_log);
+        self.on(HttpContext::on_log);
         // Last: a request answered while held (timed out) still reads as held, and `on` parks it.
         unpark(self.id);
     }

@@ -71,7 +71,14 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let tick = Duration::from_millis((config.poll_interval_ms / 2).clamp(10, 100));
+        // Held requests are released on the tick (`super::held`): with flow control on it comes
+        // at least every 20 ms, so a freed slot waits at most that long for the next request.
+        let max_tick_ms = if config.flow_control.is_some() {
+            20
+        } else {
+            100
+        };
+        let tick = Duration::from_millis((config.poll_interval_ms / 2).clamp(10, max_tick_ms));
         if hostcalls::set_tick_period(tick).is_err() {
             log::warn!("kvroute: the host refused a tick period");
         }
