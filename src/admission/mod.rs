@@ -32,7 +32,8 @@
 //!
 //! **Left for later.** The queue is per worker VM: fairness and order hold among the requests one
 //! worker holds (Envoy's workers take connections in turn, so a tenant's burst spreads over them),
-//! not across workers. Round-robin counts requests, not tokens. Negative priorities are still shed
+//! not across workers. Round-robin counts requests, not tokens. A head of the queue whose pods are
+//! still full blocks the requests behind it, those for other models too. Negative priorities are still shed
 //! (`crate::scheduler::saturation`) before they would be held.
 
 use crate::common::{at_least, ConfigError};

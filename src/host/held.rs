@@ -6,7 +6,7 @@
 //! box the SDK gets) and this VM's [`PARKED`] map keeps a weak handle to each held one. To release
 //! one, the loop points the host's calls at its stream (`proxy_set_effective_context`, which the
 //! ABI provides for exactly this), plans it again with its buffered body and resumes it, then
-//! points the calls back at the context whose callback it runs in. A stream that ended is gone
+//! points the calls back at the root context whose tick it runs in. A stream that ended is gone
 //! from the SDK, so its weak handle is dead and its queue entry is dropped.
 //!
 //! Releases run on the tick only (every 20 ms or less with flow control on, `super::root`), never
