@@ -184,8 +184,8 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool
     status == OK
 }
 
-/// Makes the calls that follow act on the context `context_id` (another HTTP stream of this VM, or
-/// back to the caller's own): how flow control releases a held request from another callback.
+/// Makes the calls that follow act on the context `context_id` (an HTTP stream of this VM, or back
+/// to the caller's own): how flow control's tick releases a held request (`super::held`).
 /// `false` when the host no longer knows the context (its stream ended).
 pub fn set_effective_context(context_id: u32) -> bool {
     // SAFETY: no pointers.
