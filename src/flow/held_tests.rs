@@ -1,7 +1,7 @@
 //! Flow control through the core on the fake host: held while every pod is full, released in
 //! priority order to the pod that frees first, timed out with a 429, gone when its client leaves.
 
-use super::tests::{chat_body, headers};
+use super::tests::{chat_body, send_through};
 use super::*;
 use crate::vm::tests::{config, Cluster, PODS};
 
@@ -14,15 +14,8 @@ fn send(
     extra: &[(&str, &str)],
     body: &[u8],
 ) -> (RequestFlow, BodyOutcome) {
-    let (vm, host) = &mut c.vms[0];
-    let mut flow = RequestFlow::for_context(id);
     let all: Vec<(&str, &str)> = CHAT.iter().chain(extra).copied().collect();
-    assert_eq!(
-        flow.on_request_headers(vm, host, &headers(&all), false),
-        HeadersOutcome::WaitForBody
-    );
-    let outcome = flow.on_request_body(vm, host, Some(body));
-    (flow, outcome)
+    send_through(c, 0, RequestFlow::for_context(id), &all, body)
 }
 
 fn due(vm: &mut Vm, host: &mut crate::testing::FakeHost) -> Option<Release> {

@@ -45,8 +45,18 @@ fn send_headers(
     request_headers: &[(&str, &str)],
     body: &[u8],
 ) -> (RequestFlow, BodyOutcome) {
+    send_through(c, i, RequestFlow::new(), request_headers, body)
+}
+
+/// `request_headers` then body through `flow` on VM `i`.
+pub(super) fn send_through(
+    c: &mut Cluster,
+    i: usize,
+    mut flow: RequestFlow,
+    request_headers: &[(&str, &str)],
+    body: &[u8],
+) -> (RequestFlow, BodyOutcome) {
     let (vm, host) = &mut c.vms[i];
-    let mut flow = RequestFlow::new();
     let h = headers(request_headers);
     assert_eq!(
         flow.on_request_headers(vm, host, &h, false),
