@@ -131,6 +131,7 @@ lint: tools
 	python3 tools/check_layers.py
 	python3 tools/check_sizes.py
 	python3 tools/check_readme_functions.py
+	python3 tools/check_tracker_refs.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy -p kvroute --all-targets -- -D warnings
@@ -338,7 +339,7 @@ bench-replicas: build build-tools fonts
 	target/release/kvbench compare --workload multi-tenant,multi-turn --policies kvroute --replicas 2 \
 	  --no-replica-sync --seeds $(SEEDS) --time-scale $(REPLICAS_TIME_SCALE) --out bench-out/replicas-unshared
 
-# Flow control under overload (issue 33; docs/results.md, "Overload and flow control"): the
+# Flow control under overload (docs/results.md, "Overload and flow control"): the
 # overload workload (6 tenants, arrivals ×2.5 from 40 to 100 s and tenant 0 ×5 more from 50 to
 # 90 s, about 1.8× the pool's capacity at the peak, then below it; 20% priority 1) on 4 pods of 8
 # sequences, through kvroute with flow control (kvroute-flow), kvroute without it and round-robin,

@@ -2,7 +2,7 @@
 //! with its min and max: p50 and p99 of the sequential requests, the added p50 over calling the
 //! pod directly (per run, p50 of the hop − p50 of `direct` in the same run), the hop's CPU per
 //! sequential request, and under load requests per second and per CPU-second of the hop's
-//! processes. And the targets of issue 35 against the peers: kvroute's added p50 at most the
+//! processes. And the hop's targets against the peers: kvroute's added p50 at most the
 //! fastest peer's at every size, its requests per CPU-second at least the best peer's at 16 KB.
 
 use serde::Serialize;

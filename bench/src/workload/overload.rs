@@ -1,6 +1,6 @@
 //! `overload`: tenants, each with its own system prompt, whose arrivals rise above the pool's
 //! capacity for a while (a surge) and fall below it so the queue drains, one tenant bursting on top
-//! of the surge, and two priority classes: what flow control at the gateway is for (issue 33).
+//! of the surge, and two priority classes: what flow control at the gateway is for.
 //!
 //! Arrivals are a non-homogeneous Poisson process: every tenant sends at `rate / tenants` (the
 //! spec's open-loop rate), all of them × `surge` inside the surge window, and the bursting tenant ×
