@@ -18,7 +18,7 @@
 //!   Without the regexes the names still work but carry their labels. [`LABELS`] lists them all.
 //! * Cardinality is bounded by configuration: `pool` and `role` by the configured pools, `model` by
 //!   the names the pods serve (any other name is not a label value), `pod` by the pools' members,
-//!   `reason` and `version` by the code.
+//!   `reason`, `version` and `band` by the code.
 //!
 //! Metrics are process-wide by name: every VM defines the same names and increments the same
 //! counters; gauges are set by the leader alone. Recording goes through the host port
@@ -27,7 +27,7 @@
 use crate::common::Role;
 
 /// Every label a kvroute series can carry: the tag names a proxy's stats configuration extracts.
-pub const LABELS: [&str; 6] = [POOL, ROLE, MODEL, REASON, POD, VERSION];
+pub const LABELS: [&str; 7] = [POOL, ROLE, MODEL, REASON, POD, VERSION, BAND];
 /// The configured pool (`pools[].name`) of the pod a series is about.
 pub const POOL: &str = "pool";
 /// That pool's role: `aggregated`, `prefill` or `decode`.
@@ -40,6 +40,8 @@ pub const REASON: &str = "reason";
 pub const POD: &str = "pod";
 /// The module's version (`build_info`).
 pub const VERSION: &str = "version";
+/// Flow control's priority band: `high` (priority > 0), `default` (0) or `sheddable` (< 0).
+pub const BAND: &str = "band";
 
 /// A series' labels: (label, value) pairs, in the order of the metric's [`Counter::labels`] (or
 /// the gauge's or histogram's).
@@ -287,6 +289,10 @@ pub enum Gauge {
     PodPrefillTokensPerSecond,
     /// First bytes the pod's TTFT model has learned from (decayed).
     PodFitSamples,
+    /// Requests flow control holds in the whole Envoy (every worker), per `band`.
+    FlowHeldRequests,
+    /// Distinct flows (tenants) with requests held, per `band`: how many share the queue.
+    FlowWaitingFlows,
 }
 
 /// Histograms (Envoy keeps the quantiles; Prometheus gets buckets).
@@ -308,7 +314,7 @@ pub enum Histogram {
     PhaseResponseHeadersUs,
     PhaseResponseBodyUs,
     PhaseLogUs,
-    /// How long released requests were held by flow control, ms.
+    /// How long released requests were held by flow control, ms, per `band`.
     FlowWaitMs,
 }
 
@@ -417,7 +423,7 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 10] = [
+    pub const ALL: [Gauge; 12] = [
         Gauge::PodsHealthy,
         Gauge::PodsStale,
         Gauge::PodsEjected,
@@ -428,6 +434,8 @@ impl Gauge {
         Gauge::PodTtftOverheadUs,
         Gauge::PodPrefillTokensPerSecond,
         Gauge::PodFitSamples,
+        Gauge::FlowHeldRequests,
+        Gauge::FlowWaitingFlows,
     ];
 
     pub fn name(self) -> &'static str {
@@ -442,6 +450,8 @@ impl Gauge {
             Gauge::PodTtftOverheadUs => "kvroute.pod.ttft_overhead_microseconds",
             Gauge::PodPrefillTokensPerSecond => "kvroute.pod.prefill_tokens_per_second",
             Gauge::PodFitSamples => "kvroute.pod.fit_samples",
+            Gauge::FlowHeldRequests => "kvroute.flow.held_requests",
+            Gauge::FlowWaitingFlows => "kvroute.flow.waiting_flows",
         }
     }
 
@@ -457,6 +467,7 @@ impl Gauge {
                 &[POOL, ROLE, POD]
             }
             Gauge::IndexEntries => &[],
+            Gauge::FlowHeldRequests | Gauge::FlowWaitingFlows => &[BAND],
         }
     }
 }
@@ -493,6 +504,7 @@ impl Histogram {
     pub fn labels(self) -> &'static [&'static str] {
         match self {
             Histogram::TtftMs | Histogram::TtftPredictedMs => POOL_ROLE_MODEL,
+            Histogram::FlowWaitMs => &[BAND],
             _ => &[],
         }
     }

@@ -31,10 +31,10 @@ LAYERS = [
     # what the gateway knows about a pod: metrics pages, served models, the load table
     "pod",
     "health",
-    # flow control's queue of held requests and when a pod counts as full
-    "admission",
     # what VMs share in the host's shared data: rows, messages, the leader lease
     "state",
+    # flow control's queue of held requests, when a pod counts as full, and the held board
+    "admission",
     # prefix affinity: block hashing, the prefix index, this VM's belief of what each pod holds
     "affinity",
     # work in flight, per pod: the board VMs share and this VM's book

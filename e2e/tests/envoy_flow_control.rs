@@ -1,7 +1,8 @@
 //! Flow control through the real Envoy with kvroute.wasm: while every pod is full, requests wait
 //! at the gateway (paused after their body) and are released in priority order to the pod that
 //! frees first; the queue is bounded, a held request times out with a 429 and `Retry-After`, and
-//! a client that gives up leaves the queue at once. One worker, so one queue sees every request.
+//! a client that gives up leaves the queue at once. One worker, so one queue sees every request,
+//! except in the last test: two workers, each holding its own requests, in one order.
 
 mod common;
 
@@ -28,18 +29,23 @@ async fn held_stack(flow_control: serde_json::Value) -> (Sim, Envoy) {
     (sim, envoy)
 }
 
-/// A streamed chat request of `words` distinct words, sent now; its reply and when it ended.
+/// A streamed chat request of `words` distinct words, sent now on its own connection: its reply,
+/// when its first byte came and when it ended.
+type Sent = tokio::task::JoinHandle<(Reply, Instant, Instant)>;
+
 fn spawn_chat(
     url: &str,
     tag: &str,
     words: usize,
     headers: &'static [(&'static str, &'static str)],
-) -> tokio::task::JoinHandle<(Reply, Instant)> {
+) -> Sent {
     let body = chat(&system_prompt(tag, words), "go", 2, true);
     let url = url.to_string();
     tokio::spawn(async move {
+        let start = Instant::now();
         let reply = post(&fresh_client(), &url, &body, headers).await;
-        (reply, Instant::now())
+        let first_byte = start + reply.ttft;
+        (reply, first_byte, Instant::now())
     })
 }
 
@@ -58,10 +64,10 @@ async fn a_full_pool_holds_requests_and_releases_the_highest_priority_first_to_t
     let low = spawn_chat(&url, "low-", 200, &[]);
     tokio::time::sleep(Duration::from_millis(30)).await;
     let high = spawn_chat(&url, "high-", 200, &[("x-kvroute-priority", "5")]);
-    let (short, short_at) = short.await.unwrap();
-    let (high, high_at) = high.await.unwrap();
-    let (low, low_at) = low.await.unwrap();
-    let (long, long_at) = long.await.unwrap();
+    let (short, _, short_at) = short.await.unwrap();
+    let (high, _, high_at) = high.await.unwrap();
+    let (low, _, low_at) = low.await.unwrap();
+    let (long, _, long_at) = long.await.unwrap();
     for r in [&short, &long, &low, &high] {
         assert_eq!(r.status, 200, "{}", r.body);
     }
@@ -164,4 +170,84 @@ async fn the_queue_is_bounded_times_out_with_retry_after_and_forgets_a_client_th
     for f in fill {
         assert_eq!(f.await.unwrap().0.status, 200);
     }
+}
+
+/// Each reply's VM (the debug header's `vm`) and when its first byte came; every one a 200.
+async fn answers(handles: Vec<Sent>) -> Vec<(String, Instant)> {
+    let mut out = Vec::new();
+    for handle in handles {
+        let (reply, first_byte, _) = handle.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let vm = reply
+            .debug_field("vm")
+            .expect("the debug header names the VM");
+        out.push((vm, first_byte));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_by_two_workers_are_released_in_one_priority_order() {
+    // One pod, two Envoy workers: each worker holds the requests of the connections it accepted,
+    // and the held board makes the whole Envoy's queue one order.
+    let sim = Sim::start(1, &["--time-scale", "0.25"]).unwrap();
+    let config = plugin_config(
+        &sim.pods,
+        json!({ "flow_control": {"enabled": true, "queue_depth": 1, "ttl_ms": 20000} }),
+    );
+    let options = EnvoyOptions {
+        concurrency: 2,
+        ..EnvoyOptions::new(&sim.pods, Lb::OverrideHost, Some(config))
+    };
+    let envoy = Envoy::start(&options).await.unwrap();
+    wait_healthy(&envoy, 1).await;
+    let url = envoy.url("/v1/chat/completions");
+    // A long prefill fills the pod for about a second and a half.
+    let fill = spawn_chat(&url, "fill-", 3000, &[]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Ten ordinary requests on ten connections (spread over both workers), then two urgent ones.
+    let mut low = Vec::new();
+    for i in 0..10 {
+        low.push(spawn_chat(&url, &format!("low-{i}-"), 100, &[]));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    harness::wait_for(Duration::from_secs(3), "ten held", || async {
+        envoy.stat(HELD).await == 10
+    })
+    .await
+    .unwrap();
+    let high: Vec<_> = (0..2)
+        .map(|i| {
+            spawn_chat(
+                &url,
+                &format!("high-{i}-"),
+                100,
+                &[("x-kvroute-priority", "5")],
+            )
+        })
+        .collect();
+    harness::wait_for(Duration::from_secs(3), "twelve held", || async {
+        envoy.stat(HELD).await == 12
+    })
+    .await
+    .unwrap();
+    let (fill, _, _) = fill.await.unwrap();
+    assert_eq!(fill.status, 200, "{}", fill.body);
+    let high = answers(high).await;
+    let low = answers(low).await;
+    // The case this is about happened: an urgent request held by one worker while the other held
+    // ordinary ones (twelve connections all on one worker: about 1 in 2,000).
+    assert!(
+        high.iter()
+            .any(|(hv, _)| low.iter().any(|(lv, _)| lv != hv)),
+        "every request was held by one worker: {high:?} {low:?}"
+    );
+    let last_high = high.iter().map(|(_, at)| *at).max().unwrap();
+    let first_low = low.iter().map(|(_, at)| *at).min().unwrap();
+    assert!(
+        last_high < first_low,
+        "an ordinary request went before an urgent one held by another worker: \
+         high {high:?}, low {low:?}"
+    );
+    assert_eq!(envoy.stat(RELEASED).await, 12);
 }

@@ -427,7 +427,7 @@ pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
 }
 
 /// Every label kvroute writes into its stat names (`kvroute::metrics::LABELS`).
-pub const KVROUTE_LABELS: [&str; 6] = ["pool", "role", "model", "reason", "pod", "version"];
+pub const KVROUTE_LABELS: [&str; 7] = ["pool", "role", "model", "reason", "pod", "version", "band"];
 
 /// The `stats_config` that turns kvroute's labels into Prometheus labels, as every shipped
 /// configuration sets it: one regex per label in Istio's tag encoding (`pool=.=VALUE;.;`).

@@ -30,11 +30,15 @@
 //! disconnects leaves the queue at once. Envoy keeps each held request's body in its buffer, as
 //! for any paused request; kvroute keeps a few dozen bytes per request.
 //!
-//! **Left for later.** The queue is per worker VM: fairness and order hold among the requests one
-//! worker holds (Envoy's workers take connections in turn, so a tenant's burst spreads over them),
-//! not across workers. Round-robin counts requests, not tokens. A head of the queue whose pods are
+//! **Across workers** ([`board`]): each worker VM holds its own requests (only it can resume them);
+//! a held board in shared data carries what each holds and which flows it served lately, so the
+//! strict priority and the flows' turns hold across the whole Envoy.
+//!
+//! **Left for later.** Round-robin counts requests, not tokens. A head of the queue whose pods are
 //! still full blocks the requests behind it, those for other models too. Negative priorities are still shed
 //! (`crate::scheduler::saturation`) before they would be held.
+
+pub mod board;
 
 use crate::common::{at_least, ConfigError};
 use hashbrown::HashMap;
@@ -195,9 +199,55 @@ impl HeldQueue {
 
     /// The request to release next: the highest band's flow whose turn it is, its oldest request.
     pub fn next(&self) -> Option<&Held> {
+        self.next_by(|_| 0)
+    }
+
+    /// The request to release next when flows are also served elsewhere: in the highest band, the
+    /// flow `last_served` (ms; 0 for never) says was served longest ago, turn order breaking ties;
+    /// its oldest request. With other workers' releases in `last_served` (`board::Whole`), the
+    /// round-robin between flows holds across the whole Envoy, not only within this VM.
+    pub fn next_by(&self, last_served: impl Fn(u64) -> u64) -> Option<&Held> {
         let band = self.bands.values().next_back()?;
-        let flow = band.turns.front()?;
+        let flow = band
+            .turns
+            .iter()
+            .enumerate()
+            .min_by_key(|(turn, flow)| (last_served(**flow), *turn))
+            .map(|(_, flow)| flow)?;
         band.flows.get(flow)?.front()
+    }
+
+    /// What this VM holds, for the other workers: the number held per (priority, model, flow),
+    /// highest priority first, at most `limit` of them (`board::HeldRow`).
+    pub fn summary(&self, limit: usize) -> Vec<board::Waiting> {
+        let mut out = Vec::new();
+        for (priority, band) in self.bands.iter().rev() {
+            for flow in &band.turns {
+                let Some(requests) = band.flows.get(flow) else {
+                    continue;
+                };
+                let mut per_model: Vec<(u64, u32)> = Vec::new();
+                for held in requests {
+                    let model = board::model_key(&held.model);
+                    match per_model.iter_mut().find(|(m, _)| *m == model) {
+                        Some((_, n)) => *n += 1,
+                        None => per_model.push((model, 1)),
+                    }
+                }
+                for (model, count) in per_model {
+                    if out.len() >= limit {
+                        return out;
+                    }
+                    out.push(board::Waiting {
+                        priority: *priority,
+                        model,
+                        flow: *flow,
+                        count,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Takes `id` out of the queue (released, expired or gone). Releasing the head of a flow

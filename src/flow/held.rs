@@ -3,8 +3,8 @@
 //! queue when it is routed, answered, timed out or its client goes away.
 
 use super::{BodyOutcome, ErrorCode, Reply, RequestFlow};
-use crate::admission::Held;
-use crate::metrics::{Counter, Histogram, REASON};
+use crate::admission::{band_label, Held};
+use crate::metrics::{Counter, Histogram, BAND, REASON};
 use crate::port::Host;
 use crate::protocol::parse::Endpoint;
 use crate::vm::Vm;
@@ -65,7 +65,7 @@ pub fn next_release(vm: &mut Vm, host: &mut dyn Host, now_ms: u64) -> Option<Rel
         let reply = Reply::error(ErrorCode::QueueTimeout, &message).retry_after(retry_after);
         return Some(Release::Expire(id, reply));
     }
-    vm.held.next().map(|h| Release::Plan(h.id))
+    vm.held_row.next(&vm.held).map(|h| Release::Plan(h.id))
 }
 
 impl RequestFlow {
@@ -74,7 +74,17 @@ impl RequestFlow {
     pub(super) fn queue_ahead(&self, vm: &Vm, model: &str) -> bool {
         vm.config.flow_control.is_some()
             && self.held.since_ms.is_none()
-            && vm.held.holds_model(model)
+            && (vm.held.holds_model(model)
+                || vm.held_row.others().holds_model(model, self.hints.priority))
+    }
+
+    /// Whether this held request, which a pod has room for now, stays held a little longer so
+    /// that another worker's queue takes the room first (`crate::admission::board`).
+    pub(super) fn yields_to_other_workers(&self, vm: &mut Vm, model: &str, now_ms: u64) -> bool {
+        self.held.since_ms.is_some()
+            && vm
+                .held_row
+                .yields(model, self.hints.priority, self.held.flow, now_ms)
     }
 
     /// Holds the request (or keeps holding it, when planned again on release), or answers 429
@@ -124,9 +134,11 @@ impl RequestFlow {
         let Some(since) = self.held.since_ms.take() else {
             return;
         };
-        if vm.held.remove(self.context).is_some() {
+        if let Some(held) = vm.held.remove(self.context) {
+            vm.held_row.served(held.flow, now_ms);
             host.count(Counter::FlowReleased, 1);
-            host.histogram(Histogram::FlowWaitMs, now_ms.saturating_sub(since));
+            let band = [(BAND, band_label(held.priority))];
+            host.histogram_in(Histogram::FlowWaitMs, &band, now_ms.saturating_sub(since));
         }
     }
 

@@ -337,6 +337,9 @@ impl RequestFlow {
             }
             Err(outcome) => return *outcome,
         };
+        if self.yields_to_other_workers(vm, &view.model, now) {
+            return self.hold(vm, host, endpoint, &view.model, now);
+        }
         self.count_routed(vm, host, &view, endpoint, &planned);
         let (route, prefill_pod) = self.commit(vm, host, &view, &mut planned, (now, board));
         match prefill_pod {

@@ -24,6 +24,7 @@ pub const LEASE_KEY: &str = "kvroute.lease";
 pub const LOAD_KEY: &str = "kvroute.load";
 pub const INFLIGHT_KEY: &str = "kvroute.inflight";
 pub const FITS_KEY: &str = "kvroute.fits";
+pub const HELD_KEY: &str = "kvroute.held";
 pub const QUEUE_ID_KEY: &str = "kvroute.queue";
 pub const QUEUE_NAME: &str = "kvroute.observations";
 pub const PAGE_HEAD_KEY: &str = "kvroute.idx.head";

@@ -69,6 +69,8 @@ pub struct Vm {
     pub split_clock: crate::pd::SplitClock,
     /// Requests this VM holds while every pod is full (`crate::admission`).
     pub held: crate::admission::HeldQueue,
+    /// This VM's part in the whole Envoy's queue (`crate::admission::board`).
+    pub held_row: crate::admission::board::HeldRow,
 }
 
 struct LeaderState {
@@ -107,6 +109,7 @@ impl Vm {
             recent_touches: RecentTouches::default(),
             split_clock: crate::pd::SplitClock::default(),
             held: crate::admission::HeldQueue::default(),
+            held_row: crate::admission::board::HeldRow::default(),
         }
     }
 
@@ -141,6 +144,12 @@ impl Vm {
             self.lead(host, now);
         }
         self.follow(host, now);
+        if self.config.flow_control.is_some() {
+            self.held_row.follow(&self.held, host, self.id, now);
+            if self.leader.is_some() {
+                crate::admission::board::report(host, now);
+            }
+        }
     }
 
     fn follow(&mut self, host: &mut dyn Host, now: u64) {
