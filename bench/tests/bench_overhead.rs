@@ -48,6 +48,7 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
         hop_requests: HOP_REQUESTS,
         hop_warmup: 2,
         hop_load_s: 0.3,
+        held_pairs: 3,
         peers: peers.clone(),
         ..OverheadOptions::default()
     };
@@ -197,6 +198,14 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
     }
     // The hop phase ran in the first section only: every hop answered every request, and each
     // hop but the pod itself had its CPU read, sequentially and under load.
+    // The queue phase: B held behind A and released, each pair; its figures are there.
+    let held = report.held.as_ref().expect("the queue phase");
+    assert_eq!(held.pairs, 3);
+    assert!(held.measured >= 1, "no pair with B alone held: {held:?}");
+    assert!(held.held >= held.measured as u64 && held.released >= held.measured as u64);
+    assert!(held.added_p50_us.is_some() && held.unheld_p50_us.is_some());
+    let decisions = held.decisions.as_ref().expect("kvroute decided");
+    assert!(decisions.count >= 2 * held.measured as u64, "{decisions:?}");
     assert!(report.sections[1].hops.is_none());
     let hops = report.sections[0].hops.as_ref().expect("the hop phase");
     let mut labels = vec![overhead::DIRECT, overhead::PLAIN, overhead::KVROUTE];
@@ -240,6 +249,7 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
         "Throughput",
         "per VM",
         "The hop",
+        "The queue path",
     ] {
         assert!(text.contains(needle), "{needle}: {text}");
     }
@@ -248,6 +258,7 @@ async fn a_tiny_overhead_sweep_has_every_sample_and_routes_only_the_kvroute_arm(
     )
     .expect("JSON");
     assert_eq!(json["wall_clock"], true);
+    assert_eq!(json["held"]["pairs"], 3);
     assert_eq!(json["sections"].as_array().map(Vec::len), Some(2));
     assert_eq!(json["summary"]["latency"].as_array().map(Vec::len), Some(8));
     assert_eq!(json["summary"]["throughput"][0]["prompt_size"], 256);

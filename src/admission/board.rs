@@ -10,8 +10,9 @@
 //! * **Fairness across workers**: a flow's "last served" is the latest release of it by any VM.
 //!   Within a band a VM releases the flow served longest ago ([`super::HeldQueue::next_by`]), and
 //!   holds back while another VM holds, for the same model and band, a flow served longer ago than
-//!   its own candidate: the capacity that frees goes to the tenant that waited longest for a turn,
-//!   whichever worker took its connection.
+//!   its own candidate, or an older request of the candidate's own flow (first in, first out within
+//!   a flow): the capacity that frees goes to the tenant that waited longest for a turn, whichever
+//!   worker took its connection.
 //! * **Priority across workers**: a VM holds back its next request while another VM holds one for
 //!   the same model at a higher priority.
 //! * **Bounded**: holding back lasts at most [`YIELD_LIMIT_MS`] in a row (the other VM's head may be
@@ -24,7 +25,7 @@
 //! changes (nothing while nothing is held); nothing on the request path.
 //!
 //! Encoding: the format line `kvroute-held/1`, then one row per VM: `<vm id hex> <written ms>
-//! w<priority>:<model hex>:<flow hex>:<count> … s<flow hex>:<ms> …`. Models are hashed (names may
+//! w<priority>:<model hex>:<flow hex>:<count>:<oldest held ms> … s<flow hex>:<ms> …`. Models are hashed (names may
 //! hold any byte). Values of another format decode as empty; unreadable entries are skipped.
 
 use super::{band_label, Held, HeldQueue};
@@ -55,6 +56,8 @@ pub struct Waiting {
     pub model: u64,
     pub flow: u64,
     pub count: u32,
+    /// When the oldest of them was held (ms, the host's clock, one per process).
+    pub oldest_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,8 +78,8 @@ impl Entry for HeldEntry {
         let _ = match self {
             HeldEntry::Waiting(w) => write!(
                 out,
-                "w{}:{:x}:{:x}:{}",
-                w.priority, w.model, w.flow, w.count
+                "w{}:{:x}:{:x}:{}:{}",
+                w.priority, w.model, w.flow, w.count, w.oldest_ms
             ),
             HeldEntry::Served { flow, at_ms } => write!(out, "s{flow:x}:{at_ms}"),
         };
@@ -86,7 +89,7 @@ impl Entry for HeldEntry {
         let hex = |t: &str| u64::from_str_radix(t, 16).ok();
         if let Some(rest) = field.strip_prefix('w') {
             let parts: Vec<&str> = rest.split(':').collect();
-            let [priority, model, flow, count] = parts.as_slice() else {
+            let [priority, model, flow, count, oldest_ms] = parts.as_slice() else {
                 return None;
             };
             return Some(HeldEntry::Waiting(Waiting {
@@ -94,6 +97,7 @@ impl Entry for HeldEntry {
                 model: hex(model)?,
                 flow: hex(flow)?,
                 count: count.parse().ok()?,
+                oldest_ms: oldest_ms.parse().ok()?,
             }));
         }
         let (flow, at_ms) = field.strip_prefix('s')?.split_once(':')?;
@@ -139,22 +143,18 @@ impl Whole {
             .any(|w| w.model == model && w.priority >= priority)
     }
 
-    /// Whether another VM's queue should take free capacity before a request of `flow` at
-    /// `priority` for `model`: it holds the same model at a higher priority, or in the same band a
-    /// flow served longer ago.
-    fn defers(
-        &self,
-        model: &str,
-        priority: i32,
-        flow: u64,
-        last_served: impl Fn(u64) -> u64,
-    ) -> bool {
-        let model = model_key(model);
-        let mine = last_served(flow);
+    /// Whether another VM's queue should take free capacity before `candidate`: it holds the
+    /// same model at a higher priority, or in the same band a flow served longer ago, or an older
+    /// request of the same flow.
+    fn defers(&self, candidate: &Held, last_served: impl Fn(u64) -> u64) -> bool {
+        let model = model_key(&candidate.model);
+        let mine = last_served(candidate.flow);
         self.waiting.iter().any(|w| {
+            let same_band = w.priority == candidate.priority;
             w.model == model
-                && (w.priority > priority
-                    || (w.priority == priority && w.flow != flow && last_served(w.flow) < mine))
+                && (w.priority > candidate.priority
+                    || (same_band && w.flow != candidate.flow && last_served(w.flow) < mine)
+                    || (same_band && w.flow == candidate.flow && w.oldest_ms < candidate.since_ms))
         })
     }
 }
@@ -192,14 +192,11 @@ impl HeldRow {
         queue.next_by(|flow| self.last_served(flow))
     }
 
-    /// Whether a held request of `flow` at `priority` for `model`, which a pod has room for now,
-    /// stays held so that another VM's queue takes the room first; for at most [`YIELD_LIMIT_MS`]
-    /// in a row (asked only when there is room, so the limit counts time the room waited).
-    pub fn yields(&mut self, model: &str, priority: i32, flow: u64, now: u64) -> bool {
-        if !self
-            .others
-            .defers(model, priority, flow, |f| self.last_served(f))
-        {
+    /// Whether `candidate`, held, which a pod has room for now, stays held so that another VM's
+    /// queue takes the room first; for at most [`YIELD_LIMIT_MS`] in a row (asked only when there
+    /// is room, so the limit counts time the room waited).
+    pub fn yields(&mut self, candidate: &Held, now: u64) -> bool {
+        if !self.others.defers(candidate, |f| self.last_served(f)) {
             self.yielding_since = None;
             return false;
         }

@@ -217,8 +217,9 @@ impl HeldQueue {
         band.flows.get(flow)?.front()
     }
 
-    /// What this VM holds, for the other workers: the number held per (priority, model, flow),
-    /// highest priority first, at most `limit` of them (`board::HeldRow`).
+    /// What this VM holds, for the other workers: the number held per (priority, model, flow) and
+    /// since when the oldest waits, highest priority first, at most `limit` of them
+    /// (`board::HeldRow`).
     pub fn summary(&self, limit: usize) -> Vec<board::Waiting> {
         let mut out = Vec::new();
         for (priority, band) in self.bands.iter().rev() {
@@ -226,15 +227,16 @@ impl HeldQueue {
                 let Some(requests) = band.flows.get(flow) else {
                     continue;
                 };
-                let mut per_model: Vec<(u64, u32)> = Vec::new();
+                // Per model: how many, and since when the oldest waits (the flow is FIFO).
+                let mut per_model: Vec<(u64, u32, u64)> = Vec::new();
                 for held in requests {
                     let model = board::model_key(&held.model);
-                    match per_model.iter_mut().find(|(m, _)| *m == model) {
-                        Some((_, n)) => *n += 1,
-                        None => per_model.push((model, 1)),
+                    match per_model.iter_mut().find(|(m, _, _)| *m == model) {
+                        Some((_, n, _)) => *n += 1,
+                        None => per_model.push((model, 1, held.since_ms)),
                     }
                 }
-                for (model, count) in per_model {
+                for (model, count, oldest_ms) in per_model {
                     if out.len() >= limit {
                         return out;
                     }
@@ -243,6 +245,7 @@ impl HeldQueue {
                         model,
                         flow: *flow,
                         count,
+                        oldest_ms,
                     });
                 }
             }

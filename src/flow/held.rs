@@ -81,10 +81,17 @@ impl RequestFlow {
     /// Whether this held request, which a pod has room for now, stays held a little longer so
     /// that another worker's queue takes the room first (`crate::admission::board`).
     pub(super) fn yields_to_other_workers(&self, vm: &mut Vm, model: &str, now_ms: u64) -> bool {
-        self.held.since_ms.is_some()
-            && vm
-                .held_row
-                .yields(model, self.hints.priority, self.held.flow, now_ms)
+        let Some(since_ms) = self.held.since_ms else {
+            return false;
+        };
+        let candidate = Held {
+            id: self.context,
+            model: model.to_string(),
+            priority: self.hints.priority,
+            flow: self.held.flow,
+            since_ms,
+        };
+        vm.held_row.yields(&candidate, now_ms)
     }
 
     /// Holds the request (or keeps holding it, when planned again on release), or answers 429

@@ -33,6 +33,9 @@
 //! and the targets, and `render` its text and files. [`run`] below starts the pods and both
 //! Envoys of each section and calls the phases in order.
 //!
+//! After the sections, the queue phase (`held`): what flow control's queue path adds to a request
+//! it holds and releases, beyond the wait for room.
+//!
 //! The first section also runs the hop phase (`hops`, rows and targets in `hop_summary`): what
 //! each way of reaching the same pods adds over calling a pod directly, plain Envoy, Envoy with
 //! kvroute and each peer router asked for (sglang-router, smg, vllm-router: `--peers`), sequential
@@ -45,6 +48,7 @@
 mod chart;
 mod conn;
 mod decision;
+mod held;
 mod hop_summary;
 mod hops;
 mod options;
@@ -314,7 +318,13 @@ pub async fn run(opts: &OverheadOptions) -> Result<OverheadReport> {
     for (i, &mode) in opts.modes.iter().enumerate() {
         sections.push(run_section(opts, mode, i == 0, &mut envoy_version).await?);
     }
+    let held = if opts.held_pairs > 0 {
+        Some(held::held_phase(opts).await?)
+    } else {
+        None
+    };
     Ok(OverheadReport {
+        held,
         wall_clock: true,
         envoy_version,
         options: opts.clone(),

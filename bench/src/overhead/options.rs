@@ -113,6 +113,8 @@ pub struct OverheadOptions {
     pub hop_warmup: usize,
     /// Seconds each hop is loaded (`concurrency` connections) per run and size (0 = no loads).
     pub hop_load_s: f64,
+    /// Pairs of the queue phase (0 = none): a request held by flow control behind another.
+    pub held_pairs: usize,
 }
 
 impl Default for OverheadOptions {
@@ -142,6 +144,7 @@ impl Default for OverheadOptions {
             keep_samples: false,
             idle_s: 2.0,
             hop_runs: 3,
+            held_pairs: 40,
             peers: Vec::new(),
             hop_sizes: vec![256, 16_384, 225_280],
             hop_requests: 500,

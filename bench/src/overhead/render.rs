@@ -398,6 +398,38 @@ fn memory_table(out: &mut String, r: &OverheadReport) {
     out.push_str(&table.text());
 }
 
+fn held_section(out: &mut String, r: &OverheadReport) {
+    let Some(h) = &r.held else {
+        return;
+    };
+    let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+    let _ = writeln!(
+        out,
+        "\nThe queue path (flow control, one pod, queue_depth 1): {} pairs, {} measured (B alone \
+         held behind A; {} held, {} released in all);\nan unheld request took p50 {} µs; what \
+         holding added to B beyond the wait for room: p50 {} µs [p10 {} … p90 {}].",
+        h.pairs,
+        h.measured,
+        h.held,
+        h.released,
+        opt(h.unheld_p50_us),
+        opt(h.added_p50_us),
+        opt(h.added_p10_us),
+        opt(h.added_p90_us),
+    );
+    if let Some(d) = &h.decisions {
+        // A, C and D are planned once each; the rest are B's: its first plan, its retries while
+        // at the head of the queue, its release.
+        let held_plans = d.count as f64 / h.pairs.max(1) as f64 - 3.0;
+        let _ = writeln!(
+            out,
+            "kvroute's decisions over the phase: {}, p50 {:.0} µs, mean {:.0} µs; a held request \
+             was planned {held_plans:.1} times (first plan, retries at the head, release).",
+            d.count, d.p50, d.mean
+        );
+    }
+}
+
 /// The text report.
 pub fn render_text(r: &OverheadReport) -> String {
     let mut out = String::new();
@@ -407,6 +439,7 @@ pub fn render_text(r: &OverheadReport) -> String {
     throughput_table(&mut out, r);
     memory_table(&mut out, r);
     hops_section(&mut out, r);
+    held_section(&mut out, r);
     for s in &r.sections {
         if let Some(idle) = &s.idle_cpu {
             let _ = writeln!(

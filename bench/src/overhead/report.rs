@@ -299,6 +299,8 @@ pub struct OverheadReport {
     pub sections: Vec<SectionReport>,
     /// The per-size figures in flat rows, for charts.
     pub summary: SummaryTables,
+    /// The queue phase: flow control's queue path (`--held-pairs`).
+    pub held: Option<super::held::HeldReport>,
     /// Wall seconds the whole run took.
     pub wall_s: f64,
 }

@@ -9,7 +9,8 @@ fn held(id: u32, model: &str, priority: i32, flow: u64) -> Held {
         model: model.to_string(),
         priority,
         flow,
-        since_ms: 0,
+        // Held in the order of their ids.
+        since_ms: id.into(),
     }
 }
 
@@ -58,7 +59,7 @@ impl Workers {
     fn release(&mut self, vm: usize) -> Option<u32> {
         let now = self.now();
         let next = self.rows[vm].next(&self.queues[vm])?.clone();
-        if self.rows[vm].yields(&next.model, next.priority, next.flow, now) {
+        if self.rows[vm].yields(&next, now) {
             return None;
         }
         self.queues[vm].remove(next.id);
@@ -76,6 +77,7 @@ fn entries_survive_the_board_and_garbage_is_skipped() {
             model: model_key("m"),
             flow: 0xabc,
             count: 7,
+            oldest_ms: 99,
         }),
         HeldEntry::Served {
             flow: 0xabc,
@@ -84,7 +86,7 @@ fn entries_survive_the_board_and_garbage_is_skipped() {
     ];
     board.put_row(9, 100, entries.clone(), ROW_TTL_MS);
     let mut bytes = board.encode();
-    bytes.extend_from_slice(b"a 100 wx:1:2:3 s:: w1:2:3 \xff\n");
+    bytes.extend_from_slice(b"a 100 wx:1:2:3:4 s:: w1:2:3 \xff\n");
     let back = RowBoard::<HeldEntry>::decode(&bytes);
     assert_eq!(
         back.others(1, 100, ROW_TTL_MS).cloned().collect::<Vec<_>>(),
@@ -156,23 +158,30 @@ fn another_model_or_a_stale_row_is_not_waited_for() {
 #[test]
 fn flows_take_turns_across_workers() {
     let mut w = Workers::new();
-    // Tenant 1 bursts over both workers; tenant 2 has one request, on worker 1 behind tenant 1's.
-    w.hold(0, held(1, "m", 0, 1));
-    w.hold(0, held(2, "m", 0, 2));
-    w.hold(1, held(3, "m", 0, 1));
-    w.hold(1, held(4, "m", 0, 1));
+    // Tenant 1 bursts over both workers (worker 2 took its first two); tenant 2 has one request,
+    // on worker 1 behind tenant 1's third.
+    w.hold(1, held(1, "m", 0, 1));
+    w.hold(1, held(2, "m", 0, 1));
+    w.hold(0, held(3, "m", 0, 1));
+    w.hold(0, held(4, "m", 0, 2));
     w.tick();
-    // Capacity frees on worker 2 first: it serves tenant 1.
-    assert_eq!(w.release(1), Some(3));
+    // Capacity frees on worker 2 first: it serves tenant 1's oldest.
+    assert_eq!(w.release(1), Some(1));
     w.advance_ms(20);
     w.tick();
     // Worker 1's own turn order would take tenant 1 again; the whole Envoy's says tenant 2.
-    assert_eq!(w.release(0), Some(2));
+    assert_eq!(w.release(0), Some(4));
     w.advance_ms(20);
     w.tick();
-    // Only tenant 1 is left, on both workers: neither holds back for the other's share of it.
-    assert_eq!(w.release(1), Some(4));
-    assert_eq!(w.release(0), Some(1));
+    // Only tenant 1 is left, on both workers: its older request first, wherever it is held.
+    assert_eq!(
+        w.release(0),
+        None,
+        "worker 2 holds tenant 1's older request"
+    );
+    assert_eq!(w.release(1), Some(2));
+    w.tick();
+    assert_eq!(w.release(0), Some(3));
 }
 
 #[test]
@@ -272,4 +281,22 @@ fn the_leader_reports_the_whole_envoys_queue_per_band() {
             Some(0)
         );
     }
+}
+
+#[test]
+fn within_a_flow_the_older_request_goes_first_whichever_worker_holds_it() {
+    let mut w = Workers::new();
+    // One flow (no fairness header, no session): request 1 held by worker 2 before request 2 by
+    // worker 1.
+    w.hold(1, held(1, "m", 0, 0));
+    w.hold(0, held(2, "m", 0, 0));
+    w.tick();
+    assert_eq!(
+        w.release(0),
+        None,
+        "worker 2 holds an older request of the same flow"
+    );
+    assert_eq!(w.release(1), Some(1));
+    w.tick();
+    assert_eq!(w.release(0), Some(2));
 }

@@ -115,6 +115,10 @@ pub(crate) struct OverheadArgs {
     /// Seconds each hop is loaded (--concurrency connections) per run and size (0 = no loads)
     #[arg(long, default_value_t = OverheadOptions::default().hop_load_s)]
     pub(crate) hop_load_seconds: f64,
+    /// Pairs of the queue phase: request B held by flow control behind request A on one pod; what
+    /// holding adds to B beyond the wait for room (0 = skip).
+    #[arg(long, default_value_t = OverheadOptions::default().held_pairs)]
+    pub(crate) held_pairs: usize,
     /// Write DIR/overhead.json and DIR/overhead.txt
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -174,6 +178,7 @@ pub(crate) async fn overhead_main(args: &OverheadArgs) -> anyhow::Result<()> {
         hop_requests: args.hop_requests,
         hop_warmup: args.hop_warmup,
         hop_load_s: args.hop_load_seconds,
+        held_pairs: args.held_pairs,
     };
     opts.validate()?;
     let report = overhead::run(&opts).await?;
