@@ -19,7 +19,8 @@
 //!   unable to go anywhere this VM's could: a session pin, an SLO), and rows not rewritten for
 //!   [`ROW_TTL_MS`] are a VM gone. A newcomer also queues when another VM holds its model
 //!   ([`Whole::holds_model`]), so no worker lets new requests pass the whole Envoy's queue.
-//! * The leader reports the whole Envoy's queue per band from the board ([`report`]).
+//! * The leader reports the whole Envoy's queue per band from the board it reads on its tick, when
+//!   that changed ([`HeldRow::follow`]).
 //!
 //! Costs one shared-data read per tick while flow control is on and a write only when a VM's row
 //! changes (nothing while nothing is held); nothing on the request path.
@@ -173,6 +174,8 @@ pub struct HeldRow {
     others: Whole,
     /// Since when this VM has held back its next release for another VM's queue.
     yielding_since: Option<u64>,
+    /// What this VM last set the per-band gauges to, as the leader.
+    reported: Option<[(u64, u64); 3]>,
 }
 
 impl HeldRow {
@@ -211,8 +214,17 @@ impl HeldRow {
     }
 
     /// The tick's step: reads the other VMs' rows, and rewrites this VM's when it changed, when
-    /// the last write did not go through, or at the heartbeat while it is not empty.
-    pub fn follow(&mut self, queue: &HeldQueue, host: &mut dyn Host, vm: u64, now: u64) {
+    /// the last write did not go through, or at the heartbeat while it is not empty. The `leader`
+    /// also reports the whole Envoy's queue per band, as `kvroute.flow.held_requests{band}` and
+    /// `kvroute.flow.waiting_flows{band}`, when it changed (gauges keep their value).
+    pub fn follow(
+        &mut self,
+        queue: &HeldQueue,
+        host: &mut dyn Host,
+        vm: u64,
+        now: u64,
+        leader: bool,
+    ) {
         self.served
             .retain(|_, at| now.saturating_sub(*at) < SERVED_WINDOW_MS);
         let entries = self.entries(queue);
@@ -222,6 +234,9 @@ impl HeldRow {
                 .map(|b| RowBoard::<HeldEntry>::decode(&b))
                 .unwrap_or_default();
             self.others = Whole::of_others(&board, vm, now);
+            if leader {
+                self.report(&board, host, now);
+            }
             let due = self.pending
                 || self.written != entries
                 || (!entries.is_empty() && now.saturating_sub(self.last_write_ms) >= HEARTBEAT_MS);
@@ -237,6 +252,19 @@ impl HeldRow {
             }
         }
         self.pending = true;
+    }
+
+    fn report(&mut self, board: &RowBoard<HeldEntry>, host: &mut dyn Host, now: u64) {
+        let totals = totals(board, now);
+        if self.reported == Some(totals) {
+            return;
+        }
+        for (band, (held, flows)) in BANDS.iter().zip(totals) {
+            let labels = [(BAND, *band)];
+            host.gauge_in(Gauge::FlowHeldRequests, &labels, held);
+            host.gauge_in(Gauge::FlowWaitingFlows, &labels, flows);
+        }
+        self.reported = Some(totals);
     }
 
     fn entries(&self, queue: &HeldQueue) -> Vec<HeldEntry> {
@@ -256,34 +284,25 @@ impl HeldRow {
     }
 }
 
-/// The leader's step: the whole Envoy's held requests and waiting flows per band (every fresh row,
-/// its own included), as `kvroute.flow.held_requests{band}` and `kvroute.flow.waiting_flows{band}`.
-pub fn report(host: &mut dyn Host, now: u64) {
-    let (bytes, _) = host.shared_get(HELD_KEY);
-    let board = bytes
-        .map(|b| RowBoard::<HeldEntry>::decode(&b))
-        .unwrap_or_default();
-    let mut held: HashMap<&'static str, u64> = HashMap::new();
-    let mut flows: HashMap<&'static str, HashSet<u64>> = HashMap::new();
+/// The whole Envoy's held requests and waiting flows per band (every fresh row, this VM's own as
+/// last written included), in the order of [`BANDS`].
+fn totals(board: &RowBoard<HeldEntry>, now: u64) -> [(u64, u64); 3] {
+    let mut held = [0u64; 3];
+    let mut flows: [HashSet<u64>; 3] = Default::default();
     for entry in board.entries_where(now, ROW_TTL_MS, |_| true) {
         if let HeldEntry::Waiting(w) = entry {
             let band = band_label(w.priority);
-            *held.entry(band).or_default() += u64::from(w.count);
-            flows.entry(band).or_default().insert(w.flow);
+            if let Some(i) = BANDS.iter().position(|b| *b == band) {
+                held[i] += u64::from(w.count);
+                flows[i].insert(w.flow);
+            }
         }
     }
-    for band in ["high", "default", "sheddable"] {
-        let labels = [(BAND, band)];
-        host.gauge_in(
-            Gauge::FlowHeldRequests,
-            &labels,
-            held.get(band).copied().unwrap_or(0),
-        );
-        let waiting = flows.get(band).map_or(0, HashSet::len);
-        host.gauge_in(Gauge::FlowWaitingFlows, &labels, waiting as u64);
-    }
+    [0, 1, 2].map(|i| (held[i], flows[i].len() as u64))
 }
 
+/// The bands the gauges report, as `band_label` names them.
+const BANDS: [&str; 3] = ["high", "default", "sheddable"];
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests;

@@ -145,10 +145,8 @@ impl Vm {
         }
         self.follow(host, now);
         if self.config.flow_control.is_some() {
-            self.held_row.follow(&self.held, host, self.id, now);
-            if self.leader.is_some() {
-                crate::admission::board::report(host, now);
-            }
+            let leader = self.leader.is_some();
+            self.held_row.follow(&self.held, host, self.id, now, leader);
         }
     }
 

@@ -44,7 +44,15 @@ impl Workers {
         for _ in 0..2 {
             for vm in 0..2 {
                 let now = self.hosts[vm].now_ms();
-                self.rows[vm].follow(&self.queues[vm], &mut self.hosts[vm], vm as u64 + 1, now);
+                // Worker 1 is the leader.
+                let leader = vm == 0;
+                self.rows[vm].follow(
+                    &self.queues[vm],
+                    &mut self.hosts[vm],
+                    vm as u64 + 1,
+                    now,
+                    leader,
+                );
             }
         }
     }
@@ -150,7 +158,7 @@ fn another_model_or_a_stale_row_is_not_waited_for() {
     // VM 2 goes silent: VM 1 keeps ticking, VM 2 does not.
     w.advance_ms(ROW_TTL_MS + 1);
     let now = w.now();
-    w.rows[0].follow(&w.queues[0], &mut w.hosts[0], 1, now);
+    w.rows[0].follow(&w.queues[0], &mut w.hosts[0], 1, now, true);
     assert!(!w.rows[0].others().holds_model("m", 0));
     assert_eq!(w.release(0), Some(1), "a row past its TTL is a VM gone");
 }
@@ -252,7 +260,7 @@ fn rows_are_written_when_they_change_and_at_the_heartbeat_only() {
 }
 
 #[test]
-fn the_leader_reports_the_whole_envoys_queue_per_band() {
+fn the_leader_reports_the_whole_envoys_queue_per_band_when_it_changes() {
     let mut w = Workers::new();
     w.hold(0, held(1, "m", 0, 1));
     w.hold(0, held(2, "m", 0, 2));
@@ -260,8 +268,6 @@ fn the_leader_reports_the_whole_envoys_queue_per_band() {
     w.hold(1, held(4, "m", 2, 3));
     w.hold(1, held(5, "other", -1, 3));
     w.tick();
-    let now = w.now();
-    report(&mut w.hosts[0], now);
     let gauge = |g, band| w.hosts[0].gauge_where(g, BAND, band);
     assert_eq!(gauge(Gauge::FlowHeldRequests, "default"), Some(3));
     assert_eq!(gauge(Gauge::FlowWaitingFlows, "default"), Some(2));
@@ -270,7 +276,6 @@ fn the_leader_reports_the_whole_envoys_queue_per_band() {
     // Everything gone (released, expired or disconnected): the gauges go back to zero.
     w.queues = [HeldQueue::default(), HeldQueue::default()];
     w.tick();
-    report(&mut w.hosts[0], now);
     for band in ["high", "default", "sheddable"] {
         assert_eq!(
             w.hosts[0].gauge_where(Gauge::FlowHeldRequests, BAND, band),
@@ -281,6 +286,12 @@ fn the_leader_reports_the_whole_envoys_queue_per_band() {
             Some(0)
         );
     }
+    assert!(w.hosts[1].gauges.is_empty(), "only the leader reports");
+    // Nothing changed: the gauges keep their values and are not set again.
+    w.hosts[0].gauges.clear();
+    w.advance_ms(100);
+    w.tick();
+    assert!(w.hosts[0].gauges.is_empty());
 }
 
 #[test]
