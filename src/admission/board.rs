@@ -287,18 +287,19 @@ impl HeldRow {
 /// The whole Envoy's held requests and waiting flows per band (every fresh row, this VM's own as
 /// last written included), in the order of [`BANDS`].
 fn totals(board: &RowBoard<HeldEntry>, now: u64) -> [(u64, u64); 3] {
-    let mut held = [0u64; 3];
-    let mut flows: [HashSet<u64>; 3] = Default::default();
-    for entry in board.entries_where(now, ROW_TTL_MS, |_| true) {
-        if let HeldEntry::Waiting(w) = entry {
-            let band = band_label(w.priority);
-            if let Some(i) = BANDS.iter().position(|b| *b == band) {
-                held[i] += u64::from(w.count);
-                flows[i].insert(w.flow);
+    BANDS.map(|band| {
+        let mut held = 0;
+        let mut flows = HashSet::new();
+        for entry in board.entries_where(now, ROW_TTL_MS, |_| true) {
+            if let HeldEntry::Waiting(w) = entry {
+                if band_label(w.priority) == band {
+                    held += u64::from(w.count);
+                    flows.insert(w.flow);
+                }
             }
         }
-    }
-    [0, 1, 2].map(|i| (held[i], flows[i].len() as u64))
+        (held, flows.len() as u64)
+    })
 }
 
 /// The bands the gauges report, as `band_label` names them.
