@@ -2,12 +2,18 @@
 //! others for its model already wait, planned again each time the host releases it, and leaves the
 //! queue when it is routed, answered, timed out or its client goes away.
 
+use super::body_steps::Planned;
 use super::{BodyOutcome, ErrorCode, Reply, RequestFlow};
 use crate::admission::{band_label, Held};
 use crate::metrics::{Counter, Histogram, BAND, REASON};
 use crate::port::Host;
-use crate::protocol::parse::Endpoint;
+use crate::protocol::parse::{Endpoint, RequestView};
 use crate::vm::Vm;
+use crate::work::Board;
+
+/// The work board as read before planning, with its compare-and-swap token (for the row written
+/// when the request is committed).
+type BoardRead = (Board, Option<u32>);
 
 /// This request's place in flow control.
 #[derive(Debug, Default)]
@@ -71,16 +77,41 @@ pub fn next_release(vm: &mut Vm, host: &mut dyn Host, now_ms: u64) -> Option<Rel
 impl RequestFlow {
     /// Whether this request must queue behind others already held for its model: a newcomer does
     /// not pass the queue, even where a slot has just opened (the queue's head takes it).
-    pub(super) fn queue_ahead(&self, vm: &Vm, model: &str) -> bool {
+    fn queue_ahead(&self, vm: &Vm, model: &str) -> bool {
         vm.config.flow_control.is_some()
             && self.held.since_ms.is_none()
             && (vm.held.holds_model(model)
                 || vm.held_row.others().holds_model(model, self.hints.priority))
     }
 
+    /// The other VMs' work read in and the request planned, unless flow control holds it: others
+    /// for its model already wait, every pod that could serve it is full, or another worker's queue
+    /// should take the room first. `Err`: what to answer the host (held, or refused).
+    pub(super) fn plan_unless_held(
+        &mut self,
+        vm: &mut Vm,
+        host: &mut dyn Host,
+        (view, endpoint): (&RequestView, Endpoint),
+        now: u64,
+        decode_only: bool,
+    ) -> Result<(Planned, BoardRead), Box<BodyOutcome>> {
+        if self.queue_ahead(vm, &view.model) {
+            return Err(Box::new(self.hold(vm, host, endpoint, &view.model, now)));
+        }
+        let board = vm.read_inflight_board(host, now);
+        match self.plan_request(vm, host, view, now, decode_only) {
+            Ok(planned) if !self.yields_to_other_workers(vm, &view.model, now) => {
+                Ok((planned, board))
+            }
+            Err(outcome) if *outcome != BodyOutcome::Hold => Err(outcome),
+            // Every pod full, or room that another worker's queue takes first.
+            _ => Err(Box::new(self.hold(vm, host, endpoint, &view.model, now))),
+        }
+    }
+
     /// Whether this held request, which a pod has room for now, stays held a little longer so
     /// that another worker's queue takes the room first (`crate::admission::board`).
-    pub(super) fn yields_to_other_workers(&self, vm: &mut Vm, model: &str, now_ms: u64) -> bool {
+    fn yields_to_other_workers(&self, vm: &mut Vm, model: &str, now_ms: u64) -> bool {
         let Some(since_ms) = self.held.since_ms else {
             return false;
         };

@@ -326,20 +326,12 @@ impl RequestFlow {
             split_inline.then(|| self.rewritten_body.clone().unwrap_or_else(|| body.to_vec()));
         vm.sync_pages(host);
         let now = host.now_ms();
-        if self.queue_ahead(vm, &view.model) {
-            return self.hold(vm, host, endpoint, &view.model, now);
-        }
-        let board = vm.read_inflight_board(host, now);
-        let mut planned = match self.plan_request(vm, host, &view, now, inline && !split_inline) {
-            Ok(planned) => planned,
-            Err(outcome) if *outcome == BodyOutcome::Hold => {
-                return self.hold(vm, host, endpoint, &view.model, now);
-            }
-            Err(outcome) => return *outcome,
-        };
-        if self.yields_to_other_workers(vm, &view.model, now) {
-            return self.hold(vm, host, endpoint, &view.model, now);
-        }
+        let decode_only = inline && !split_inline;
+        let (mut planned, board) =
+            match self.plan_unless_held(vm, host, (&view, endpoint), now, decode_only) {
+                Ok(planned) => planned,
+                Err(outcome) => return *outcome,
+            };
         self.count_routed(vm, host, &view, endpoint, &planned);
         let (route, prefill_pod) = self.commit(vm, host, &view, &mut planned, (now, board));
         match prefill_pod {
