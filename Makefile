@@ -131,6 +131,7 @@ lint: tools
 	python3 tools/check_layers.py
 	python3 tools/check_sizes.py
 	python3 tools/check_readme_functions.py
+	python3 tools/check_compat_metrics.py
 	python3 tools/check_tracker_refs.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
