@@ -22,14 +22,15 @@
 //! * The leader reports the whole Envoy's queue per band from the board it reads on its tick, when
 //!   that changed ([`HeldRow::follow`]).
 //!
-//! Costs one shared-data read per tick while flow control is on and a write only when a VM's row
-//! changes (nothing while nothing is held); nothing on the request path.
+//! Costs one shared-data read per tick while flow control is on, a write only when a VM's row
+//! changes, and nothing on the request path.
 //!
 //! Encoding: the format line `kvroute-held/1`, then one row per VM: `<vm id hex> <written ms>
-//! w<priority>:<model hex>:<flow hex>:<count>:<oldest held ms> … s<flow hex>:<ms> …`. Models are hashed (names may
-//! hold any byte). Values of another format decode as empty; unreadable entries are skipped.
+//! w<priority>:<model hex>:<flow hex>:<count>:<oldest held ms> … s<flow hex>:<ms> …`. Models are
+//! hashed (names may hold any byte). Values of another format decode as empty; unreadable entries
+//! are skipped.
 
-use super::{band_label, Held, HeldQueue};
+use super::{band_label, Held, HeldQueue, BANDS};
 use crate::metrics::{Gauge, BAND};
 use crate::port::Host;
 use crate::state::rows::{Entry, RowBoard};
@@ -301,9 +302,6 @@ fn totals(board: &RowBoard<HeldEntry>, now: u64) -> [(u64, u64); 3] {
         (held, flows.len() as u64)
     })
 }
-
-/// The bands the gauges report, as `band_label` names them.
-const BANDS: [&str; 3] = ["high", "default", "sheddable"];
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests;

@@ -197,15 +197,21 @@ impl HeldQueue {
         Ok(())
     }
 
-    /// The request to release next: the highest band's flow whose turn it is, its oldest request.
-    pub fn next(&self) -> Option<&Held> {
-        self.next_by(|_| 0)
+    /// The held request `id`, if it is held.
+    pub fn get(&self, id: u32) -> Option<&Held> {
+        let (priority, flow) = self.at.get(&id)?;
+        self.bands
+            .get(priority)?
+            .flows
+            .get(flow)?
+            .iter()
+            .find(|h| h.id == id)
     }
 
-    /// The request to release next when flows are also served elsewhere: in the highest band, the
-    /// flow `last_served` (ms; 0 for never) says was served longest ago, turn order breaking ties;
-    /// its oldest request. With other workers' releases in `last_served` (`board::Whole`), the
-    /// round-robin between flows holds across the whole Envoy, not only within this VM.
+    /// The request to release next: in the highest band, the flow `last_served` (ms; 0 for never)
+    /// says was served longest ago, turn order breaking ties (round-robin when every flow counts
+    /// as never served); its oldest request. With other workers' releases in `last_served`
+    /// (`board::HeldRow::next`), the round-robin between flows holds across the whole Envoy.
     pub fn next_by(&self, last_served: impl Fn(u64) -> u64) -> Option<&Held> {
         let band = self.bands.values().next_back()?;
         let flow = band
@@ -293,6 +299,9 @@ impl HeldQueue {
         old.into_iter().map(|(_, id)| id).collect()
     }
 }
+
+/// Every `band` label value ([`band_label`]).
+pub const BANDS: [&str; 3] = ["high", "default", "sheddable"];
 
 /// The `band` label of a priority: bounded, so a client cannot mint series.
 pub fn band_label(priority: i32) -> &'static str {

@@ -13,7 +13,7 @@ fn held(id: u32, priority: i32, flow: u64, since_ms: u64) -> Held {
 /// Releases everything in order, as the host would.
 fn drain(queue: &mut HeldQueue) -> Vec<u32> {
     let mut order = Vec::new();
-    while let Some(id) = queue.next().map(|h| h.id) {
+    while let Some(id) = queue.next_by(|_| 0).map(|h| h.id) {
         queue.remove(id);
         order.push(id);
     }

@@ -100,9 +100,7 @@ impl RequestFlow {
         }
         let board = vm.read_inflight_board(host, now);
         match self.plan_request(vm, host, view, now, decode_only) {
-            Ok(planned) if !self.yields_to_other_workers(vm, &view.model, now) => {
-                Ok((planned, board))
-            }
+            Ok(planned) if !self.yields_to_other_workers(vm, now) => Ok((planned, board)),
             Err(outcome) if *outcome != BodyOutcome::Hold => Err(outcome),
             // Every pod full, or room that another worker's queue takes first.
             _ => Err(Box::new(self.hold(vm, host, endpoint, &view.model, now))),
@@ -111,18 +109,10 @@ impl RequestFlow {
 
     /// Whether this held request, which a pod has room for now, stays held a little longer so
     /// that another worker's queue takes the room first (`crate::admission::board`).
-    fn yields_to_other_workers(&self, vm: &mut Vm, model: &str, now_ms: u64) -> bool {
-        let Some(since_ms) = self.held.since_ms else {
-            return false;
-        };
-        let candidate = Held {
-            id: self.context,
-            model: model.to_string(),
-            priority: self.hints.priority,
-            flow: self.held.flow,
-            since_ms,
-        };
-        vm.held_row.yields(&candidate, now_ms)
+    fn yields_to_other_workers(&self, vm: &mut Vm, now_ms: u64) -> bool {
+        let Vm { held, held_row, .. } = vm;
+        held.get(self.context)
+            .is_some_and(|candidate| held_row.yields(candidate, now_ms))
     }
 
     /// Holds the request (or keeps holding it, when planned again on release), or answers 429

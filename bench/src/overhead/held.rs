@@ -27,6 +27,7 @@ use super::statistics::median_of;
 use super::OverheadOptions;
 use crate::compare::{wait_kvroute_healthy, StackOptions};
 use crate::overhead::options::PromptKind;
+use crate::report::percentile;
 
 /// Prompt bytes per request: a short prompt, so its prefill is short against a tick.
 const PROMPT_BYTES: usize = 1024;
@@ -55,11 +56,6 @@ pub struct HeldReport {
     /// kvroute's body-phase decisions over the phase (both requests of every pair).
     pub decisions: Option<DecisionSummary>,
     pub wall_s: f64,
-}
-
-fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
-    let last = sorted.len().checked_sub(1)?;
-    sorted.get(((last as f64) * q).round() as usize).copied()
 }
 
 pub(super) async fn held_phase(opts: &OverheadOptions) -> Result<HeldReport> {
@@ -151,16 +147,15 @@ pub(super) async fn held_phase(opts: &OverheadOptions) -> Result<HeldReport> {
     let after = decision::read_after_flush(&envoy).await?;
     let (held_after, released_after) = counters().await;
     let (held, released) = (held_after - held_before, released_after - released_before);
-    added.sort_by(f64::total_cmp);
     let report = HeldReport {
         pairs: opts.held_pairs,
         measured: added.len(),
         held,
         released,
         unheld_p50_us: median_of(unheld),
-        added_p50_us: percentile(&added, 0.5),
-        added_p10_us: percentile(&added, 0.1),
-        added_p90_us: percentile(&added, 0.9),
+        added_p50_us: percentile(&added, 50.0),
+        added_p10_us: percentile(&added, 10.0),
+        added_p90_us: percentile(&added, 90.0),
         decisions: after.since(&before).summary(),
         wall_s: t0.elapsed().as_secs_f64(),
     };
