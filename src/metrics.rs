@@ -279,6 +279,12 @@ pub enum Gauge {
     /// by those pods, `pods_healthy − pods_stale`, it is the mean queue the P/D split and the
     /// autoscalers read).
     PoolRequestsWaiting,
+    /// Requests running in the engines of the pool's pods with fresh metrics (their sum; GIE's
+    /// `inference_pool_average_running_requests` is it over those pods).
+    PoolRequestsRunning,
+    /// The KV-cache use of the pool's pods with fresh metrics, in per mille, summed (over those
+    /// pods and 1000 it is GIE's `inference_pool_average_kv_cache_utilization`, a fraction).
+    PoolKvCacheUsagePermille,
     /// 1, labelled with the module's version: which module every gateway runs, during a rollout
     /// too.
     BuildInfo,
@@ -423,13 +429,15 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 12] = [
+    pub const ALL: [Gauge; 14] = [
         Gauge::PodsHealthy,
         Gauge::PodsStale,
         Gauge::PodsEjected,
         Gauge::PodsKnown,
         Gauge::IndexEntries,
         Gauge::PoolRequestsWaiting,
+        Gauge::PoolRequestsRunning,
+        Gauge::PoolKvCacheUsagePermille,
         Gauge::BuildInfo,
         Gauge::PodTtftOverheadUs,
         Gauge::PodPrefillTokensPerSecond,
@@ -446,6 +454,8 @@ impl Gauge {
             Gauge::PodsKnown => "kvroute.pods_known",
             Gauge::IndexEntries => "kvroute.index_entries",
             Gauge::PoolRequestsWaiting => "kvroute.pool_requests_waiting",
+            Gauge::PoolRequestsRunning => "kvroute.pool_requests_running",
+            Gauge::PoolKvCacheUsagePermille => "kvroute.pool_kv_cache_usage_permille",
             Gauge::BuildInfo => "kvroute.build_info",
             Gauge::PodTtftOverheadUs => "kvroute.pod.ttft_overhead_microseconds",
             Gauge::PodPrefillTokensPerSecond => "kvroute.pod.prefill_tokens_per_second",
@@ -461,7 +471,9 @@ impl Gauge {
             | Gauge::PodsStale
             | Gauge::PodsEjected
             | Gauge::PodsKnown
-            | Gauge::PoolRequestsWaiting => POOL_ROLE,
+            | Gauge::PoolRequestsWaiting
+            | Gauge::PoolRequestsRunning
+            | Gauge::PoolKvCacheUsagePermille => POOL_ROLE,
             Gauge::BuildInfo => &[VERSION],
             Gauge::PodTtftOverheadUs | Gauge::PodPrefillTokensPerSecond | Gauge::PodFitSamples => {
                 &[POOL, ROLE, POD]

@@ -323,6 +323,8 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
     for gie in [
         "inference_pool_ready_pods",
         "inference_pool_average_queue_size",
+        "inference_pool_average_running_requests",
+        "inference_pool_average_kv_cache_utilization",
         "inference_objective_request_total",
         "inference_objective_request_error_total",
     ] {
@@ -392,6 +394,22 @@ async fn prometheus_scrapes_every_documented_series_and_every_dashboard_query_ha
         label_values(&ready, "name"),
         BTreeSet::from(["decode".into(), "prefill".into()])
     );
+    // Averages per pod of the pools' live figures, GIE's KV use a fraction as GIE's is.
+    for (series, most) in [
+        ("inference_pool_average_kv_cache_utilization", 1.0),
+        ("inference_pool_average_running_requests", 64.0),
+    ] {
+        let found = prom.query(series).await;
+        assert_eq!(
+            label_values(&found, "name"),
+            BTreeSet::from(["decode".into(), "prefill".into()]),
+            "{series}"
+        );
+        for s in &found {
+            let v: f64 = s["value"][1].as_str().unwrap_or("").parse().unwrap_or(-1.0);
+            assert!((0.0..=most).contains(&v), "{series}: {s}");
+        }
+    }
     let requests = prom.query("inference_objective_request_total").await;
     assert_eq!(
         label_values(&requests, "model_name"),

@@ -2,6 +2,7 @@
 //! load table and the gauges; and the answers of those calls.
 
 use super::*;
+use crate::pod::prom::PodMetrics;
 use crate::work::put_board_row;
 
 /// A GET through `cluster`; `credential` is the pool's `Authorization` value, for calls to pods
@@ -219,7 +220,12 @@ impl Vm {
                 in_state(Health::Stale).count(),
             );
             // Only fresh figures: a stale pod's queue is an old reading, a down pod's none.
-            let waiting: f64 = in_state(Health::Fresh).map(|p| p.metrics.waiting).sum();
+            let fresh_sum = |figure: fn(&PodMetrics) -> f64| -> u64 {
+                in_state(Health::Fresh)
+                    .map(|p| figure(&p.metrics))
+                    .sum::<f64>()
+                    .round() as u64
+            };
             host.gauge_in(Gauge::PodsKnown, &labels, members().count() as u64);
             host.gauge_in(Gauge::PodsHealthy, &labels, (fresh + stale) as u64);
             host.gauge_in(Gauge::PodsStale, &labels, stale as u64);
@@ -228,7 +234,13 @@ impl Vm {
                 &labels,
                 members().filter(|p| p.ejected_until_ms > now).count() as u64,
             );
-            host.gauge_in(Gauge::PoolRequestsWaiting, &labels, waiting.round() as u64);
+            host.gauge_in(Gauge::PoolRequestsWaiting, &labels, fresh_sum(|m| m.waiting));
+            host.gauge_in(Gauge::PoolRequestsRunning, &labels, fresh_sum(|m| m.running));
+            host.gauge_in(
+                Gauge::PoolKvCacheUsagePermille,
+                &labels,
+                fresh_sum(|m| m.kv_usage * 1000.0),
+            );
         }
         host.gauge(
             Gauge::IndexEntries,
