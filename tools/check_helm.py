@@ -391,6 +391,9 @@ REFUSALS = [
      ["-f", "{inference-pool}", "--set", "modelServers.layout=aggregated", "--set",
       "modelServers.image=vllm/vllm-openai:v0.11.0", "--set", "modelServers.model=m"],
      ["modelServers.layout must be none"]),
+    ("your own Gateway's routes left unnamed (scoping needs their Envoy route names)",
+     ["-f", "{inference-pool}", "--set-json", "gateway.modelRoutes=[]"],
+     ["gateway.modelRoutes: with gateway.api gatewayRef"]),
 ]
 
 

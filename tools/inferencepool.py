@@ -156,26 +156,32 @@ def clean_metadata(doc):
 
 
 def rewrite_routes(docs, pool, pool_ns, service, port, default_ns):
-    """The HTTPRoutes that name the pool, their pool backendRefs pointing at the Service."""
-    routes = []
+    """The HTTPRoutes that name the pool, their pool backendRefs pointing at the Service; and the
+    names Istio gives those rules' Envoy routes (the rule's `name`, else NAMESPACE.ROUTE.INDEX),
+    the routes kvroute is scoped to."""
+    routes, route_names = [], []
     for doc in docs:
         if doc.get("kind") != "HTTPRoute" or group_of(doc) != GATEWAY_GROUP:
             continue
         route_ns = namespace_of(doc, default_ns)
         route = copy.deepcopy(doc)
         hit = False
-        for rule in (route.get("spec") or {}).get("rules") or []:
+        for index, rule in enumerate((route.get("spec") or {}).get("rules") or []):
+            rule_hit = False
             for ref in rule.get("backendRefs") or []:
                 if is_pool_ref(ref, pool, pool_ns, route_ns):
                     for key in ("group", "kind", "name", "port"):
                         ref.pop(key, None)
                     ref.update({"name": service, "port": port})
-                    hit = True
+                    rule_hit = True
+            if rule_hit:
+                route_names.append(rule.get("name") or f"{route_ns}.{name_of(route)}.{index}")
+            hit = hit or rule_hit
         if hit:
             clean_metadata(route)
             route["metadata"]["namespace"] = route_ns
             routes.append(route)
-    return routes
+    return routes, route_names
 
 
 def parent_gateways(routes, default_ns):
@@ -264,8 +270,10 @@ def read_config(path):
     return config
 
 
-def envoyfilter(image, sha256, config, service_host, port, gateway_ns, gateway, listener):
-    """base/envoyfilter.yaml with kvroute-settings' values and the gateway-api overlay's attachment."""
+def envoyfilter(image, sha256, config, service_host, port, gateway_ns, gateway, listener, route_names):
+    """base/envoyfilter.yaml with kvroute-settings' values and the gateway-api overlay's attachment,
+    scoped to the pool's routes (one HTTP_ROUTE patch each); with none known (--gateway and no
+    HTTPRoute given), kvroute runs on the whole listener, as the chart's gateway.scoped false."""
     with open(BASE_ENVOYFILTER) as f:
         ef = yaml.safe_load(f)
     ef["metadata"]["namespace"] = gateway_ns
@@ -283,6 +291,18 @@ def envoyfilter(image, sha256, config, service_host, port, gateway_ns, gateway, 
         if patch["applyTo"] == "CLUSTER" and "cluster" in match:
             match["cluster"]["service"] = service_host
             match["cluster"]["portNumber"] = port
+        if patch["applyTo"] == "HTTP_FILTER" and not route_names:
+            value.pop("disabled", None)
+    scoped = []
+    for patch in spec["configPatches"]:
+        if patch["applyTo"] != "HTTP_ROUTE":
+            scoped.append(patch)
+            continue
+        for name in route_names:
+            one = copy.deepcopy(patch)
+            one["match"]["routeConfiguration"]["vhost"]["route"]["name"] = name
+            scoped.append(one)
+    spec["configPatches"] = scoped
     return ef
 
 
@@ -333,7 +353,7 @@ def generate(args):
     if not DNS_LABEL.match(svc):
         raise Refused(f"Service name {svc!r} is not a DNS label of at most 63 characters: set --service-name")
     host = f"{svc}.{pool_ns}.svc.{args.cluster_domain}"
-    routes = rewrite_routes(docs, pool, pool_ns, svc, port, args.namespace)
+    routes, route_names = rewrite_routes(docs, pool, pool_ns, svc, port, args.namespace)
 
     if args.gateway:
         gw_ns, _, gw = args.gateway.rpartition("/")
@@ -360,10 +380,12 @@ def generate(args):
     config = kvroute_config(read_config(args.config) if args.config else default_config(),
                             pool, cluster, failure_mode)
     if args.helm_values:
-        return [helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener)]
+        return [helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener,
+                            route_names)]
     out = [service(pool, svc, pool_ns, port)]
     out += routes
-    out.append(envoyfilter(args.image, args.sha256, config, host, port, gw_ns, gw, listener))
+    out.append(envoyfilter(args.image, args.sha256, config, host, port, gw_ns, gw, listener,
+                           route_names))
     if priorities:
         header = (config.get("shedding") or {}).get("priority_header", PRIORITY_HEADER)
         if not header:
@@ -373,7 +395,7 @@ def generate(args):
     return out
 
 
-def helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener):
+def helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, listener, route_names):
     """The chart's values for the same objects (templates/inference-pool.yaml and the EnvoyFilter
     attached to the Gateway by targetRefs: gateway.api gatewayRef)."""
     ip = {"name": name_of(pool), "namespace": pool_ns}
@@ -389,7 +411,8 @@ def helm_values(args, pool, pool_ns, port, failure_mode, priorities, gw_ns, gw, 
     })
     values = {
         "module": {"image": args.image, "sha256": args.sha256},
-        "gateway": {"api": "gatewayRef", "namespace": gw_ns, "name": gw, "port": listener},
+        "gateway": {"api": "gatewayRef", "namespace": gw_ns, "name": gw, "port": listener,
+                    **({"modelRoutes": route_names} if route_names else {"scoped": False})},
         "inferencePool": ip,
     }
     if args.config:

@@ -70,7 +70,13 @@ async fn only_the_model_hosts_requests_enter_the_plugin() {
         );
     }
     // A body kvroute would refuse with its own 400 reaches a pod on the other host, which answers.
-    let junk = post_raw(&client, &url, b"\xff not json".to_vec(), &[("host", OTHER_HOST)]).await;
+    let junk = post_raw(
+        &client,
+        &url,
+        b"\xff not json".to_vec(),
+        &[("host", OTHER_HOST)],
+    )
+    .await;
     assert!(
         junk.pod.is_some(),
         "the pod answered, not kvroute: {} {}",

@@ -15,6 +15,8 @@
 //! | the pool's EDS cluster, pushed by istiod        | an EDS cluster of the same name and base    |
 //! |                                                 | fields, endpoints (kvsim pods) from a file  |
 //! | EnvoyFilter MERGE / INSERT_BEFORE               | the same operations on that JSON            |
+//! | HTTP_ROUTE MERGE matched by the route's name    | the same, on routes named as istiod names   |
+//! |                                                 | them, beside another (`web`) route          |
 //! | admin API on 127.0.0.1:15000                    | this Envoy's admin port                     |
 //!
 //! Then `envoy --mode validate` accepts it (and, with the filter inline, runs kvroute's own
@@ -121,6 +123,11 @@ struct Fragments {
     /// Other EnvoyFilters' HTTP filters inserted before kvroute's (INSERT_BEFORE `kvroute`), in
     /// order: what runs on a request before kvroute reads it.
     filters_before: Vec<Value>,
+    /// HTTP_ROUTE / MERGE patches (kvroute enabled on the model route) and their `match`.
+    route_merges: Vec<(Value, Value)>,
+    /// The name istiod gives the model route: the VirtualService http route's `name`; for an
+    /// HTTPRoute, its rule's `name`, else NAMESPACE.HTTPROUTE.RULE-INDEX.
+    route_name: String,
     /// The VirtualService route's `retries` and its destination.
     retries: Value,
     route_host: String,
@@ -233,31 +240,43 @@ impl Fragments {
 
         // The route: a VirtualService's destination and retries, or (Gateway API) an HTTPRoute's
         // backend, which gets Istio's default retry policy.
-        let (retries, route_host, route_port) = match of_kind(docs, "VirtualService").first() {
-            Some(vs) => {
-                let routes = vs["spec"]["http"]
-                    .as_array()
-                    .expect("VirtualService http routes");
-                assert_eq!(routes.len(), 1, "one inference route");
-                let destinations = routes[0]["route"].as_array().expect("route destinations");
-                assert_eq!(destinations.len(), 1, "one destination: the pool");
-                (
-                    routes[0]["retries"].clone(),
-                    str_at(&destinations[0], "/destination/host").to_string(),
-                    u64_at(&destinations[0], "/destination/port/number"),
-                )
-            }
-            None => {
-                let route = one_of_kind(docs, "HTTPRoute");
-                let backend = &route["spec"]["rules"][0]["backendRefs"][0];
-                let host = format!(
-                    "{}.{}.svc.cluster.local",
-                    str_at(backend, "/name"),
-                    str_at(route, "/metadata/namespace")
-                );
-                (json!({}), host, u64_at(backend, "/port"))
-            }
-        };
+        let (retries, route_host, route_port, route_name) =
+            match of_kind(docs, "VirtualService").first() {
+                Some(vs) => {
+                    let routes = vs["spec"]["http"]
+                        .as_array()
+                        .expect("VirtualService http routes");
+                    assert_eq!(routes.len(), 1, "one inference route");
+                    let destinations = routes[0]["route"].as_array().expect("route destinations");
+                    assert_eq!(destinations.len(), 1, "one destination: the pool");
+                    (
+                        routes[0]["retries"].clone(),
+                        str_at(&destinations[0], "/destination/host").to_string(),
+                        u64_at(&destinations[0], "/destination/port/number"),
+                        routes[0]["name"].as_str().unwrap_or("").to_string(),
+                    )
+                }
+                None => {
+                    let route = one_of_kind(docs, "HTTPRoute");
+                    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+                    let host = format!(
+                        "{}.{}.svc.cluster.local",
+                        str_at(backend, "/name"),
+                        str_at(route, "/metadata/namespace")
+                    );
+                    let rule_name = route["spec"]["rules"][0]["name"].as_str().map_or_else(
+                        || {
+                            format!(
+                                "{}.{}.0",
+                                str_at(route, "/metadata/namespace"),
+                                str_at(route, "/metadata/name")
+                            )
+                        },
+                        str::to_string,
+                    );
+                    (json!({}), host, u64_at(backend, "/port"), rule_name)
+                }
+            };
 
         Fragments {
             http_filter: filter["patch"]["value"].clone(),
@@ -270,6 +289,11 @@ impl Fragments {
             pool_merge: pool["patch"]["value"].clone(),
             added_clusters,
             filters_before,
+            route_merges: select("HTTP_ROUTE", "MERGE")
+                .iter()
+                .map(|p| (p["match"].clone(), p["patch"]["value"].clone()))
+                .collect(),
+            route_name,
             retries,
             route_host,
             route_port,
@@ -486,7 +510,25 @@ fn bootstrap(fr: &Fragments, local: &Local) -> Value {
         http_filters.insert(at + i, f.clone());
     }
 
-    // The gateway listener, its route from the VirtualService, then the LISTENER MERGE.
+    // The gateway listener, its route from the VirtualService, then the LISTENER MERGE. Beside
+    // the model route, another route on the same virtual host (requests with `x-web`), as a
+    // gateway serving other applications has: the HTTP_ROUTE patches enable kvroute on the model
+    // route alone, matched by name as istiod matches them.
+    let mut model_route = json!({"name": fr.route_name, "match": {"prefix": "/"}, "route": {
+        "cluster": pool_name, "timeout": "0s", "retry_policy": istio_retry_policy(&fr.retries)}});
+    let mut web_route = json!({"name": "web",
+        "match": {"prefix": "/", "headers": [{"name": "x-web", "present_match": true}]},
+        "route": {"cluster": pool_name, "timeout": "0s"}});
+    for route in [&mut model_route, &mut web_route] {
+        for (m, value) in &fr.route_merges {
+            let wanted = m["routeConfiguration"]["vhost"]["route"]["name"]
+                .as_str()
+                .unwrap_or("");
+            if wanted.is_empty() || route["name"] == wanted {
+                proto_merge(route, value);
+            }
+        }
+    }
     let port = u64_at(&fr.listener_match, "/listener/portNumber");
     let mut listener = json!({
         "name": format!("0.0.0.0_{port}"),
@@ -496,9 +538,7 @@ fn bootstrap(fr: &Fragments, local: &Local) -> Value {
             "stat_prefix": format!("outbound_0.0.0.0_{port}"),
             "route_config": {"name": format!("http.{port}"), "virtual_hosts": [{
                 "name": "*:80", "domains": ["*"],
-                "routes": [{"name": "inference", "match": {"prefix": "/"}, "route": {
-                    "cluster": pool_name, "timeout": "0s",
-                    "retry_policy": istio_retry_policy(&fr.retries)}}]}]},
+                "routes": [web_route, model_route]}]},
             "http_filters": http_filters}}]}]
     });
     proto_merge(&mut listener, &fr.listener_merge);
@@ -957,6 +997,16 @@ fn every_overlay_assembles_into_a_config_envoy_and_kvroute_accept() {
             .filter(|p| p["role"] != "prefill")
             .collect();
         assert_eq!(routed.len(), 1, "overlays/{overlay}: one routed pool");
+        // Scoped: the filter is off in the listener and each HTTP_ROUTE patch names the model
+        // route as istiod names it (a name that matches nothing would leave kvroute off).
+        assert_eq!(fr.http_filter["disabled"], true, "overlays/{overlay}");
+        assert!(!fr.route_merges.is_empty(), "overlays/{overlay}");
+        for (m, _) in &fr.route_merges {
+            assert_eq!(
+                m["routeConfiguration"]["vhost"]["route"]["name"], fr.route_name,
+                "overlays/{overlay}: the HTTP_ROUTE patch names the model route"
+            );
+        }
         assert_eq!(
             routed[0]["cluster"],
             json!(fr.pool_cluster_name()),
@@ -997,6 +1047,26 @@ async fn the_istio_fragments_route_by_kvroute_on_real_envoy() {
     let system = system_prompt("istio-tenant-", 400);
     let holder = routed_by_prefix(&envoy, &system, &[], 2).await;
     assert!(envoy.stat("wasmcustom.kvroute.requests_routed_total").await >= 2);
+
+    // Another route on the gateway: its requests never enter kvroute (scoped by the HTTP_ROUTE
+    // patch): a pod answers, with no debug header, and kvroute's request count stays.
+    let routed_before = envoy.stat("wasmcustom.kvroute.requests_routed_total").await;
+    for _ in 0..3 {
+        let web = post(
+            &client,
+            &url,
+            &chat(&system, "web", 4, false),
+            &[("x-web", "1")],
+        )
+        .await;
+        assert_eq!(web.status, 200, "{}", web.body);
+        assert!(web.pod.is_some(), "a pod answered");
+        assert_eq!(web.debug, None, "the web route's request skipped kvroute");
+    }
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.requests_routed_total").await,
+        routed_before
+    );
 
     // An HTTP/1.0 client (ApacheBench): the NETWORK_FILTER patch has it served, not sent a 426.
     let (status, headers, body) = http10(

@@ -234,8 +234,16 @@ impl Vm {
                 &labels,
                 members().filter(|p| p.ejected_until_ms > now).count() as u64,
             );
-            host.gauge_in(Gauge::PoolRequestsWaiting, &labels, fresh_sum(|m| m.waiting));
-            host.gauge_in(Gauge::PoolRequestsRunning, &labels, fresh_sum(|m| m.running));
+            host.gauge_in(
+                Gauge::PoolRequestsWaiting,
+                &labels,
+                fresh_sum(|m| m.waiting),
+            );
+            host.gauge_in(
+                Gauge::PoolRequestsRunning,
+                &labels,
+                fresh_sum(|m| m.running),
+            );
             host.gauge_in(
                 Gauge::PoolKvCacheUsagePermille,
                 &labels,

@@ -54,6 +54,25 @@ passthrough unless config sets it (tools/inferencepool.py writes the same).
 {{- toJson $config -}}
 {{- end -}}
 
+{{/*
+The Envoy routes kvroute runs on (gateway.scoped), as a JSON list: gateway.modelRoutes, else the
+name Istio gives the route this chart renders: the VirtualService's http route `inference` (api
+istio), or the HTTPRoute's rule 0, NAMESPACE.NAME.0 (gatewayApi). api none and gatewayRef route
+with the user's own routes, whose names the chart cannot know: there the value is required.
+*/}}
+{{- define "kvroute.modelRoutes" -}}
+{{- $g := .Values.gateway -}}
+{{- if $g.modelRoutes -}}
+{{- toJson $g.modelRoutes -}}
+{{- else if eq $g.api "istio" -}}
+{{- toJson (list "inference") -}}
+{{- else if eq $g.api "gatewayApi" -}}
+{{- toJson (list (printf "%s.%s.0" $g.namespace $g.routeName)) -}}
+{{- else -}}
+{{- fail (printf "gateway.modelRoutes: with gateway.api %s name the Envoy routes of your model routes (a VirtualService http route's name; an HTTPRoute rule's name, else NAMESPACE.HTTPROUTE.RULE-INDEX), or set gateway.scoped false to run kvroute on the whole listener" $g.api) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The gateway listener port the HTTP_FILTER, LISTENER and NETWORK_FILTER patches match. */}}
 {{- define "kvroute.listenerPort" -}}
 {{- if not (kindIs "invalid" .Values.gateway.listenerPort) -}}
