@@ -468,11 +468,14 @@ push: oci
 
 # Every kustomize overlay of deploy/kustomize rendered into dist/manifests/<overlay>.yaml, each
 # document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py), and the
-# kvroute configuration in each by the plugin's own parser (kvbench config check).
+# kvroute configuration in each by the plugin's own parser (kvbench config check); then any
+# placeholder left (image, digest, vLLM version, model, Prometheus URL) fails, naming the field and
+# what to set (tools/check_placeholders.py): the shipped overlays fail until you fill them in.
 manifests: $(PYTOOLS_STAMP)
 	$(VENV)/bin/python tools/check_manifests.py --out dist/manifests
 	$(CARGO) build --release -p kvbench --bin kvbench
 	target/release/kvbench config check dist/manifests/*.yaml
+	$(VENV)/bin/python tools/check_placeholders.py dist/manifests/*.yaml
 
 # The Helm chart deploy/helm/kvroute with the real helm (tools/check_helm.py): `helm lint --strict`
 # and `helm template` of every examples/*.yaml into dist/helm/<example>.yaml, each document checked

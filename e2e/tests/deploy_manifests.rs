@@ -2,7 +2,8 @@
 //! and every rendered document passes strict schema validation (`tools/check_manifests.py`:
 //! Kubernetes' own schemas from kubernetes-validate, the Istio, Gateway API and KEDA CRD schemas
 //! in `deploy/schemas`); a misspelt field in any kind is caught; each overlay's kvroute-settings
-//! reach the resources that use them.
+//! reach the resources that use them; placeholders left in place are refused by name
+//! (`tools/check_placeholders.py`, the last step of `make manifests`).
 
 use harness::{copy_tree, render_overlay, repo_root, tools_bin};
 use serde::Deserialize;
@@ -453,4 +454,61 @@ spec:
     );
     assert!(ok, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tools/check_placeholders.py` (the last step of `make manifests`) on a rendered overlay.
+fn placeholders(text: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(tools_bin("python3").unwrap())
+        .arg(repo_root().join("tools/check_placeholders.py"))
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("check_placeholders");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn unedited_placeholders_are_refused_naming_what_to_set() {
+    for overlay in OVERLAYS {
+        let rendered = render_overlay(overlay).unwrap();
+        let (ok, out) = placeholders(&rendered);
+        assert!(!ok, "overlays/{overlay} as shipped: {out}");
+        for named in [
+            "http_uri.uri: placeholder REGISTRY/kvroute:TAG left in place: set `image`",
+            "remote.sha256: placeholder MANIFEST_DIGEST left in place: set `sha256`",
+            "placeholder MODEL_NAME",
+            "placeholder VLLM_VERSION",
+        ] {
+            assert!(out.contains(named), "overlays/{overlay}: {named}: {out}");
+        }
+        assert_eq!(
+            out.contains("PROMETHEUS_URL"),
+            overlay == "pd-keda",
+            "overlays/{overlay}: {out}"
+        );
+        // Filled in, as a user's copy is: passes.
+        let filled = rendered
+            .replace(
+                "REGISTRY/kvroute:TAG",
+                "registry.example.com/ml/kvroute:0.1.0",
+            )
+            .replace("MANIFEST_DIGEST", &"3e".repeat(32))
+            .replace("VLLM_VERSION", "v0.11.0")
+            .replace("MODEL_NAME", "meta-llama/Llama-3.1-8B-Instruct")
+            .replace("PROMETHEUS_URL", "http://prometheus.monitoring:9090");
+        let (ok, out) = placeholders(&filled);
+        assert!(ok, "overlays/{overlay} filled in: {out}");
+    }
 }
