@@ -1,8 +1,9 @@
 //! The Kubernetes manifests of `deploy/kustomize`: every overlay renders with `kubectl kustomize`
 //! and every rendered document passes strict schema validation (`tools/check_manifests.py`:
-//! Kubernetes' own schemas from kubernetes-validate, the Istio, Gateway API and KEDA CRD schemas
-//! in `deploy/schemas`); a misspelt field in any kind is caught; each overlay's kvroute-settings
-//! reach the resources that use them.
+//! Kubernetes' own schemas from kubernetes-validate, the Istio, Gateway API, Gateway API Inference
+//! Extension, KEDA and Prometheus Operator CRD schemas in `deploy/schemas`), and so does the GIE
+//! example `deploy/inferencepool/example.yaml`; a misspelt field in any kind is caught; each
+//! overlay's kvroute-settings reach the resources that use them.
 
 use harness::{copy_tree, render_overlay, repo_root, tools_bin};
 use serde::Deserialize;
@@ -39,6 +40,10 @@ fn every_overlay_renders_and_every_document_passes_its_schema() {
             "{overlay}: {out}"
         );
     }
+    assert!(
+        out.contains("ok   inferencepool/example.yaml: 7 documents"),
+        "{out}"
+    );
     assert!(out.contains("0 error(s)"), "{out}");
 }
 
@@ -113,6 +118,15 @@ fn a_misspelt_field_is_caught_in_every_kind() {
         "    for: 30m",
         "    fore: 30m",
     );
+    // The GIE example (an input, checked beside the overlays): InferencePool v1 and
+    // InferenceObjective v1alpha2.
+    misspell(
+        &deploy,
+        "inferencepool/example.yaml",
+        "  selector:\n    matchLabels:\n      app: vllm-llama3-8b-instruct\n",
+        "  selectr:\n    matchLabels:\n      app: vllm-llama3-8b-instruct\n",
+    );
+    misspell(&deploy, "inferencepool/example.yaml", "  priority: 1\n", "  priorty: 1\n");
     let (ok, out) = check(&deploy, &[]);
     assert!(!ok, "typos passed:\n{out}");
     for (kind, field) in [
@@ -139,6 +153,14 @@ fn a_misspelt_field_is_caught_in_every_kind() {
         (
             "PrometheusRule istio-system/kvroute",
             "'fore' was unexpected",
+        ),
+        (
+            "InferencePool vllm-llama3-8b-instruct",
+            "'selectr' was unexpected",
+        ),
+        (
+            "InferenceObjective food-review",
+            "'priorty' was unexpected",
         ),
     ] {
         assert!(
