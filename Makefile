@@ -467,7 +467,8 @@ push: oci
 	  echo "pushed $(REGISTRY)/$$image:$(TAG) $$(skopeo inspect --tls-verify=$(TLS_VERIFY) --format '{{.Digest}}' docker://$(REGISTRY)/$$image:$(TAG))"; done
 
 # Every kustomize overlay of deploy/kustomize rendered into dist/manifests/<overlay>.yaml, each
-# document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py), and the
+# document checked against Kubernetes' and the CRDs' schemas (tools/check_manifests.py; so is the
+# GIE example deploy/inferencepool/example.yaml, tools/inferencepool.py's input), and the
 # kvroute configuration in each by the plugin's own parser (kvbench config check); then any
 # placeholder left (image, digest, vLLM version, model, Prometheus URL) fails, naming the field and
 # what to set (tools/check_placeholders.py): the shipped overlays fail until you fill them in.

@@ -11,7 +11,9 @@
   listed in ONLY_IN_OVERLAY (the autoscaling components), objects only the chart has are named;
 * the monitoring objects carry deploy/monitoring's rules and dashboard unchanged;
 * the unedited values.yaml fails, naming each placeholder value; so do an unknown key, a misspelt
-  kvroute configuration field, and a configuration whose pools miss the pool Service;
+  kvroute configuration field, and a configuration whose pools miss the pool Service; with the
+  multi-node layout (modelServers.layout lws), the placeholders, a pool Service other than the
+  leaders', a one-pod group and a misspelt lws key;
 * the InferencePool source: examples/inference-pool.yaml, which tools/inferencepool.py
   --helm-values writes from deploy/inferencepool/example.yaml, renders the same Service and
   EnvoyFilters as the generator writes from that manifest; and the generator, given the
@@ -391,6 +393,16 @@ REFUSALS = [
      ["-f", "{inference-pool}", "--set", "modelServers.layout=aggregated", "--set",
       "modelServers.image=vllm/vllm-openai:v0.11.0", "--set", "modelServers.model=m"],
      ["modelServers.layout must be none"]),
+    ("the multi-node (lws) pools' placeholders", ["--set", "modelServers.layout=lws"],
+     ["'vllm/vllm-openai:VLLM_VERSION' does not match pattern", "'MODEL_NAME' does not match pattern"]),
+    ("an lws pool that is not the leaders' Service (workers do not serve the API)",
+     ["-f", "{lws}", "--set", "pool.service=vllm.models.svc.cluster.local", "--set-json",
+      'config.pools=[{"name":"vllm","cluster":"outbound|8000||vllm.models.svc.cluster.local"}]'],
+     ["modelServers.layout lws writes vllm-leader.models port 8000"]),
+    ("an lws group of one pod", ["-f", "{lws}", "--set", "modelServers.lws.size=1"],
+     ["/modelServers/lws/size", "minimum"]),
+    ("a misspelt lws key", ["-f", "{lws}", "--set", "modelServers.lws.sise=4"],
+     ["/modelServers/lws", "additional properties 'sise' not allowed"]),
     ("your own Gateway's routes left unnamed (scoping needs their Envoy route names)",
      ["-f", "{inference-pool}", "--set-json", "gateway.modelRoutes=[]"],
      ["gateway.modelRoutes: with gateway.api gatewayRef"]),
@@ -475,6 +487,7 @@ def main():
     for what, extra, words in REFUSALS:
         extra = [a.replace("{example}", os.path.join(examples_dir, examples[0]))
                  .replace("{inference-pool}", os.path.join(examples_dir, "inference-pool.yaml"))
+                 .replace("{lws}", os.path.join(examples_dir, "lws.yaml"))
                  for a in extra]
         rc, out, err = helm(args.helm, "template", "kvroute", args.chart, *extra)
         missing = [w for w in words if w not in err]

@@ -7,13 +7,16 @@
 * Kubernetes' own kinds (Deployment, Service, HorizontalPodAutoscaler, ConfigMap, ...): the strict
   JSON schemas of `kubernetes-validate`, for the oldest and the newest Kubernetes release we claim
   (KUBERNETES_VERSIONS): a field one of them lacks is refused.
-* Custom resources (Istio, Gateway API, KEDA): the CRDs' own `openAPIV3Schema` from
+* Custom resources (Istio, Gateway API, the Gateway API Inference Extension, LeaderWorkerSet,
+  KEDA, Prometheus Operator): the CRDs' own `openAPIV3Schema` from
   deploy/schemas/, made strict as the API server's field validation is: an object schema with
   `properties` accepts no other key unless it says `x-kubernetes-preserve-unknown-fields`;
   `metadata` is checked as ObjectMeta. CEL rules (`x-kubernetes-validations`) are not evaluated.
 * A kind with no schema here is an error, not a pass.
+* Beside the overlays (all of them: no --overlay), the files of deploy/ that are inputs rather
+  than overlays (INPUTS: the GIE manifests tools/inferencepool.py reads), as they are.
 
-    .tools/venv/bin/python tools/check_manifests.py                 # every overlay
+    .tools/venv/bin/python tools/check_manifests.py                 # every overlay, and INPUTS
     .tools/venv/bin/python tools/check_manifests.py --overlay pd    # one
     .tools/venv/bin/python tools/check_manifests.py --out dist/manifests   # and write them
     .tools/venv/bin/python tools/check_manifests.py --files a.yaml  # plain YAML files
@@ -35,6 +38,11 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Istio 1.27 supports Kubernetes 1.29 to 1.33; the newest schemas catch removed fields too.
 KUBERNETES_VERSIONS = ["1.29.0", "1.37.0"]
+
+# deploy/ files checked beside the overlays (paths under the directory above --kustomize): a Gateway
+# API Inference Extension user's InferencePool, HTTPRoute, Gateway and InferenceObjectives, the
+# input of tools/inferencepool.py (deploy/README.md, "From an InferencePool").
+INPUTS = ["inferencepool/example.yaml"]
 
 OBJECT_META = {
     "type": "object",
@@ -163,7 +171,8 @@ def check_text(label, text, crds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kustomize", default=os.path.join(ROOT, "deploy/kustomize"))
+    parser.add_argument("--kustomize", default=os.path.join(ROOT, "deploy/kustomize"),
+                        help="its overlays/; INPUTS are read from the directory above it")
     parser.add_argument("--schemas", default=os.path.join(ROOT, "deploy/schemas"))
     parser.add_argument("--overlay", action="append", help="only this overlay (repeatable)")
     parser.add_argument("--out", help="also write each rendered overlay to OUT/<overlay>.yaml")
@@ -191,6 +200,11 @@ def main():
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, f"{name}.yaml"), "w") as f:
                     f.write(text)
+        if not args.overlay:
+            deploy = os.path.dirname(os.path.abspath(args.kustomize))
+            for name in INPUTS:
+                with open(os.path.join(deploy, name)) as f:
+                    failures += check_text(name, f.read(), crds)
     print(f"{failures} error(s)")
     sys.exit(1 if failures else 0)
 

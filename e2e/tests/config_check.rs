@@ -13,7 +13,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const OVERLAYS: [&str; 5] = ["aggregated", "gateway-api", "pd", "pd-keda", "sidecar-mesh"];
+const OVERLAYS: [&str; 6] = [
+    "aggregated",
+    "gateway-api",
+    "lws",
+    "pd",
+    "pd-keda",
+    "sidecar-mesh",
+];
 
 /// `kvbench config ARGS` with `stdin` as its standard input: success and everything it printed.
 fn kvbench_config(args: &[&str], stdin: &str) -> (bool, String) {

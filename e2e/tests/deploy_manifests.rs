@@ -1,9 +1,11 @@
 //! The Kubernetes manifests of `deploy/kustomize`: every overlay renders with `kubectl kustomize`
 //! and every rendered document passes strict schema validation (`tools/check_manifests.py`:
-//! Kubernetes' own schemas from kubernetes-validate, the Istio, Gateway API and KEDA CRD schemas
-//! in `deploy/schemas`); a misspelt field in any kind is caught; each overlay's kvroute-settings
-//! reach the resources that use them; placeholders left in place are refused by name
-//! (`tools/check_placeholders.py`, the last step of `make manifests`).
+//! Kubernetes' own schemas from kubernetes-validate, the Istio, Gateway API, Gateway API Inference
+//! Extension, LeaderWorkerSet, KEDA and Prometheus Operator CRD schemas in `deploy/schemas`), and
+//! so does the GIE example `deploy/inferencepool/example.yaml`; a misspelt field in any kind is
+//! caught; each overlay's kvroute-settings reach the resources that use them; the multi-node
+//! overlay's pool is the LeaderWorkerSet's leaders only; placeholders left in place are refused by
+//! name (`tools/check_placeholders.py`, the last step of `make manifests`).
 
 use harness::{copy_tree, render_overlay, repo_root, tools_bin};
 use serde::Deserialize;
@@ -11,7 +13,14 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const OVERLAYS: [&str; 5] = ["aggregated", "gateway-api", "pd", "pd-keda", "sidecar-mesh"];
+const OVERLAYS: [&str; 6] = [
+    "aggregated",
+    "gateway-api",
+    "lws",
+    "pd",
+    "pd-keda",
+    "sidecar-mesh",
+];
 
 /// Runs the checker on a `deploy/` tree; its exit status and output.
 fn check(deploy: &Path, extra: &[&str]) -> (bool, String) {
@@ -40,6 +49,10 @@ fn every_overlay_renders_and_every_document_passes_its_schema() {
             "{overlay}: {out}"
         );
     }
+    assert!(
+        out.contains("ok   inferencepool/example.yaml: 7 documents"),
+        "{out}"
+    );
     assert!(out.contains("0 error(s)"), "{out}");
 }
 
@@ -114,6 +127,26 @@ fn a_misspelt_field_is_caught_in_every_kind() {
         "    for: 30m",
         "    fore: 30m",
     );
+    misspell(
+        &deploy,
+        &format!("{k}components/vllm-lws-pool/model-server.yaml"),
+        "    restartPolicy: RecreateGroupOnPodRestart",
+        "    restartpolicy: RecreateGroupOnPodRestart",
+    );
+    // The GIE example (an input, checked beside the overlays): InferencePool v1 and
+    // InferenceObjective v1alpha2.
+    misspell(
+        &deploy,
+        "inferencepool/example.yaml",
+        "  selector:\n    matchLabels:\n      app: vllm-llama3-8b-instruct\n",
+        "  selectr:\n    matchLabels:\n      app: vllm-llama3-8b-instruct\n",
+    );
+    misspell(
+        &deploy,
+        "inferencepool/example.yaml",
+        "  priority: 1\n",
+        "  priorty: 1\n",
+    );
     let (ok, out) = check(&deploy, &[]);
     assert!(!ok, "typos passed:\n{out}");
     for (kind, field) in [
@@ -141,6 +174,15 @@ fn a_misspelt_field_is_caught_in_every_kind() {
             "PrometheusRule istio-system/kvroute",
             "'fore' was unexpected",
         ),
+        (
+            "LeaderWorkerSet models/vllm",
+            "'restartpolicy' was unexpected",
+        ),
+        (
+            "InferencePool vllm-llama3-8b-instruct",
+            "'selectr' was unexpected",
+        ),
+        ("InferenceObjective food-review", "'priorty' was unexpected"),
     ] {
         assert!(
             out.lines()
@@ -241,6 +283,107 @@ fn each_overlays_settings_reach_the_envoyfilter() {
             "overlays/{overlay}: the PrometheusRule"
         );
     }
+}
+
+/// The multi-node overlay (components/vllm-lws-pool): the pool Service picks exactly the
+/// LeaderWorkerSet's leaders, one per group, as the LWS controller labels them (the set's name
+/// and `worker-index` "0"; workers 1..size-1), and each engine spans its group: tensor parallel
+/// over one pod's GPUs, pipeline parallel over the group's pods.
+#[test]
+fn the_lws_pool_service_selects_only_the_groups_leaders() {
+    let want = settings("lws");
+    let rendered = docs(&render_overlay("lws").unwrap());
+    let lws = rendered
+        .iter()
+        .find(|d| d["kind"] == "LeaderWorkerSet")
+        .expect("a LeaderWorkerSet");
+    let name = lws["metadata"]["name"].as_str().unwrap();
+    let namespace = lws["metadata"]["namespace"].as_str().unwrap();
+    let pool = want["pool-service"].as_str().unwrap();
+    let service = rendered
+        .iter()
+        .find(|d| {
+            d["kind"] == "Service"
+                && pool.starts_with(&format!(
+                    "{}.{}.svc.",
+                    d["metadata"]["name"].as_str().unwrap(),
+                    d["metadata"]["namespace"].as_str().unwrap()
+                ))
+        })
+        .unwrap_or_else(|| panic!("no Service {pool}"));
+    assert_ne!(
+        service["metadata"]["name"], name,
+        "the LWS controller owns a headless Service of the set's name"
+    );
+    assert_eq!(service["metadata"]["namespace"], namespace);
+    assert!(
+        service["spec"]["clusterIP"].is_null(),
+        "ClusterIP, not headless"
+    );
+    assert_eq!(service["spec"]["ports"][0]["port"], 8000);
+    let selector = service["spec"]["selector"].as_object().unwrap();
+    let spec = &lws["spec"];
+    let template = &spec["leaderWorkerTemplate"];
+    let (groups, size) = (
+        spec["replicas"].as_u64().unwrap(),
+        template["size"].as_u64().unwrap(),
+    );
+    assert!(size >= 2, "a multi-node group");
+    // Every pod of the set as the controller labels it: its template's labels, the set's name,
+    // its index in the group.
+    let mut selected = vec![];
+    for group in 0..groups {
+        for index in 0..size {
+            let which = if index == 0 {
+                "leaderTemplate"
+            } else {
+                "workerTemplate"
+            };
+            let mut labels = template[which]["metadata"]["labels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            labels.insert("leaderworkerset.sigs.k8s.io/name".into(), name.into());
+            labels.insert(
+                "leaderworkerset.sigs.k8s.io/worker-index".into(),
+                index.to_string().into(),
+            );
+            if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+                selected.push((group, index));
+            }
+        }
+    }
+    let leaders: Vec<(u64, u64)> = (0..groups).map(|g| (g, 0)).collect();
+    assert_eq!(selected, leaders, "selector {selector:?}");
+    // The leader serves the API on the Service's port; the engine spans the group.
+    let leader = &template["leaderTemplate"]["spec"]["containers"][0];
+    let worker = &template["workerTemplate"]["spec"]["containers"][0];
+    assert_eq!(leader["ports"][0]["containerPort"], 8000);
+    assert_eq!(leader["readinessProbe"]["httpGet"]["port"], 8000);
+    assert!(worker["ports"].is_null(), "workers serve nothing");
+    let command = leader["command"][2].as_str().unwrap();
+    let gpus = leader["resources"]["limits"]["nvidia.com/gpu"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        worker["resources"]["limits"]["nvidia.com/gpu"].as_u64(),
+        Some(gpus)
+    );
+    for arg in [
+        "--port 8000".to_string(),
+        format!("--tensor-parallel-size {gpus} "),
+        "--pipeline-parallel-size $(LWS_GROUP_SIZE)".into(),
+        "--ray_cluster_size=$(LWS_GROUP_SIZE)".into(),
+    ] {
+        assert!(command.contains(&arg), "{arg}: {command}");
+    }
+    assert!(
+        worker["command"][2]
+            .as_str()
+            .unwrap()
+            .contains("--ray_address=$(LWS_LEADER_ADDRESS)"),
+        "{worker}"
+    );
 }
 
 /// The body of `message NAME { … }` in a proto file (the first one, nested or not).

@@ -106,9 +106,10 @@ reaches only its own namespace's Services.
 {{- $poolName := include "kvroute.poolName" . -}}
 {{- $poolNs := include "kvroute.poolNamespace" . -}}
 {{- if ne $v.modelServers.layout "none" -}}
-{{- $want := ternary $v.modelServers.name (printf "%s-decode" $v.modelServers.name) (eq $v.modelServers.layout "aggregated") -}}
+{{- $n := $v.modelServers.name -}}
+{{- $want := get (dict "aggregated" $n "pd" (printf "%s-decode" $n) "lws" (printf "%s-leader" $n)) $v.modelServers.layout -}}
 {{- if or (ne $poolName $want) (ne $poolNs $v.modelServers.namespace) (ne ($v.pool.port | int) 8000) -}}
-{{- fail (printf "pool.service %s is not the example pool's Service: modelServers.layout %s writes %s.%s port 8000 (the decode Service for pd)" $v.pool.service $v.modelServers.layout $want $v.modelServers.namespace) -}}
+{{- fail (printf "pool.service %s is not the example pool's Service: modelServers.layout %s writes %s.%s port 8000 (pd: the decode Service; lws: the groups' leaders)" $v.pool.service $v.modelServers.layout $want $v.modelServers.namespace) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (eq $v.gateway.api "gatewayApi") (ne $poolNs $v.gateway.namespace) -}}
