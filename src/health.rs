@@ -493,6 +493,7 @@ mod tests {
             metrics: Default::default(),
             served: Vec::new(),
             serves: Vec::new(),
+            locality: None,
         };
         assert_eq!(health_of(&pod, 5000, 2000), Health::Unknown);
         pod.late = true;

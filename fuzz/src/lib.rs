@@ -391,6 +391,7 @@ fn gen_table(g: &mut Gen) -> LoadTable {
                 })
                 .collect(),
             serves: (0..g.len(3)).map(|_| g.string(12)).collect(),
+            locality: None,
         })
         .collect();
     LoadTable {

@@ -40,6 +40,7 @@
 //!   of its answer into the original body, and routes that to the decode pod (`inline`).
 
 pub mod inline;
+pub mod topology;
 
 use crate::health::HealthConfig;
 use crate::scheduler::{Choice, Decision, Hints, Prediction};
@@ -83,6 +84,8 @@ pub struct PdConfig {
     /// requires an API key (vLLM's `--api-key`) accepts the prefill with the client's own key, and
     /// the call stays in the client's trace. Names are lower-cased when the configuration is read.
     pub forward_headers: Vec<String>,
+    /// Where pods are and what a split's KV transfer costs between them (`topology`).
+    pub topology: topology::TopologyConfig,
 }
 
 impl Default for PdConfig {
@@ -101,6 +104,7 @@ impl Default for PdConfig {
             forward_headers: ["authorization", "traceparent", "tracestate", "x-request-id"]
                 .map(String::from)
                 .to_vec(),
+            topology: topology::TopologyConfig::default(),
         }
     }
 }
@@ -119,7 +123,7 @@ impl PdConfig {
         for (i, name) in self.forward_headers.iter().enumerate() {
             crate::common::HeaderName::parse(&format!("pd.forward_headers[{i}]"), name)?;
         }
-        Ok(())
+        self.topology.validate()
     }
 
     /// The section as the runtime uses it: header names lower-cased (Envoy's form).

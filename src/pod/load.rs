@@ -32,6 +32,9 @@ pub struct PodLoad {
     /// adapters and its `/v1/models` ids. Empty = unknown (any model).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub serves: Vec<String>,
+    /// Where the pod is, as Envoy reported it with the pool cluster's members (`crate::pd::topology`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<crate::pd::topology::Locality>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -112,6 +115,7 @@ mod tests {
             metrics: PodMetrics::default(),
             served: Vec::new(),
             serves: Vec::new(),
+            locality: None,
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));

@@ -227,6 +227,20 @@ impl Router {
             crate::pd::prefill_hints(hints),
             now_ms,
         );
+        let reported = |addr: &str| {
+            self.load
+                .pods
+                .iter()
+                .find(|p| p.addr == addr)
+                .and_then(|p| p.locality.as_ref())
+        };
+        let prefill_ranking = crate::pd::topology::price_transfers(
+            &config.pd.topology,
+            prefill_ranking,
+            &decode.addr,
+            decode.prediction.uncached_tokens,
+            reported,
+        );
         let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
         let pool_itls = || {
             self.load

@@ -45,6 +45,7 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
                 },
                 served: Vec::new(),
                 serves: Vec::new(),
+                locality: None,
                 late: false,
                 ejected_until_ms: 0,
             });
@@ -259,4 +260,98 @@ fn a_short_prompt_beside_streams_within_their_objective_stays_local() {
     assert_eq!(short.streams.objective_ms, Some(26.0));
     assert_eq!(short.outcome, PdOutcome::Disaggregated, "{short:?}");
     assert_eq!(short.reason, PdReason::Streams);
+}
+
+/// Two idle prefill pods, one decode pod; `pd.topology` with the given localities.
+fn topology_config(prefill_zones: [&str; 2], decode_zone: &str) -> Config {
+    let text = format!(
+        r#"{{"pools":[{{"name":"p","role":"prefill","endpoints":["10.0.0.1:1","10.0.0.2:1"]}},
+                      {{"name":"d","role":"decode","endpoints":["10.0.1.1:1"]}}],
+            "pd":{{"topology":{{"kv_bytes_per_token":131072,"localities":{{
+                "10.0.0.1:1":{{"region":"eu","zone":"{}"}},
+                "10.0.0.2:1":{{"region":"eu","zone":"{}"}},
+                "10.0.1.1:1":{{"region":"eu","zone":"{decode_zone}"}}}}}}}}}}"#,
+        prefill_zones[0], prefill_zones[1]
+    );
+    Config::parse(text.as_bytes()).unwrap()
+}
+
+#[test]
+fn of_two_equally_loaded_prefill_pods_the_one_in_the_decode_pods_zone_prefills() {
+    for (zones, want) in [(["a", "b"], "10.0.0.1:1"), (["b", "a"], "10.0.0.2:1")] {
+        let cfg = topology_config(zones, "a");
+        let r = router(&cfg, 0.0);
+        // Prompts of every affinity key: without the link term, rendezvous spreads them.
+        for key in 1..=16u64 {
+            let mut b = blocks(8000);
+            b.affinity_key = key;
+            b.hashes.iter_mut().for_each(|h| *h += key << 32);
+            let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+            assert_eq!(pd.outcome, PdOutcome::Disaggregated, "{pd:?}");
+            assert_eq!(
+                pd.prefill.as_ref().unwrap().addr,
+                want,
+                "zones {zones:?}, key {key}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_far_prefill_pod_wins_only_when_sooner_by_more_than_the_transfer() {
+    let cfg = topology_config(["a", "b"], "a");
+    // Streams on the decode pod make a split worth it. The near pod's queue: 12 requests the
+    // gateway did not send (their work is seconds), against 8,000 tokens over the region's
+    // 25 Gb/s (0.34 s) rather than the zone's 100 (0.08 s).
+    let mut r = router_with_streams(&cfg, 0.0, 20.0);
+    let pd = r
+        .plan(&cfg, "m", &blocks(8000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.prefill.as_ref().unwrap().addr, "10.0.0.1:1", "{pd:?}");
+    let mut table = r.load_table().clone();
+    for p in table.pods.iter_mut().filter(|p| p.addr == "10.0.0.1:1") {
+        p.metrics.waiting = 12.0;
+    }
+    r.apply_load_table(&cfg, table);
+    let pd = r
+        .plan(&cfg, "m", &blocks(8000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    assert_eq!(pd.prefill.as_ref().unwrap().addr, "10.0.0.2:1", "{pd:?}");
+}
+
+#[test]
+fn localities_envoy_reports_are_used_and_the_split_is_priced_with_its_transfer() {
+    let cfg = Config::parse(
+        br#"{"pools":[{"name":"p","role":"prefill","endpoints":["10.0.0.1:1","10.0.0.2:1"]},
+                      {"name":"d","role":"decode","endpoints":["10.0.1.1:1"]}],
+             "pd":{"topology":{"kv_bytes_per_token":131072}}}"#,
+    )
+    .unwrap();
+    let off = pd_config();
+    let before = router(&off, 0.0)
+        .plan(&off, "m", &blocks(8000), Hints::default(), 100)
+        .pd
+        .unwrap();
+    let mut r = router(&cfg, 0.0);
+    let mut table = r.load_table().clone();
+    for p in table.pods.iter_mut() {
+        let zone = if p.addr == "10.0.0.2:1" { "b" } else { "a" };
+        p.locality = Some(crate::pd::topology::Locality {
+            region: "eu".into(),
+            zone: zone.into(),
+            sub_zone: String::new(),
+        });
+    }
+    r.apply_load_table(&cfg, table);
+    for key in 1..=8u64 {
+        let mut b = blocks(8000);
+        b.affinity_key = key;
+        let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+        assert_eq!(pd.prefill.as_ref().unwrap().addr, "10.0.0.1:1", "key {key}");
+        // 8,000 tokens × 128 KiB over the zone's 100 Gb/s: 84 ms more than without topology.
+        let added = pd.split_cost_ms.unwrap() - before.split_cost_ms.unwrap();
+        assert!((added - 83.9).abs() < 0.5, "{added}");
+    }
 }

@@ -29,6 +29,7 @@ fn table(addrs: &[&str], now: u64) -> LoadTable {
                 },
                 served: Vec::new(),
                 serves: Vec::new(),
+                locality: None,
                 late: false,
                 ejected_until_ms: 0,
             })

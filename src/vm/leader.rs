@@ -37,6 +37,8 @@ pub struct Leader {
     last_poll_ms: u64,
     last_discovery_ms: u64,
     passive: PassiveHealth,
+    /// Where Envoy says each discovered member is (`crate::pd::topology`).
+    localities: HashMap<String, crate::pd::topology::Locality>,
 }
 
 /// Outcome of one metrics poll.
@@ -120,12 +122,21 @@ impl Leader {
                 continue;
             };
             if let (Some(members), Some(slot)) = (
-                crate::vm::discovery::cluster_members(body, cluster),
+                crate::vm::discovery::members_with_localities(body, cluster),
                 self.members.get_mut(i),
             ) {
-                *slot = members;
+                slot.clear();
+                for (addr, locality) in members {
+                    if locality.is_known() {
+                        self.localities.insert(addr.clone(), locality);
+                    }
+                    slot.push(addr);
+                }
             }
         }
+        let members = &self.members;
+        self.localities
+            .retain(|addr, _| members.iter().any(|m| m.contains(addr)));
         self.sync_pods(config);
     }
 
@@ -290,6 +301,7 @@ impl Leader {
                 metrics: r.metrics.clone(),
                 served: r.served.clone(),
                 serves: served_names(&r.metrics, &r.served),
+                locality: self.localities.get(addr).cloned(),
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
