@@ -20,62 +20,10 @@
 //! fit cannot see; where every pair is equally near it shifts every candidate alike and changes no
 //! ranking. Off (`kv_bytes_per_token` 0, the default) the plan is exactly as without it.
 
+pub use crate::pod::locality::{Link, Locality};
 use crate::scheduler::Decision;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::BTreeMap;
-
-/// A pod's place, as Envoy's `config.core.v3.Locality` names it. Empty fields are unknown.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields, default)]
-pub struct Locality {
-    pub region: String,
-    pub zone: String,
-    pub sub_zone: String,
-}
-
-impl Locality {
-    pub fn is_known(&self) -> bool {
-        !(self.region.is_empty() && self.zone.is_empty() && self.sub_zone.is_empty())
-    }
-}
-
-/// The closest level two pods share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Link {
-    SubZone,
-    Zone,
-    Region,
-    Remote,
-}
-
-impl Link {
-    /// A zone is only the same zone within the same region (zone names repeat across regions);
-    /// a sub-zone only within the same zone.
-    pub fn between(a: Option<&Locality>, b: Option<&Locality>) -> Link {
-        let (Some(a), Some(b)) = (a, b) else {
-            return Link::Remote;
-        };
-        let same = |x: &str, y: &str| !x.is_empty() && x == y;
-        let region = a.region == b.region && (same(&a.region, &b.region) || a.region.is_empty());
-        let zone = region && same(&a.zone, &b.zone);
-        match () {
-            () if zone && same(&a.sub_zone, &b.sub_zone) => Link::SubZone,
-            () if zone => Link::Zone,
-            () if same(&a.region, &b.region) => Link::Region,
-            () => Link::Remote,
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Link::SubZone => "sub_zone",
-            Link::Zone => "zone",
-            Link::Region => "region",
-            Link::Remote => "remote",
-        }
-    }
-}
 
 /// Bandwidth of each level, Gb/s.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -224,32 +172,6 @@ mod tests {
             zone: zone.into(),
             sub_zone: sub_zone.into(),
         }
-    }
-
-    #[test]
-    fn the_link_is_the_closest_level_both_share() {
-        let a = at("eu", "eu-1a", "rack1");
-        let cases = [
-            (at("eu", "eu-1a", "rack1"), Link::SubZone),
-            (at("eu", "eu-1a", "rack2"), Link::Zone),
-            (at("eu", "eu-1a", ""), Link::Zone),
-            (at("eu", "eu-1b", "rack1"), Link::Region),
-            // The same zone name in another region is another zone.
-            (at("us", "eu-1a", "rack1"), Link::Remote),
-        ];
-        for (b, want) in cases {
-            assert_eq!(Link::between(Some(&a), Some(&b)), want, "{b:?}");
-        }
-        // Regions left out on both sides: zones still compare.
-        assert_eq!(
-            Link::between(Some(&at("", "z1", "")), Some(&at("", "z1", ""))),
-            Link::Zone
-        );
-        assert_eq!(
-            Link::between(Some(&at("", "z1", "")), Some(&at("", "z2", ""))),
-            Link::Remote
-        );
-        assert_eq!(Link::between(Some(&a), None), Link::Remote);
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub struct PodLoad {
     pub serves: Vec<String>,
     /// Where the pod is, as Envoy reported it with the pool cluster's members (`crate::pd::topology`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub locality: Option<crate::pd::topology::Locality>,
+    pub locality: Option<crate::pod::locality::Locality>,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -2,5 +2,6 @@
 //! models it serves (`models`), and the load table the leader publishes of both (`load`).
 
 pub mod load;
+pub mod locality;
 pub mod models;
 pub mod prom;

@@ -5,7 +5,7 @@
 //! `zone`, `sub_zone`; Istio fills it from the nodes' labels), which prices a split's KV transfer
 //! (`crate::pd::topology`).
 
-use crate::pd::topology::Locality;
+use crate::pod::locality::Locality;
 use serde_json::Value;
 
 pub fn cluster_members(admin_json: &[u8], cluster: &str) -> Option<Vec<String>> {

@@ -38,7 +38,7 @@ pub struct Leader {
     last_discovery_ms: u64,
     passive: PassiveHealth,
     /// Where Envoy says each discovered member is (`crate::pd::topology`).
-    localities: HashMap<String, crate::pd::topology::Locality>,
+    localities: HashMap<String, crate::pod::locality::Locality>,
 }
 
 /// Outcome of one metrics poll.
