@@ -118,6 +118,69 @@ pub struct ServedAs {
     pub adapter: Option<String>,
 }
 
+/// KV link bandwidth by the closest level two pods share, as kvroute's `pd.topology.link_gbps`
+/// names the levels (Gb/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkLevels {
+    pub sub_zone: f64,
+    pub zone: f64,
+    pub region: f64,
+    pub remote: f64,
+}
+
+impl LinkLevels {
+    /// `sub_zone=400,zone=100,region=25,remote=5` (every level named once).
+    pub fn parse(s: &str) -> Result<LinkLevels, String> {
+        let mut found = [None; 4];
+        for part in s.split(',') {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: expected LEVEL=GBPS"))?;
+            let i = ["sub_zone", "zone", "region", "remote"]
+                .iter()
+                .position(|n| *n == name.trim())
+                .ok_or_else(|| format!("{name:?}: levels are sub_zone, zone, region, remote"))?;
+            let gbps: f64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{value:?} is not a number of Gb/s"))?;
+            found[i] = Some(gbps);
+        }
+        match found {
+            [Some(sub_zone), Some(zone), Some(region), Some(remote)] => Ok(LinkLevels {
+                sub_zone,
+                zone,
+                region,
+                remote,
+            }),
+            _ => Err("name every level: sub_zone, zone, region, remote".into()),
+        }
+    }
+
+    /// The bandwidth between two places (`REGION/ZONE/SUB_ZONE`): the closest level both share;
+    /// an unknown place is remote. A zone counts only within its region, a sub-zone only within
+    /// its zone.
+    pub fn between(&self, a: &str, b: &str) -> f64 {
+        let parts = |s: &str| -> [String; 3] {
+            let mut it = s.split('/').map(str::to_string);
+            [
+                it.next().unwrap_or_default(),
+                it.next().unwrap_or_default(),
+                it.next().unwrap_or_default(),
+            ]
+        };
+        let (a, b) = (parts(a), parts(b));
+        let same = |i: usize| !a[i].is_empty() && a[i] == b[i];
+        let region = a[0] == b[0];
+        match () {
+            () if region && same(1) && same(2) => self.sub_zone,
+            () if region && same(1) => self.zone,
+            () if same(0) => self.region,
+            () => self.remote,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Address every pod binds (port chosen by the OS).
@@ -158,6 +221,18 @@ pub struct SimConfig {
     /// = the seed model's fixed `kv_transfer_us_per_token` per request. Needs a profile that knows
     /// its KV bytes per token.
     pub kv_link_gbps: Option<f64>,
+    /// Pods' places, by pod index, as `REGION/ZONE/SUB_ZONE` (Envoy's locality; trailing parts may
+    /// be left out): one for all pods or one per pod. A prefill pod writes its own into the KV
+    /// handle it returns (`kvsim_locality`: the simulator's record of where the KV sits, standing
+    /// in for the network path, which no engine reports), so a decode pod knows the link it pulls
+    /// over.
+    pub locality: Vec<String>,
+    /// This pod's place (set from `locality` when a pod starts).
+    pub own_locality: String,
+    /// Bandwidth by the closest level the pulling and the prefilling pod share (Gb/s): with it, a
+    /// pull runs at its link's speed (shared with the decode pod's other pulls as `kv_link_gbps`
+    /// is), and from a pod of unknown place at `remote`'s.
+    pub kv_link_levels: Option<LinkLevels>,
     /// Simulated seconds a prefill pod keeps the KV blocks of a remote-decode request that no
     /// decoder has pulled.
     pub kv_hold_timeout_s: f64,
@@ -194,6 +269,9 @@ impl Default for SimConfig {
             pod_speed: Vec::new(),
             speed: 1.0,
             kv_link_gbps: None,
+            locality: Vec::new(),
+            own_locality: String::new(),
+            kv_link_levels: None,
             kv_hold_timeout_s: NIXL_ABORT_TIMEOUT_S,
             api_key: None,
             root_path: None,
@@ -254,6 +332,11 @@ impl SimConfig {
             [one] => *one,
             many => many.get(index).copied().unwrap_or(1.0),
         };
+        cfg.own_locality = match self.locality.as_slice() {
+            [] => String::new(),
+            [one] => one.clone(),
+            many => many.get(index).cloned().unwrap_or_default(),
+        };
         cfg
     }
 
@@ -309,6 +392,18 @@ impl SimConfig {
         if speeds.clone().any(|s| !(s.is_finite() && *s > 0.0)) {
             bail!("pod speed factors must be positive numbers");
         }
+        if let Some(levels) = &self.kv_link_levels {
+            let all = [levels.sub_zone, levels.zone, levels.region, levels.remote];
+            if all.iter().any(|g| !(g.is_finite() && *g > 0.0)) {
+                bail!("KV link levels must be positive numbers of Gb/s");
+            }
+            if self.profile.kv_bytes_per_token == 0 || self.kv_link_gbps.is_none() {
+                bail!(
+                    "profile {} has no KV size per token; KV link levels need a fitted profile",
+                    self.profile.name
+                );
+            }
+        }
         if let Some(gbps) = self.kv_link_gbps {
             if !(gbps.is_finite() && gbps > 0.0) {
                 bail!("KV link bandwidth must be a positive number of Gb/s");
@@ -344,6 +439,20 @@ impl SimConfig {
             ms += self.decode_base_ms + self.decode_us_per_seq * decoding_seqs as f64 / 1e3;
         }
         Duration::from_secs_f64(ms / 1e3 / self.speed)
+    }
+
+    /// Simulated time to pull `tokens` tokens of KV from a prefill pod at `source` (its
+    /// `kvsim_locality`): over the level both share where `kv_link_levels` is set, else as
+    /// [`SimConfig::transfer_time`].
+    pub fn transfer_time_from(&self, tokens: usize, source: Option<&str>) -> Duration {
+        match &self.kv_link_levels {
+            Some(levels) => {
+                let gbps = levels.between(&self.own_locality, source.unwrap_or(""));
+                let bytes = (tokens * self.profile.kv_bytes_per_token) as f64;
+                Duration::from_secs_f64(bytes * 8.0 / (gbps * 1e9))
+            }
+            None => self.transfer_time(tokens),
+        }
     }
 
     /// Simulated time to pull `tokens` tokens of KV from a prefill pod with the link to itself
@@ -422,6 +531,43 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn a_pull_runs_at_the_speed_of_the_level_both_pods_share() {
+        let p = profile::find("llama-3.1-8b-h100").expect("profile");
+        let levels = LinkLevels::parse("sub_zone=400,zone=100,region=25,remote=5").unwrap();
+        let cfg = SimConfig {
+            locality: vec!["eu/a/r1".into()],
+            kv_link_levels: Some(levels),
+            ..SimConfig::default()
+        }
+        .with_profile(p)
+        .for_pod(0);
+        assert!(cfg.validate().is_ok());
+        // 1,000 tokens × 131,072 B × 8 bit: 1.048576 Gb.
+        let ms = |source: Option<&str>| cfg.transfer_time_from(1000, source).as_secs_f64() * 1e3;
+        assert!((ms(Some("eu/a/r1")) - 2.621_44).abs() < 1e-6);
+        assert!((ms(Some("eu/a/r2")) - 10.485_76).abs() < 1e-6);
+        assert!((ms(Some("eu/b")) - 41.943_04).abs() < 1e-6);
+        assert!(
+            (ms(Some("us/a/r1")) - 209.715_2).abs() < 1e-6,
+            "a zone of another region"
+        );
+        assert!(
+            (ms(None) - 209.715_2).abs() < 1e-6,
+            "an unknown place is remote"
+        );
+        assert!(LinkLevels::parse("zone=100").is_err());
+        assert!(LinkLevels::parse("rack=1,zone=1,region=1,remote=1").is_err());
+        let seed = SimConfig {
+            kv_link_levels: Some(levels),
+            ..SimConfig::default()
+        };
+        assert!(
+            seed.validate().is_err(),
+            "seed-demo has no KV size per token"
+        );
     }
 
     #[test]

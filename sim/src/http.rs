@@ -470,6 +470,9 @@ fn kv_handle(pod: &Pod, meta: &Meta, o: &Outcome) -> Value {
         "remote_host": pod.addr.ip().to_string(),
         "remote_port": pod.addr.port(),
         "tp_size": 1,
+        // The simulator's own record of where the KV sits (no engine reports it): what the
+        // decode pod's pull is timed by (`SimConfig::kv_link_levels`).
+        "kvsim_locality": pod.cfg.own_locality,
     })
 }
 

@@ -35,8 +35,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    parse_link_gbps, parse_lora_module, EngineKind, LoraModule, Role, ServedAs, SimConfig,
-    ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
+    parse_link_gbps, parse_lora_module, EngineKind, LinkLevels, LoraModule, Role, ServedAs,
+    SimConfig, ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
 };
 pub use pod::{remote_decode_prefill, Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
 pub use profile::{Profile, PROFILES};

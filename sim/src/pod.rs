@@ -491,10 +491,17 @@ pub fn pull_source(kv: &KvTransferParams) -> Option<PullSource> {
         (Some(h), Some(p)) => Some(format!("{h}:{p}")),
         _ => None,
     };
+    let locality = kv
+        .raw
+        .get("kvsim_locality")
+        .and_then(Value::as_str)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string);
     Some(PullSource {
         engine_id,
         host_port,
         first_block,
+        locality,
     })
 }
 

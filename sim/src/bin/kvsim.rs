@@ -79,6 +79,14 @@ struct Args {
     /// `100g` (100). Fitted profiles default to 100g; seed-demo keeps its per-token cost.
     #[arg(long, value_parser = parse_link_gbps)]
     kv_link_gbps: Option<f64>,
+    /// Pods' places as REGION/ZONE/SUB_ZONE (Envoy's locality), one for all pods or one per pod,
+    /// e.g. eu/a,eu/b. A prefill pod reports its own with the KV it holds.
+    #[arg(long, value_delimiter = ',')]
+    locality: Vec<String>,
+    /// KV link bandwidth by the closest level the pulling and the prefilling pod share, Gb/s:
+    /// sub_zone=400,zone=100,region=25,remote=5 (needs a fitted profile).
+    #[arg(long, value_parser = kvsim::LinkLevels::parse)]
+    kv_link_levels: Option<kvsim::LinkLevels>,
     /// Simulated seconds a prefill pod holds KV no decoder has pulled (vLLM's
     /// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480).
     #[arg(long, default_value_t = kvsim::NIXL_ABORT_TIMEOUT_S)]
@@ -137,6 +145,8 @@ impl Args {
             max_model_len: self.max_model_len,
             seed: self.seed,
             pod_speed: self.pod_speed,
+            locality: self.locality,
+            kv_link_levels: self.kv_link_levels,
             kv_hold_timeout_s: self.kv_hold_timeout_s,
             api_key: self.api_key,
             root_path: self.root_path,

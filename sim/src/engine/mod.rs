@@ -94,6 +94,8 @@ pub struct PullSource {
     pub host_port: Option<String>,
     /// The first of `remote_block_ids`: the key the prefill pod holds the blocks under.
     pub first_block: u64,
+    /// Where the prefill pod is (its `kvsim_locality`), which times the pull.
+    pub locality: Option<String>,
 }
 
 type PullHook = Arc<dyn Fn(PullSource) + Send + Sync>;

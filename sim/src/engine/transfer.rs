@@ -91,7 +91,12 @@ impl State {
     }
 
     pub(super) fn start_transfer(&mut self, cfg: &SimConfig, mut s: Seq, start: Instant) {
-        let time = cfg.transfer_time(s.transferred);
+        let source = s
+            .spec
+            .pull_source
+            .as_ref()
+            .and_then(|p| p.locality.as_deref());
+        let time = cfg.transfer_time_from(s.transferred, source);
         if cfg.kv_link_gbps.is_some() {
             // An idle link starts the pull when it was admitted (the loop may have woken later); a
             // busy one cannot share time it has already accounted for.
