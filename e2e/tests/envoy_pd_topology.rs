@@ -88,3 +88,69 @@ async fn without_link_pricing_the_zones_do_not_decide() {
         "some split crossed zones: {pairs:?}"
     );
 }
+
+/// A cluster's load assignment with each pod in its own locality (zone `a`, then `b`).
+fn zoned_assignment(name: &str, pods: &[String]) -> Value {
+    let groups: Vec<Value> = pods
+        .iter()
+        .zip(["a", "b"])
+        .map(|(pod, zone)| {
+            let (host, port) = pod.rsplit_once(':').unwrap();
+            json!({"locality": {"region": "eu", "zone": zone}, "lb_endpoints": [{"endpoint": {"address":
+                {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}}]})
+        })
+        .collect();
+    json!({"cluster_name": name, "endpoints": groups})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zones_come_from_envoys_endpoint_localities() {
+    // Both pools given as Envoy clusters whose endpoints carry their locality, as Istio's EDS
+    // does; kvroute reads members and places from the admin API, no `localities` configured.
+    let args = |role: &'static str| vec!["--time-scale", TIME_SCALE, "--role", role];
+    let prefill = Sim::start(2, &args("prefill")).unwrap();
+    let decode = Sim::start(2, &args("decode")).unwrap();
+    let settings = json!({
+        "pools": [
+            {"name": "prefill", "role": "prefill", "cluster": "prefill_pods"},
+            {"name": "decode", "role": "decode", "cluster": "pool"}
+        ],
+        "admin_cluster": "kvroute_admin",
+        "discovery_interval_ms": 200,
+        "pd": {"mode": "inline", "prefill_timeout_ms": 5000, "probe_interval_ms": 0,
+               "topology": {"kv_bytes_per_token": 131_072}}
+    });
+    let mut opts = EnvoyOptions::new(
+        &decode.pods,
+        Lb::OverrideHost,
+        Some(plugin_config(&decode.pods, settings)),
+    );
+    opts.admin_cluster = true;
+    let admin_port = harness::free_port().unwrap();
+    let mut bootstrap = harness::envoy_config(&opts, &harness::wasm_path().unwrap(), admin_port);
+    let clusters = bootstrap["static_resources"]["clusters"]
+        .as_array_mut()
+        .unwrap();
+    for c in clusters.iter_mut().filter(|c| c["name"] == "pool") {
+        c["load_assignment"] = zoned_assignment("pool", &decode.pods);
+    }
+    clusters.push(
+        json!({"name": "prefill_pods", "type": "STATIC", "connect_timeout": "0.5s",
+        "load_assignment": zoned_assignment("prefill_pods", &prefill.pods)}),
+    );
+    let envoy = Envoy::start_with_config(&bootstrap.to_string(), opts.concurrency)
+        .await
+        .unwrap();
+    wait_healthy(&envoy, 4).await;
+    let mut zones = serde_json::Map::new();
+    for pods in [&prefill.pods, &decode.pods] {
+        for (pod, zone) in pods.iter().zip(["a", "b"]) {
+            zones.insert(pod.clone(), json!({"zone": zone}));
+        }
+    }
+    let pairs = split_zones(&envoy, &Value::Object(zones), 8).await;
+    assert!(
+        pairs.iter().all(|(p, d)| p == d),
+        "every split paired within a zone: {pairs:?}"
+    );
+}
