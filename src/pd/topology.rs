@@ -127,14 +127,15 @@ impl TopologyConfig {
 
 /// Adds to each prefill candidate's predicted first token the time to move `tokens` tokens of KV
 /// to the decode pod, and ranks the candidates again where their links differ (unguarded first,
-/// then by cost; where every link is the same the picker's order stands). `locality` gives a
-/// pod's reported locality by address.
+/// then by cost; where every link is the same the picker's order stands), keeping the first
+/// `keep`. `locality` gives a pod's reported locality by address.
 pub fn price_transfers<'a>(
     config: &TopologyConfig,
     ranking: Decision,
     decode_addr: &str,
     tokens: f64,
     locality: impl Fn(&str) -> Option<&'a Locality>,
+    keep: usize,
 ) -> Decision {
     let Decision::Route { mut ranked, reason } = ranking else {
         return ranking;
@@ -159,6 +160,7 @@ pub fn price_transfers<'a>(
             })
         });
     }
+    ranked.truncate(keep);
     Decision::Route { ranked, reason }
 }
 

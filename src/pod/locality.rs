@@ -45,15 +45,6 @@ impl Link {
             () => Link::Remote,
         }
     }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Link::SubZone => "sub_zone",
-            Link::Zone => "zone",
-            Link::Region => "region",
-            Link::Remote => "remote",
-        }
-    }
 }
 
 #[cfg(test)]

@@ -123,6 +123,29 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> (Decision, bool) {
+        self.route_keeping(
+            config,
+            model,
+            roles,
+            blocks,
+            hints,
+            now_ms,
+            config.max_endpoints_in_header,
+        )
+    }
+
+    /// [`Self::route_judging_health`] ranking up to `keep` pods.
+    #[allow(clippy::too_many_arguments)]
+    fn route_keeping(
+        &self,
+        config: &Config,
+        model: &str,
+        roles: &[Role],
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+        keep: usize,
+    ) -> (Decision, bool) {
         let lengths = self.affinity.match_lengths(&blocks.hashes);
         let of_role: Vec<(&PodLoad, Health)> = self
             .load
@@ -167,8 +190,12 @@ impl Router {
                 }
             })
             .collect();
+        let selection = crate::scheduler::SelectionConfig {
+            max_endpoints_in_header: keep,
+            ..config.selection()
+        };
         let decision = decide(
-            &config.selection(),
+            &selection,
             &pods,
             &RouteRequest {
                 model,
@@ -219,13 +246,22 @@ impl Router {
                 observer_suspect,
             };
         };
-        let prefill_ranking = self.route(
+        // Priced by their links, every prefill pod is a candidate: the nearest may rank past the
+        // header's few before its transfer is counted.
+        let topology = &config.pd.topology;
+        let keep = if topology.enabled() {
+            crate::common::MAX_PODS
+        } else {
+            config.max_endpoints_in_header
+        };
+        let (prefill_ranking, _) = self.route_keeping(
             config,
             model,
             &[Role::Prefill],
             blocks,
             crate::pd::prefill_hints(hints),
             now_ms,
+            keep,
         );
         let reported = |addr: &str| {
             self.load
@@ -235,11 +271,12 @@ impl Router {
                 .and_then(|p| p.locality.as_ref())
         };
         let prefill_ranking = crate::pd::topology::price_transfers(
-            &config.pd.topology,
+            topology,
             prefill_ranking,
             &decode.addr,
             decode.prediction.uncached_tokens,
             reported,
+            config.max_endpoints_in_header,
         );
         let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
         let pool_itls = || {

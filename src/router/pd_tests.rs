@@ -355,3 +355,26 @@ fn localities_envoy_reports_are_used_and_the_split_is_priced_with_its_transfer()
         assert!((added - 83.9).abs() < 0.5, "{added}");
     }
 }
+
+#[test]
+fn the_near_prefill_pod_wins_even_where_the_picker_ranks_it_past_the_headers_few() {
+    // Five idle prefill pods, one in the decode pod's zone: rendezvous alone puts it past the
+    // three the header keeps for two keys in five.
+    let cfg = Config::parse(
+        br#"{"pools":[{"name":"p","role":"prefill","endpoints":
+                ["10.0.0.1:1","10.0.0.2:1","10.0.0.3:1","10.0.0.4:1","10.0.0.5:1"]},
+              {"name":"d","role":"decode","endpoints":["10.0.1.1:1"]}],
+             "pd":{"topology":{"kv_bytes_per_token":131072,"localities":{
+               "10.0.0.1:1":{"zone":"b"},"10.0.0.2:1":{"zone":"b"},"10.0.0.3:1":{"zone":"a"},
+               "10.0.0.4:1":{"zone":"b"},"10.0.0.5:1":{"zone":"b"},"10.0.1.1:1":{"zone":"a"}}}}}"#,
+    )
+    .unwrap();
+    let r = router(&cfg, 0.0);
+    for key in 1..=20u64 {
+        let mut b = blocks(8000);
+        b.affinity_key = key;
+        b.hashes.iter_mut().for_each(|h| *h += key << 32);
+        let pd = r.plan(&cfg, "m", &b, Hints::default(), 100).pd.unwrap();
+        assert_eq!(pd.prefill.as_ref().unwrap().addr, "10.0.0.3:1", "key {key}");
+    }
+}
