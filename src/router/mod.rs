@@ -18,7 +18,7 @@ use crate::health::{health_of, Health};
 use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::PodMetrics;
 use crate::scheduler::predict::head_progress;
-use crate::scheduler::{decide, Decision, Hints, PodView, RouteRequest};
+use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
 pub use crate::work::FirstToken;
 use crate::work::WorkBook;
 
@@ -246,38 +246,7 @@ impl Router {
                 observer_suspect,
             };
         };
-        // Priced by their links, every prefill pod is a candidate: the nearest may rank past the
-        // header's few before its transfer is counted.
-        let topology = &config.pd.topology;
-        let keep = if topology.enabled() {
-            crate::common::MAX_PODS
-        } else {
-            config.max_endpoints_in_header
-        };
-        let (prefill_ranking, _) = self.route_keeping(
-            config,
-            model,
-            &[Role::Prefill],
-            blocks,
-            crate::pd::prefill_hints(hints),
-            now_ms,
-            keep,
-        );
-        let reported = |addr: &str| {
-            self.load
-                .pods
-                .iter()
-                .find(|p| p.addr == addr)
-                .and_then(|p| p.locality.as_ref())
-        };
-        let prefill_ranking = crate::pd::topology::price_transfers(
-            topology,
-            prefill_ranking,
-            &decode.addr,
-            decode.prediction.uncached_tokens,
-            reported,
-            config.max_endpoints_in_header,
-        );
+        let prefill_ranking = self.prefill_ranking(config, model, blocks, hints, now_ms, decode);
         let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
         let pool_itls = || {
             self.load
@@ -305,6 +274,51 @@ impl Router {
             decision,
             observer_suspect,
         }
+    }
+
+    /// The prefill pods for a split onto `decode`, each priced with its KV transfer there
+    /// (`crate::pd::topology`).
+    fn prefill_ranking(
+        &self,
+        config: &Config,
+        model: &str,
+        blocks: &Blocks,
+        hints: Hints,
+        now_ms: u64,
+        decode: &Choice,
+    ) -> Decision {
+        // Priced by their links, every prefill pod is a candidate: the nearest may rank past the
+        // header's few before its transfer is counted.
+        let topology = &config.pd.topology;
+        let keep = if topology.enabled() {
+            crate::common::MAX_PODS
+        } else {
+            config.max_endpoints_in_header
+        };
+        let (ranking, _) = self.route_keeping(
+            config,
+            model,
+            &[Role::Prefill],
+            blocks,
+            crate::pd::prefill_hints(hints),
+            now_ms,
+            keep,
+        );
+        let reported = |addr: &str| {
+            self.load
+                .pods
+                .iter()
+                .find(|p| p.addr == addr)
+                .and_then(|p| p.locality.as_ref())
+        };
+        crate::pd::topology::price_transfers(
+            topology,
+            ranking,
+            &decode.addr,
+            decode.prediction.uncached_tokens,
+            reported,
+            config.max_endpoints_in_header,
+        )
     }
 }
 
