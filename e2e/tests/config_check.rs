@@ -6,21 +6,12 @@
 //! with the parser on the same configurations (checked by Python's `jsonschema`, as an editor or
 //! CI would).
 
-use harness::{render_overlay, repo_root, scratch_dir, sibling_bin, tools_bin};
+use harness::{render_overlay, repo_root, scratch_dir, sibling_bin, tools_bin, OVERLAYS};
 use serde::Deserialize;
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-const OVERLAYS: [&str; 6] = [
-    "aggregated",
-    "gateway-api",
-    "lws",
-    "pd",
-    "pd-keda",
-    "sidecar-mesh",
-];
 
 /// `kvbench config ARGS` with `stdin` as its standard input: success and everything it printed.
 fn kvbench_config(args: &[&str], stdin: &str) -> (bool, String) {

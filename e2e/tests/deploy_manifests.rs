@@ -7,20 +7,11 @@
 //! overlay's pool is the LeaderWorkerSet's leaders only; placeholders left in place are refused by
 //! name (`tools/check_placeholders.py`, the last step of `make manifests`).
 
-use harness::{copy_tree, render_overlay, repo_root, tools_bin};
+use harness::{copy_tree, render_overlay, repo_root, tools_bin, OVERLAYS};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-const OVERLAYS: [&str; 6] = [
-    "aggregated",
-    "gateway-api",
-    "lws",
-    "pd",
-    "pd-keda",
-    "sidecar-mesh",
-];
 
 /// Runs the checker on a `deploy/` tree; its exit status and output.
 fn check(deploy: &Path, extra: &[&str]) -> (bool, String) {

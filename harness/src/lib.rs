@@ -53,6 +53,16 @@ pub fn tools_bin(name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// Every overlay under `deploy/kustomize/overlays/`, the ones a platform engineer applies.
+pub const OVERLAYS: [&str; 6] = [
+    "aggregated",
+    "gateway-api",
+    "lws",
+    "pd",
+    "pd-keda",
+    "sidecar-mesh",
+];
+
 /// `kubectl kustomize` of an overlay under `deploy/kustomize/overlays/`: the rendered YAML text.
 pub fn render_overlay(overlay: &str) -> Result<String> {
     let dir = repo_root().join("deploy/kustomize/overlays").join(overlay);

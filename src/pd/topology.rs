@@ -167,14 +167,7 @@ pub fn price_transfers<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(region: &str, zone: &str, sub_zone: &str) -> Locality {
-        Locality {
-            region: region.into(),
-            zone: zone.into(),
-            sub_zone: sub_zone.into(),
-        }
-    }
+    use crate::pod::locality::at;
 
     #[test]
     fn transfer_time_is_bytes_over_the_links_bandwidth() {

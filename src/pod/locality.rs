@@ -47,17 +47,19 @@ impl Link {
     }
 }
 
+/// A locality from its three names (tests).
+#[cfg(test)]
+pub fn at(region: &str, zone: &str, sub_zone: &str) -> Locality {
+    Locality {
+        region: region.into(),
+        zone: zone.into(),
+        sub_zone: sub_zone.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(region: &str, zone: &str, sub_zone: &str) -> Locality {
-        Locality {
-            region: region.into(),
-            zone: zone.into(),
-            sub_zone: sub_zone.into(),
-        }
-    }
 
     #[test]
     fn the_link_is_the_closest_level_both_share() {

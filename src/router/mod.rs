@@ -108,35 +108,15 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> Decision {
-        self.route_judging_health(config, model, roles, blocks, hints, now_ms)
+        let keep = config.max_endpoints_in_header;
+        self.route_judging_health(config, model, roles, blocks, hints, now_ms, keep)
             .0
     }
 
-    /// [`Self::route`], and whether every candidate's metrics were stale (then the last known
-    /// figures were used: the observer is suspect, see `crate::health`).
-    fn route_judging_health(
-        &self,
-        config: &Config,
-        model: &str,
-        roles: &[Role],
-        blocks: &Blocks,
-        hints: Hints,
-        now_ms: u64,
-    ) -> (Decision, bool) {
-        self.route_keeping(
-            config,
-            model,
-            roles,
-            blocks,
-            hints,
-            now_ms,
-            config.max_endpoints_in_header,
-        )
-    }
-
-    /// [`Self::route_judging_health`] ranking up to `keep` pods.
+    /// [`Self::route`] ranking up to `keep` pods, and whether every candidate's metrics were stale
+    /// (then the last known figures were used: the observer is suspect, see `crate::health`).
     #[allow(clippy::too_many_arguments)]
-    fn route_keeping(
+    fn route_judging_health(
         &self,
         config: &Config,
         model: &str,
@@ -227,8 +207,9 @@ impl Router {
         } else {
             &[Role::Aggregated]
         };
+        let keep = config.max_endpoints_in_header;
         let (decision, observer_suspect) =
-            self.route_judging_health(config, model, roles, blocks, hints, now_ms);
+            self.route_judging_health(config, model, roles, blocks, hints, now_ms, keep);
         let decode = match &decision {
             Decision::Route { ranked, .. } if split => ranked.first(),
             _ => None,
@@ -295,7 +276,7 @@ impl Router {
         } else {
             config.max_endpoints_in_header
         };
-        let (ranking, _) = self.route_keeping(
+        let (ranking, _) = self.route_judging_health(
             config,
             model,
             &[Role::Prefill],

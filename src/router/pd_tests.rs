@@ -338,11 +338,7 @@ fn localities_envoy_reports_are_used_and_the_split_is_priced_with_its_transfer()
     let mut table = r.load_table().clone();
     for p in table.pods.iter_mut() {
         let zone = if p.addr == "10.0.0.2:1" { "b" } else { "a" };
-        p.locality = Some(crate::pod::locality::Locality {
-            region: "eu".into(),
-            zone: zone.into(),
-            sub_zone: String::new(),
-        });
+        p.locality = Some(crate::pod::locality::at("eu", zone, ""));
     }
     r.apply_load_table(&cfg, table);
     for key in 1..=8u64 {

@@ -129,15 +129,16 @@ impl Leader {
                 for (addr, locality) in members {
                     if locality.is_known() {
                         self.localities.insert(addr.clone(), locality);
+                    } else {
+                        self.localities.remove(&addr);
                     }
                     slot.push(addr);
                 }
             }
         }
-        let members = &self.members;
-        self.localities
-            .retain(|addr, _| members.iter().any(|m| m.contains(addr)));
         self.sync_pods(config);
+        let pods = &self.pods;
+        self.localities.retain(|addr, _| pods.contains_key(addr));
     }
 
     /// The pods to poll now, if a round is due.
