@@ -192,6 +192,7 @@ fn measure(pods: usize) -> Figures {
                 tokens: 3000.0,
                 decoding: 4.0,
                 predicted_ms: 300.0,
+                adapter_load_ms: 0.0,
             };
             wvm.router
                 .costs

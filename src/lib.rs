@@ -7,6 +7,7 @@
 //! * `flow` — one request's path, from headers to outcome and back (parsing, usage reports)
 //! * `health` — which pods may take requests: poll freshness, passive ejection
 //! * `scheduler` — filters, TTFT predictor (with the learned per-pod cost), picker
+//! * `adapters` — LoRA adapters: which pods hold which, what loading one costs
 //! * `pd` — prefill/decode: the split decision and its inline execution
 //! * `prefix` — block hashing, the prefix index, tiktoken mode
 //! * `router` — one VM's routing state (index, work, fits) and the plan
@@ -16,6 +17,7 @@
 //! * `config`, `metrics`, `headers`, `port` — configuration, stat names, owned headers, the port
 //! * `headermap` — header bytes from the host, read without trusting them (values that are not UTF-8)
 
+pub mod adapters;
 pub mod admission;
 pub mod affinity;
 pub mod common;

@@ -41,6 +41,8 @@ LAYERS = [
     "work",
     # how fast each pod works: the learned cost model, pod speeds, calibration, the fits board
     "cost",
+    # LoRA adapters: which pods hold which, what loading one costs
+    "adapters",
     # which pod stored a Responses API answer
     "stored_responses",
     # filters, the TTFT predictor, the picker; then the P/D split decision

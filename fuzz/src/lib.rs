@@ -364,6 +364,8 @@ fn gen_metrics(g: &mut Gen) -> PodMetrics {
         num_gpu_blocks: (g.u8() & 1 == 1).then(|| g.u64()),
         models: (0..g.len(3)).map(|_| g.string(12)).collect(),
         adapters: (0..g.len(2)).map(|_| g.string(12)).collect(),
+        adapters_running: (0..g.len(2)).map(|_| g.string(12)).collect(),
+        adapter_slots: (g.u8() & 1 == 1).then(|| g.u32()),
         ours: GatewayShare {
             prefilling: g.number(1e3),
             inflight: g.number(1e3),

@@ -52,6 +52,7 @@ pub struct Config {
     pub models_poll_interval_ms: u64,
     pub block: Blocking,
     pub prediction: crate::scheduler::predict::PredictionConfig,
+    pub adapters: crate::adapters::AdapterConfig,
     pub overload_guard: OverloadGuard,
     pub rendezvous_load_slack: f64,
     pub default_pod_capacity_blocks: u32,
@@ -266,6 +267,7 @@ impl Config {
         w.pd.validate()?;
         w.peers.validate(w.admin_cluster.as_deref())?;
         w.prediction.validate()?;
+        w.adapters.validate()?;
         w.health.validate()?;
         check_polling(w)?;
         at_least("overload_guard.abs_gap", w.overload_guard.abs_gap, 0.0)?;
@@ -286,6 +288,7 @@ impl Config {
             models_poll_interval_ms: w.models_poll_interval_ms,
             block: compile_blocking(&w.block)?,
             prediction: w.prediction.clone(),
+            adapters: w.adapters.clone(),
             overload_guard: w.overload_guard.clone(),
             rendezvous_load_slack: w.rendezvous_load_slack,
             default_pod_capacity_blocks: w.default_pod_capacity_blocks,

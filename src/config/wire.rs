@@ -69,6 +69,8 @@ pub struct WireConfig {
     pub block: BlockConfig,
     /// The TTFT prediction the pods are ranked by (prior costs, tie band).
     pub prediction: crate::scheduler::predict::PredictionConfig,
+    /// LoRA adapters: what loading one a pod lacks costs (`crate::adapters`).
+    pub adapters: crate::adapters::AdapterConfig,
     pub overload_guard: OverloadGuard,
     /// Among pods whose predictions tie, only those within this many requests of the least loaded
     /// one are equal candidates for rendezvous hashing.
@@ -145,6 +147,7 @@ impl Default for WireConfig {
             models_poll_interval_ms: 10_000,
             block: BlockConfig::default(),
             prediction: Default::default(),
+            adapters: Default::default(),
             overload_guard: OverloadGuard::default(),
             rendezvous_load_slack: 2.0,
             default_pod_capacity_blocks: 16384,

@@ -231,6 +231,10 @@ impl RequestFlow {
             self.debug = Some(explain::debug_line(vm, blocks, ranked, planned.reason, pd));
         }
         vm.router.work.inflight_start(&primary.addr);
+        let prefill = planned.prefill().map(|c| c.addr.as_str());
+        let served_by = std::iter::once(primary.addr.as_str()).chain(prefill);
+        vm.router
+            .note_adapter_sent(&vm.config.adapters, &view.model, served_by);
         let (first_byte_timeout_ms, attempt_timeout_ms) = attempt_timeouts(vm, ranked, view);
         if let Some(first) = first_token {
             let pending = Some(

@@ -173,6 +173,10 @@ pub fn debug_line(
             .unwrap_or_default(),
     );
     write_ranking(&mut line, ranked);
+    // An adapter request some candidate lacks the adapter for: what the chosen pod pays to load it.
+    if ranked.iter().any(|c| c.prediction.adapter_load_ms > 0.0) {
+        let _ = write!(line, "; adapter_load_ms={:.1}", p.adapter_load_ms);
+    }
     if let Some(slo) = primary.meets_slo {
         let _ = write!(line, "; meets_slo={slo}");
     }

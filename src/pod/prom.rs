@@ -51,6 +51,13 @@ pub struct PodMetrics {
     /// LoRA adapters running or waiting, per the newest `vllm:lora_requests_info` sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<String>,
+    /// Of those, the ones running: loaded in one of the pod's adapter slots (`crate::adapters`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters_running: Vec<String>,
+    /// The pod's adapter slots, the sample's `max_lora` (vLLM's `--max-loras`): how many adapters
+    /// its GPU holds at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_slots: Option<u32>,
     /// Not read off the page: this gateway's own requests on the pod when the leader sent the
     /// poll, the most of `waiting` and `running` that can be ours (see [`GatewayShare`]).
     #[serde(default, skip_serializing_if = "GatewayShare::is_none")]
@@ -231,7 +238,12 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
             }
             Signal::LoraInfo if value > newest_lora => {
                 newest_lora = value;
-                m.adapters = adapters_of(labels);
+                m.adapters =
+                    adapters_of(labels, &["running_lora_adapters", "waiting_lora_adapters"]);
+                m.adapters_running = adapters_of(labels, &["running_lora_adapters"]);
+                m.adapter_slots = label(labels, "max_lora")
+                    .and_then(|v| v.parse().ok())
+                    .filter(|v| *v > 0);
             }
             Signal::LoraInfo => {}
         }
@@ -302,10 +314,9 @@ fn read_cache_info(m: &mut PodMetrics, labels: &str) -> u32 {
         + u32::from(blocks.is_some() && m.num_gpu_blocks.is_none())
 }
 
-/// The adapters a LoRA info sample names running or waiting, each once.
-fn adapters_of(labels: &str) -> Vec<String> {
-    ["running_lora_adapters", "waiting_lora_adapters"]
-        .iter()
+/// The adapters a LoRA info sample names under `keys`, each once.
+fn adapters_of(labels: &str, keys: &[&str]) -> Vec<String> {
+    keys.iter()
         .filter_map(|key| label(labels, key))
         .flat_map(|list| list.split(','))
         .map(str::trim)
@@ -420,6 +431,8 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
         );
         let m = parse(page.as_bytes()).unwrap();
         assert_eq!(m.adapters, vec!["sql-lora", "chat-lora", "tiny"]);
+        assert_eq!(m.adapters_running, vec!["sql-lora", "chat-lora"]);
+        assert_eq!(m.adapter_slots, Some(4));
         assert!(parse(VLLM.as_bytes()).unwrap().adapters.is_empty());
         let idle = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7e9\n";
         assert!(parse(idle.as_bytes()).unwrap().adapters.is_empty());

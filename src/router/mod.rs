@@ -11,6 +11,7 @@ pub use crate::affinity::{Blocks, CacheExpectation, CacheVerdict, MAX_BLOCKS_PER
 pub use crate::cost::PoolCosts;
 pub use crate::pd::{PdOutcome, PdPlan};
 
+use crate::adapters::Adapters;
 use crate::affinity::{Affinity, IndexSizes};
 use crate::config::{Config, Role};
 use crate::cost::Costs;
@@ -31,6 +32,8 @@ pub struct Router {
     pub work: WorkBook,
     /// How fast each pod works: learned costs and inter-token latencies.
     pub costs: Costs,
+    /// Which pods hold which LoRA adapter, and what loading one costs.
+    pub adapters: Adapters,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +64,7 @@ impl Plan {
             tokens: p.tokens_ahead + p.uncached_tokens,
             decoding: p.decoding,
             predicted_ms: p.ttft_ms,
+            adapter_load_ms: p.adapter_load_ms,
         })
     }
 }
@@ -72,6 +76,29 @@ impl Router {
 
     pub fn load_table(&self) -> &LoadTable {
         &self.load
+    }
+
+    /// `model` when it names a LoRA adapter on some pod (`crate::adapters`).
+    pub fn adapter_of<'a>(&self, model: &'a str) -> Option<&'a str> {
+        self.adapters.is_adapter(model).then_some(model)
+    }
+
+    /// A request for `model` went to the pods `addrs` (a split's decode and prefill pods both run
+    /// the adapter): if `model` is an adapter, they hold it now (`crate::adapters`).
+    pub fn note_adapter_sent<'a>(
+        &mut self,
+        config: &crate::adapters::AdapterConfig,
+        model: &str,
+        addrs: impl Iterator<Item = &'a str>,
+    ) {
+        let Some(adapter) = self.adapter_of(model) else {
+            return;
+        };
+        for addr in addrs {
+            if let Some(pod) = self.load.pods.iter().find(|p| p.addr == addr) {
+                self.adapters.on_routed(config, pod, adapter);
+            }
+        }
     }
 
     /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
@@ -96,6 +123,7 @@ impl Router {
         };
         self.affinity.list_pods(&table, &sizes);
         self.costs.list_pods(&table);
+        self.adapters.list_pods(&table);
         self.load = table;
     }
 
@@ -138,6 +166,7 @@ impl Router {
             && !of_role.iter().any(|(_, h)| *h == Health::Fresh);
         let pool_costs = self.costs.pool_costs();
         let settings = config.costs();
+        let adapter = self.adapter_of(model);
         let pods: Vec<PodView> = of_role
             .into_iter()
             .map(|(p, health)| {
@@ -167,6 +196,7 @@ impl Router {
                     itl_ms: self.costs.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self.affinity.matched_of(&lengths, &p.addr),
+                    adapter_load_ms: self.adapters.load_ms_on(&config.adapters, p, adapter),
                 }
             })
             .collect();

@@ -209,6 +209,7 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         tokens: 3000.0,
         decoding: 0.0,
         predicted_ms: 100.0,
+        adapter_load_ms: 0.0,
     };
     let id = vm1.work.prefill_start(&first, 100, None);
     board.put_row(1, 100, &vm1.work.own_work(), 3000);
@@ -250,6 +251,7 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
         tokens,
         decoding: 0.0,
         predicted_ms: 4000.0,
+        adapter_load_ms: 0.0,
     };
     let mut board = Board::default();
     // vm1's prompt is computed first; vm2's, routed a little later, waits behind it.
@@ -397,6 +399,7 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         tokens,
         decoding: 0.0,
         predicted_ms: 1e6,
+        adapter_load_ms: 0.0,
     };
     let head = r.work.prefill_start(&first(4000.0), 1000, None);
     r.work.prefill_start(&first(2000.0), 1500, None);
@@ -434,6 +437,7 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         tokens: 10.0,
         decoding: 0.0,
         predicted_ms: 100.0,
+        adapter_load_ms: 0.0,
     };
     r.work.prefill_start(&first, 1000, None);
     assert!(!r.work.expire_prefills(1000 + 200));
@@ -467,6 +471,7 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
                 tokens,
                 decoding: 0.0,
                 predicted_ms: 0.0,
+                adapter_load_ms: 0.0,
             };
             r.costs.learn(&cfg.costs(), &first, 2.0 + us * tokens / 1e3);
         }
@@ -493,6 +498,7 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
             tokens: 0.0,
             decoding: 0.0,
             predicted_ms: 1e9,
+            adapter_load_ms: 0.0,
         };
         r.work.prefill_start(&first, 100, None);
         queued[usize::from(pod == "slow:1")] += 1;
@@ -536,6 +542,7 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
                 tokens: seen_ahead + own,
                 decoding,
                 predicted_ms: 0.0,
+                adapter_load_ms: 0.0,
             };
             r.costs.learn(
                 &cfg.costs(),
@@ -714,6 +721,7 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
                 tokens: 2000.0,
                 decoding: 0.0,
                 predicted_ms: 0.0,
+                adapter_load_ms: 0.0,
             };
             r.costs
                 .learn(&cfg.costs(), &first, (2.0 + 0.03 * 2000.0) * noise.exp());
@@ -739,4 +747,53 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
         );
         assert!((moved - taken).abs() < 1e-9, "{moved} against {taken}");
     }
+}
+
+/// An adapter's requests stay on the pod that loaded it while its queue is short, and load it on
+/// another pod once waiting there is longer than a load; with loads not priced they go to the
+/// idler pod at once.
+#[test]
+fn an_adapter_stays_where_it_is_loaded_until_the_queue_outweighs_a_load() {
+    let with_adapter = |waiting_on_a: f64| {
+        let mut t = table(&["a:1", "b:1"], 100);
+        for p in &mut t.pods {
+            p.served = vec![crate::pod::models::ServedModel {
+                id: "sql-lora".into(),
+                parent: Some("m".into()),
+                root: None,
+                max_model_len: None,
+            }];
+        }
+        t.pods[0].metrics.waiting = waiting_on_a;
+        t
+    };
+    let route = |r: &Router, cfg: &Config, i: usize| {
+        let view = chat("", &format!("question {i} about the tables"));
+        let b = Blocks::of(&cfg.block, &view, None);
+        primary(&r.route(
+            cfg,
+            "sql-lora",
+            &[Role::Aggregated],
+            &b,
+            Hints::default(),
+            100,
+        ))
+    };
+    let mut cfg = Config::default();
+    cfg.adapters.load_ms = 200.0;
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, with_adapter(0.0));
+    assert_eq!(r.adapter_of("sql-lora"), Some("sql-lora"));
+    assert_eq!(r.adapter_of("m"), None);
+    r.note_adapter_sent(&cfg.adapters, "sql-lora", ["a:1"].into_iter());
+    // a loaded it; one request waiting there (about 20 ms of work) is cheaper than a load.
+    r.apply_load_table(&cfg, with_adapter(1.0));
+    assert!((0..10).all(|i| route(&r, &cfg, i) == "a:1"));
+    // Forty waiting (about 800 ms) are not.
+    r.apply_load_table(&cfg, with_adapter(40.0));
+    assert!((0..10).all(|i| route(&r, &cfg, i) == "b:1"));
+    // Unpriced, the single waiting request already sends it to b.
+    cfg.adapters.price_loads = false;
+    r.apply_load_table(&cfg, with_adapter(1.0));
+    assert!((0..10).all(|i| route(&r, &cfg, i) == "b:1"));
 }

@@ -65,6 +65,9 @@ pub struct PodView<'a> {
     pub models: &'a [String],
     /// Leading blocks of the request that the index believes the pod holds.
     pub matched_blocks: usize,
+    /// Milliseconds the pod would spend loading the request's LoRA adapter first (0: it holds
+    /// it, or the request names none; `crate::adapters`).
+    pub adapter_load_ms: f64,
 }
 
 impl PodView<'_> {

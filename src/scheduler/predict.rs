@@ -19,6 +19,10 @@
 //!   ranked a pod whose head was about to finish behind one whose head had just begun.
 //! * **scale** — the whole is multiplied by the pod's role's calibration to the median
 //!   (`cost::MedianScale`): the fit predicts the mean, and first-token times are skewed.
+//! * **adapter load** — where the request names a LoRA adapter the pod does not hold, the time to
+//!   load it ([`PodView::adapter_load_ms`], `crate::adapters`), added after the scale: it is not a
+//!   token cost, and it is also work the pod does for this request (the load runs in the engine's
+//!   step, so it delays the requests queued behind it as the prefill does).
 //! * **decoding** — sequences decoding on the pod (polled, or the gateway's own count of requests
 //!   past their first byte if larger): an engine that runs prefill and decode in one step pays for
 //!   the decode batch in every step, the first token's included.
@@ -57,6 +61,8 @@ pub struct Prediction {
     /// What this request's uncached prefill adds to the wait of the requests that will queue
     /// behind it there (see the module header).
     pub added_wait_ms: f64,
+    /// Of `ttft_ms`, the time to load the request's adapter (see the module header).
+    pub adapter_load_ms: f64,
 }
 
 impl Prediction {
@@ -90,28 +96,38 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
-    let own_compute_ms = pod.cost.us_per_token * uncached / 1e3 * pod.ttft_scale;
+    let adapter_load_ms = pod.adapter_load_ms.max(0.0);
+    let own_compute_ms = pod.cost.us_per_token * uncached / 1e3 * pod.ttft_scale + adapter_load_ms;
     Prediction {
-        ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding) * pod.ttft_scale,
+        ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding) * pod.ttft_scale
+            + adapter_load_ms,
         uncached_tokens: uncached,
         tokens_ahead,
         decoding,
         own_compute_ms,
         added_wait_ms: 0.0,
+        adapter_load_ms,
     }
 }
 
-/// `prediction` with the wait it adds behind it: its own compute × the longer of the pod's queue
-/// and `pool_queue`, the candidates' mean (see the module header).
+/// `prediction` with the wait it adds behind it: its prefill × the longer of the pod's queue and
+/// `pool_queue`, the candidates' mean (see the module header), and its adapter load × the pod's
+/// own queue. A load is paid once: the pod then holds the adapter, and the next arrivals there
+/// do not pay it again, where every request moved off a prefix's holder recomputes. Priced by
+/// the pool's queue, a load never looked cheaper than the holder's queue however long that grew,
+/// and a hot adapter stayed on one pod while another sat idle.
 pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f64) -> Prediction {
-    let waiters = pod.queue().max(pool_queue);
+    let waiters = |queue: f64| {
+        if queue.is_finite() {
+            queue.max(0.0)
+        } else {
+            0.0
+        }
+    };
+    let load = prediction.adapter_load_ms;
+    let prefill = prediction.own_compute_ms - load;
     Prediction {
-        added_wait_ms: prediction.own_compute_ms
-            * if waiters.is_finite() {
-                waiters.max(0.0)
-            } else {
-                0.0
-            },
+        added_wait_ms: prefill * waiters(pod.queue().max(pool_queue)) + load * waiters(pod.queue()),
         ..prediction
     }
 }

@@ -38,6 +38,7 @@ fn prefill_on(addr: &str, tokens: f64, ms: f64) -> crate::router::FirstToken {
         tokens,
         decoding: 0.0,
         predicted_ms: ms,
+        adapter_load_ms: 0.0,
     }
 }
 

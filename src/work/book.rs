@@ -16,6 +16,8 @@ pub struct FirstToken {
     pub tokens: f64,
     pub decoding: f64,
     pub predicted_ms: f64,
+    /// Of `predicted_ms`, the time to load the request's LoRA adapter (`crate::adapters`).
+    pub adapter_load_ms: f64,
 }
 
 /// This VM's work in flight per pod and the other VMs' as last read from the board.
