@@ -181,6 +181,13 @@ impl LinkLevels {
     }
 }
 
+/// Simulated time to read a LoRA adapter from disk onto the GPU: a rank-16 adapter on every
+/// linear layer of a 7–8B model is about 80 MB, 30–40 ms from NVMe at 2–3 GB/s, plus reading the
+/// safetensors and copying layer by layer before the prefill (vllm-project/vllm#31941; reports run
+/// from ~10 ms from pinned host memory to 0.5–1 s with unpinned per-layer copies,
+/// predibase/lorax#433).
+pub const DEFAULT_LORA_LOAD_MS: f64 = 100.0;
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Address every pod binds (port chosen by the OS).
@@ -193,6 +200,11 @@ pub struct SimConfig {
     /// LoRA adapters (vLLM's `--lora-modules name=path`): each a name requests may use, with a KV
     /// cache of its own.
     pub lora_modules: Vec<LoraModule>,
+    /// vLLM's `--max-loras` (default 1): distinct adapters one step runs, and GPU adapter slots.
+    pub max_loras: usize,
+    /// Simulated milliseconds to load an adapter not in a GPU slot; the step that loads it takes
+    /// that much longer (see `crate::engine`).
+    pub lora_load_ms: f64,
     /// Wall seconds per simulated second (0.05 = everything 20x faster).
     pub time_scale: f64,
     pub max_num_seqs: usize,
@@ -253,6 +265,8 @@ impl Default for SimConfig {
             engine: EngineKind::Vllm,
             models: vec!["sim-model".to_string()],
             lora_modules: Vec::new(),
+            max_loras: 1,
+            lora_load_ms: DEFAULT_LORA_LOAD_MS,
             time_scale: 1.0,
             max_num_seqs: 32,
             num_gpu_blocks: 4096,
@@ -415,6 +429,12 @@ impl SimConfig {
                 );
             }
         }
+        if self.max_loras == 0 {
+            bail!("--max-loras must be at least 1");
+        }
+        if !(self.lora_load_ms.is_finite() && self.lora_load_ms >= 0.0) {
+            bail!("--lora-load-ms must be a non-negative number");
+        }
         if !(self.kv_hold_timeout_s.is_finite() && self.kv_hold_timeout_s >= 0.0) {
             bail!("KV hold timeout must be a non-negative number of seconds");
         }
@@ -470,6 +490,11 @@ impl SimConfig {
     /// Simulated time from arrival to the scheduler's queue (α0 + α1 · input length).
     pub fn queueing_time(&self, prompt_tokens: usize) -> Duration {
         Duration::from_secs_f64(self.profile.queueing_us(prompt_tokens) / 1e6)
+    }
+
+    /// Simulated time to load an adapter into a GPU slot.
+    pub fn lora_load_time(&self) -> Duration {
+        Duration::from_secs_f64(self.lora_load_ms.max(0.0) / 1e3)
     }
 
     /// Simulated host time per output token (α2), added to each token's delivery.

@@ -301,7 +301,6 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         Some(salt) => format!("{}\u{0}{salt}", served.cache_key),
         None => served.cache_key.clone(),
     };
-    let adapter = served.adapter.as_deref().map(|a| pod.adapter_started(a));
     let (remote_tokens, report_kv, max_tokens, pull_source) =
         plan_disaggregation(pod, headers, &req).await;
     // One sequence per prompt and choice, as vLLM runs a batch and `n`: choice `p * n + j` is
@@ -319,6 +318,7 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
                 remote_tokens: if first { remote_tokens } else { 0 },
                 report_block_ids: report_kv && first,
                 pull_source: if first { pull_source.take() } else { None },
+                adapter: served.adapter.clone(),
             };
             sequences.push(pod.engine.submit(spec));
         }
@@ -344,10 +344,10 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
             if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) {
                 pod.stored.begin(&meta.id, &obj);
             }
-            return responses_answer(pod, meta, sequences, req.stream, adapter).await;
+            return responses_answer(pod, meta, sequences, req.stream).await;
         }
-        Endpoint::Messages => return messages_answer(meta, sequences, req.stream, adapter).await,
-        Endpoint::Generate => return generate_answer(meta, sequences, req.stream, adapter).await,
+        Endpoint::Messages => return messages_answer(meta, sequences, req.stream).await,
+        Endpoint::Generate => return generate_answer(meta, sequences, req.stream).await,
         Endpoint::TokenGenerate => {
             if req.stream {
                 return error(
@@ -361,11 +361,9 @@ async fn serve(pod: &Arc<Pod>, endpoint: Endpoint, headers: &HeaderMap, body: &[
         Endpoint::Completions | Endpoint::Chat => {}
     }
     if req.stream {
-        stream_response(pod.clone(), meta, sequences, adapter)
+        stream_response(pod.clone(), meta, sequences)
     } else {
-        let response = full_response(pod, meta, sequences).await;
-        drop(adapter);
-        response
+        full_response(pod, meta, sequences).await
     }
 }
 
@@ -556,7 +554,6 @@ async fn responses_answer(
     meta: Meta,
     sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
     stream: bool,
-    adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     use super::responses::{event, message, response, usage};
     let Some(rx) = sequences.into_iter().next() else {
@@ -581,8 +578,6 @@ async fn responses_answer(
     }
     let pod = pod.clone();
     let events = async_stream::stream! {
-        // The adapter counts as running until the stream ends (or the client goes).
-        let _adapter = adapter;
         let mut rx = rx;
         let mut seq = 0;
         let mut next = || { seq += 1; seq - 1 };
@@ -643,7 +638,6 @@ async fn messages_answer(
     meta: Meta,
     sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
     stream: bool,
-    adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     use super::anthropic::{event, message, usage};
     let Some(rx) = sequences.into_iter().next() else {
@@ -658,7 +652,6 @@ async fn messages_answer(
         return Json(message(&id, &model, Some(&text), u)).into_response();
     }
     let events = async_stream::stream! {
-        let _adapter = adapter;
         let mut rx = rx;
         let mut outcome = None;
         let mut started = false;
@@ -712,7 +705,6 @@ async fn generate_answer(
     meta: Meta,
     sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
     stream: bool,
-    adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     let id = meta.id;
     if !stream || sequences.len() != 1 {
@@ -721,7 +713,6 @@ async fn generate_answer(
         let Some(finished) = finished.into_iter().collect::<Option<Vec<_>>>() else {
             return engine_stopped();
         };
-        drop(adapter);
         let answers: Vec<Value> = finished
             .iter()
             .map(|(text, o)| json!({
@@ -739,7 +730,6 @@ async fn generate_answer(
         return engine_stopped();
     };
     let events = async_stream::stream! {
-        let _adapter = adapter;
         let mut rx = rx;
         let mut text = String::new();
         let mut ids = Vec::new();
@@ -821,7 +811,6 @@ fn stream_response(
     pod: Arc<Pod>,
     meta: Meta,
     sequences: Vec<mpsc::UnboundedReceiver<SeqEvent>>,
-    adapter: Option<super::pod::AdapterInFlight>,
 ) -> Response {
     let chunk_object = match meta.endpoint {
         Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => "chat.completion.chunk",
@@ -846,8 +835,6 @@ fn stream_response(
             tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |e| (choice, e))
         }));
     let events = async_stream::stream! {
-        // The adapter counts as running until the stream ends (or the client goes).
-        let _adapter = adapter;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
         let mut done = 0;
         while let Some((choice, event)) = merged.next().await {
@@ -1007,8 +994,9 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
     let text = if faults.garbage_metrics {
         GARBAGE_METRICS.to_string()
     } else {
-        let mut text = metrics::render(&pod.config_now(), &pod.engine.snapshot());
-        text.push_str(&pod.lora_metrics());
+        let snapshot = pod.engine.snapshot();
+        let mut text = metrics::render(&pod.config_now(), &snapshot);
+        text.push_str(&pod.lora_metrics(&snapshot));
         lie(text, &faults.metrics_lie)
     };
     (

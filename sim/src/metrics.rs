@@ -112,6 +112,8 @@ pub struct Counters {
     pub aborted: u64,
     /// Running requests preempted for KV space (vLLM's `vllm:num_preemptions`).
     pub preemptions: u64,
+    /// LoRA adapters loaded into a GPU slot.
+    pub adapter_loads: u64,
 }
 
 /// Everything `/metrics` shows, copied out of the engine under its lock.
@@ -119,6 +121,9 @@ pub struct Counters {
 pub struct Snapshot {
     pub running: usize,
     pub waiting: usize,
+    /// LoRA adapters of the running and the waiting requests (`vllm:lora_requests_info`).
+    pub running_adapters: std::collections::BTreeSet<String>,
+    pub waiting_adapters: std::collections::BTreeSet<String>,
     pub used_blocks: usize,
     pub counters: Counters,
     pub latencies: Latencies,

@@ -151,19 +151,17 @@ pub(crate) struct Pod {
 /// Bound on the label sets `vllm:lora_requests_info` keeps (prometheus_client keeps every one).
 const LORA_LABEL_SETS: usize = 16;
 
-/// Which adapters have requests in flight, and the `vllm:lora_requests_info` label sets so far: a
-/// new one (stamped with the time) whenever that set changes, old ones kept as the Prometheus
-/// client keeps them.
+/// The `vllm:lora_requests_info` label sets so far (running adapters, waiting adapters): a new
+/// one, stamped with the time, whenever the engine's adapters have changed when the page is read
+/// (vLLM sets the gauge as it logs its stats), old ones kept as the Prometheus client keeps them.
 #[derive(Debug, Default)]
 struct LoraActivity {
-    in_flight: BTreeMap<String, usize>,
-    label_sets: Vec<(String, f64)>,
+    label_sets: Vec<((String, String), f64)>,
 }
 
 impl LoraActivity {
-    fn stamp(&mut self) {
-        let running: Vec<&str> = self.in_flight.keys().map(String::as_str).collect();
-        let running = running.join(",");
+    fn stamp(&mut self, running: String, waiting: String) {
+        let running = (running, waiting);
         if self.label_sets.last().map(|(r, _)| r) == Some(&running) {
             return;
         }
@@ -181,25 +179,6 @@ impl LoraActivity {
         if self.label_sets.len() > LORA_LABEL_SETS {
             self.label_sets.remove(0);
         }
-    }
-}
-
-/// An adapter request in flight (for `vllm:lora_requests_info`), until dropped.
-pub(crate) struct AdapterInFlight {
-    pod: Arc<Pod>,
-    adapter: String,
-}
-
-impl Drop for AdapterInFlight {
-    fn drop(&mut self) {
-        let mut lora = lock(&self.pod.lora);
-        if let Some(n) = lora.in_flight.get_mut(&self.adapter) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                lora.in_flight.remove(&self.adapter);
-            }
-        }
-        lora.stamp();
     }
 }
 
@@ -240,7 +219,7 @@ impl Pod {
             lora: Mutex::new(LoraActivity::default()),
             stored: Default::default(),
         });
-        lock(&pod.lora).stamp();
+        lock(&pod.lora).stamp(String::new(), String::new());
         lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));
         let weak = Arc::downgrade(&pod);
         pod.engine.set_pull_hook(move |source| {
@@ -354,32 +333,28 @@ impl Pod {
         }
     }
 
-    /// Counts a request for `adapter` as running until the returned guard is dropped.
-    pub(crate) fn adapter_started(self: &Arc<Self>, adapter: &str) -> AdapterInFlight {
-        let mut lora = lock(&self.lora);
-        *lora.in_flight.entry(adapter.to_string()).or_default() += 1;
-        lora.stamp();
-        AdapterInFlight {
-            pod: self.clone(),
-            adapter: adapter.to_string(),
-        }
-    }
-
     /// `vllm:lora_requests_info` as vLLM exposes it when LoRA is enabled (empty otherwise):
-    /// every label set so far, each valued with the time it was set. The simulator does not tell
-    /// running from waiting adapter requests: all count as running.
-    pub fn lora_metrics(&self) -> String {
+    /// every label set so far, each valued with the time it was set; `snapshot` is the engine's
+    /// state now (its running and waiting requests' adapters).
+    pub fn lora_metrics(&self, snapshot: &super::metrics::Snapshot) -> String {
         if self.cfg.lora_modules.is_empty() || self.cfg.engine != super::config::EngineKind::Vllm {
             return String::new();
         }
-        let lora = lock(&self.lora);
+        let join = |set: &std::collections::BTreeSet<String>| {
+            set.iter().map(String::as_str).collect::<Vec<_>>().join(",")
+        };
+        let mut lora = lock(&self.lora);
+        lora.stamp(
+            join(&snapshot.running_adapters),
+            join(&snapshot.waiting_adapters),
+        );
         let mut out = String::from(
             "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n",
         );
-        for (running, at) in &lora.label_sets {
+        for ((running, waiting), at) in &lora.label_sets {
             out.push_str(&format!(
-                "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"\"}} {at:.3}\n",
-                self.cfg.lora_modules.len()
+                "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\"}} {at:.3}\n",
+                self.cfg.max_loras
             ));
         }
         out

@@ -612,16 +612,27 @@ async fn lora_adapters_are_listed_served_and_cached_apart_as_vllm_does() {
             (running, l.rsplit(' ').next().unwrap().parse().unwrap())
         })
         .collect();
-    assert!(sets.iter().any(|(r, _)| r == "sql-lora"), "{m}");
     let newest = sets.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
     assert_eq!(newest.0, "", "nothing in flight now: {sets:?}");
-    assert!(m.contains("max_lora=\"2\""));
-    // While a stream for an adapter runs, the newest set names it.
+    assert!(m.contains("max_lora=\"1\""), "vLLM's default --max-loras");
+    // While a stream for an adapter runs, the newest set names it running; a request for the
+    // other adapter waits (one slot) and is named waiting.
     let url = completions(&pod);
     let running = tokio::spawn(async move {
         post(
             &url,
             json!({"model": "chat-lora", "prompt": "x", "max_tokens": 400, "stream": true}),
+        )
+        .await
+        .text()
+        .await
+    });
+    let url = completions(&pod);
+    let waiting = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        post(
+            &url,
+            json!({"model": "sql-lora", "prompt": "y", "max_tokens": 1}),
         )
         .await
         .text()
@@ -640,14 +651,17 @@ async fn lora_adapters_are_listed_served_and_cached_apart_as_vllm_does() {
             })
             .unwrap()
             .to_string();
-        if newest.contains("running_lora_adapters=\"chat-lora\"") {
+        if newest.contains("running_lora_adapters=\"chat-lora\"")
+            && newest.contains("waiting_lora_adapters=\"sql-lora\"")
+        {
             seen = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(seen, "the running adapter never showed");
+    assert!(seen, "the running and the waiting adapter never showed");
     running.abort();
+    waiting.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,12 @@ struct Args {
     /// served name as parent.
     #[arg(long, num_args = 1.., value_parser = parse_lora_module)]
     lora_modules: Vec<LoraModule>,
+    /// vLLM's --max-loras: distinct adapters one step runs, and adapters the GPU holds.
+    #[arg(long, default_value_t = 1)]
+    max_loras: usize,
+    /// Simulated milliseconds to load an adapter that is not in a GPU slot (the step waits).
+    #[arg(long, default_value_t = kvsim::DEFAULT_LORA_LOAD_MS)]
+    lora_load_ms: f64,
     /// Engine profile: step-time fit, per-request overheads and KV capacity (list below).
     #[arg(long, default_value = "seed-demo", value_parser = profile_name)]
     profile: String,
@@ -130,6 +136,8 @@ impl Args {
                 .filter(|m| !m.is_empty())
                 .collect(),
             lora_modules: self.lora_modules,
+            max_loras: self.max_loras,
+            lora_load_ms: self.lora_load_ms,
             time_scale: self.time_scale,
             max_num_seqs: self.max_num_seqs.unwrap_or(base.max_num_seqs),
             num_gpu_blocks: self.num_gpu_blocks.unwrap_or(base.num_gpu_blocks),

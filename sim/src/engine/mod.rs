@@ -38,6 +38,16 @@
 //! previous step's deadline rather than from "now", so timer granularity (~1 ms) does not accumulate
 //! into slower decoding at small time scales, and metrics record the modelled durations exactly.
 //!
+//! LoRA adapters follow vLLM V1 (`scheduler.py`, `lora/worker_manager.py`): a step runs at most
+//! `max_loras` distinct adapters; a waiting request whose adapter would be one too many is skipped
+//! (it keeps its place at the head of the queue and later requests may pass it) until the
+//! adapters of the running requests leave a slot. A request whose adapter is not in one of the
+//! `max_loras` GPU slots loads it first, least recently used slot evicted: the load runs before
+//! the step's forward pass, so the whole step takes `lora_load_ms` longer (vLLM's
+//! `set_active_adapters` in the model runner; vllm-project/vllm#31941 "LoRA must first
+//! sequentially load all the LoRA layers before beginning Pre-Fill"). `max_cpu_loras` is left at
+//! its default (equal to `max_loras`), so every load reads the adapter anew.
+//!
 //! Files: `seq.rs` a request inside the engine (its progress, blocks and event delivery);
 //! `scheduler.rs` the step loop's state and vLLM's `schedule()`, admission, preemption and the end
 //! of a step; `transfer.rs` KV pulled from and held for other pods; `probe.rs` the what-if estimate
@@ -83,6 +93,8 @@ pub struct SeqSpec {
     pub report_block_ids: bool,
     /// Where pulled KV comes from: told when the pull has completed, so it can free its blocks.
     pub pull_source: Option<PullSource>,
+    /// The LoRA adapter the request runs with (`None`: the base model).
+    pub adapter: Option<String>,
 }
 
 /// The prefill pod a decode request pulls from (from its `kv_transfer_params`).
@@ -148,6 +160,8 @@ impl Engine {
                 closed: false,
                 link_clock: None,
                 pulled: Vec::new(),
+                lora_slots: Vec::new(),
+                lora_loads: 0,
             }),
             wake: Notify::new(),
             pull_hook: Mutex::new(None),
@@ -193,10 +207,22 @@ impl Engine {
 
     pub fn snapshot(&self) -> Snapshot {
         let st = self.lock();
+        let adapters = |seqs: &mut dyn Iterator<Item = &Seq>| {
+            seqs.filter_map(|s| s.spec.adapter.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
         Snapshot {
             running: st.running.len(),
             // vLLM counts requests waiting for remote KV as waiting.
             waiting: st.waiting.len() + st.transferring.len(),
+            running_adapters: adapters(&mut st.running.iter()),
+            waiting_adapters: adapters(
+                &mut st
+                    .waiting
+                    .iter()
+                    .chain(&st.transferring)
+                    .chain(&st.arriving),
+            ),
             used_blocks: st.used_blocks(&self.cfg),
             counters: st.counters.clone(),
             latencies: st.latencies.clone(),

@@ -41,6 +41,10 @@ pub(super) struct State {
     pub(super) link_clock: Option<Instant>,
     /// Pulls completed since the loop last told their sources.
     pub(super) pulled: Vec<PullSource>,
+    /// LoRA adapters in the GPU's slots, least recently used first (at most `max_loras`).
+    pub(super) lora_slots: Vec<String>,
+    /// Adapters the step being planned loads (each makes it `lora_load_ms` longer).
+    pub(super) lora_loads: usize,
 }
 
 impl State {
@@ -140,6 +144,24 @@ impl State {
         true
     }
 
+    /// Puts `adapter` in a GPU slot for a request admitted this step: marked most recently used if
+    /// there, else loaded (the step pays for it) into a free slot or over the least recently used
+    /// one no request of this step runs with.
+    fn activate_lora(&mut self, cfg: &SimConfig, adapter: &str, scheduled: &[String]) {
+        if let Some(i) = self.lora_slots.iter().position(|a| a == adapter) {
+            let a = self.lora_slots.remove(i);
+            self.lora_slots.push(a);
+            return;
+        }
+        if self.lora_slots.len() >= cfg.max_loras.max(1) {
+            let victim = self.lora_slots.iter().position(|a| !scheduled.contains(a));
+            self.lora_slots.remove(victim.unwrap_or(0));
+        }
+        self.lora_slots.push(adapter.to_string());
+        self.lora_loads += 1;
+        self.counters.adapter_loads += 1;
+    }
+
     /// vLLM V1's `schedule()`: running sequences first, in order, then the queue. Returns the
     /// step's (uncached prefill tokens, decode tokens).
     fn schedule(
@@ -212,6 +234,18 @@ impl State {
 
         // vLLM schedules no waiting request in a step that had to preempt.
         let preempted = self.counters.preemptions > preemptions_before;
+        let mut scheduled_loras: Vec<String> = Vec::new();
+        for s in &self.running {
+            if let Some(a) = s
+                .spec
+                .adapter
+                .as_ref()
+                .filter(|a| !scheduled_loras.contains(a))
+            {
+                scheduled_loras.push(a.clone());
+            }
+        }
+        let mut skipped: VecDeque<Seq> = VecDeque::new();
         while !preempted && self.running.len() < cfg.max_num_seqs && (budget > 0 || !counts_decodes)
         {
             let Some(front) = self.waiting.front() else {
@@ -222,6 +256,16 @@ impl State {
                     self.drop_seq(s);
                 }
                 continue;
+            }
+            let adapter = front.spec.adapter.clone();
+            if let Some(a) = &adapter {
+                if !scheduled_loras.contains(a) && scheduled_loras.len() >= cfg.max_loras.max(1) {
+                    // One adapter too many for this step: skipped, ahead of the rest next step.
+                    if let Some(s) = self.waiting.pop_front() {
+                        skipped.push_back(s);
+                    }
+                    continue;
+                }
             }
             let prompt = front.spec.prompt_tokens;
             let total = prompt + front.generated;
@@ -269,6 +313,12 @@ impl State {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
+            if let Some(a) = adapter {
+                self.activate_lora(cfg, &a, &scheduled_loras);
+                if !scheduled_loras.contains(&a) {
+                    scheduled_loras.push(a);
+                }
+            }
             for h in s.spec.block_hashes.iter().take(hit) {
                 self.cache.pin(*h);
             }
@@ -308,6 +358,9 @@ impl State {
             }
             self.evict(cfg);
         }
+        while let Some(s) = skipped.pop_back() {
+            self.waiting.push_front(s);
+        }
 
         let prefill: usize = self.running.iter().map(|s| s.sched_prefill).sum();
         let decode = self.running.iter().filter(|s| s.sched_decode).count();
@@ -326,6 +379,7 @@ impl State {
         self.expire_holds(now);
         self.advance_link(cfg, now);
         self.queue_arrivals(now);
+        self.lora_loads = 0;
         let (prefill_tokens, decoding) = self.schedule(cfg, now, boundary);
         if prefill_tokens == 0 && decoding == 0 {
             let wake = [
@@ -344,8 +398,9 @@ impl State {
                 fresh_since = Some(fresh_since.map_or(s.eligible, |f| f.max(s.eligible)));
             }
         }
+        let loads = cfg.lora_load_time().mul_f64(self.lora_loads as f64);
         Plan::Step {
-            sim: cfg.step_time(prefill_tokens, decoding),
+            sim: cfg.step_time(prefill_tokens, decoding) + loads,
             fresh_since,
         }
     }

@@ -21,6 +21,7 @@ fn spec(tag: u64, tokens: usize, max_tokens: usize) -> SeqSpec {
         remote_tokens: 0,
         report_block_ids: false,
         pull_source: None,
+        adapter: None,
     }
 }
 
@@ -336,4 +337,67 @@ async fn fitted_ttft_is_queueing_plus_step_plus_output_processing() {
     let itl = eng.lock().latencies.itl.sum() * 1e6;
     let want = 5752.705191348184 + 5.999143920128404 + 3357.4400353290152;
     assert!((itl - want).abs() < 2.0, "ITL {itl} us, want {want}");
+}
+
+/// vLLM V1 with `max_loras` 1: a second adapter's request is skipped (a base-model request behind
+/// it passes) until the first adapter's requests are done; each load makes its step longer.
+#[test]
+fn adapters_beyond_max_loras_wait_and_each_load_lengthens_its_step() {
+    let cfg = SimConfig {
+        max_num_seqs: 8,
+        max_loras: 1,
+        lora_load_ms: 30.0,
+        ..fitted(1000, 0)
+    };
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let with = |tag, adapter: &str, max_tokens| SeqSpec {
+        adapter: Some(adapter.to_string()),
+        ..spec(tag, 32, max_tokens)
+    };
+    let _sql = push(&eng, with(1, "sql", 3), t0);
+    let _chat = push(&eng, with(2, "chat", 2), t0);
+    let _base = push(&eng, spec(3, 32, 2), t0);
+    let load = Duration::from_millis(30);
+    // sql and the base request start; chat is one adapter too many. The step loads sql.
+    let (took, prefill, _) = step(&eng, t0);
+    assert_eq!(prefill, 64);
+    assert_eq!(took, us(&cfg, 64, 0) + load);
+    {
+        let st = eng.lock();
+        assert_eq!(st.waiting.len(), 1);
+        assert_eq!(st.waiting[0].spec.adapter.as_deref(), Some("chat"));
+    }
+    let snapshot = eng.snapshot();
+    assert_eq!(
+        snapshot.waiting_adapters.iter().collect::<Vec<_>>(),
+        ["chat"]
+    );
+    assert_eq!(
+        snapshot.running_adapters.iter().collect::<Vec<_>>(),
+        ["sql"]
+    );
+    // sql decodes until done (3 tokens); chat waits, then loads over sql's slot.
+    let (took, _, decode) = step(&eng, t0);
+    assert_eq!(
+        (took, decode),
+        (us(&cfg, 0, 2), 2),
+        "no load while nothing new runs"
+    );
+    step(&eng, t0);
+    let (took, prefill, _) = step(&eng, t0);
+    assert_eq!((took, prefill), (us(&cfg, 32, 0) + load, 32));
+    assert_eq!(eng.lock().counters.adapter_loads, 2);
+    // A second sql request now reloads it: one slot, and chat holds it.
+    let _again = push(&eng, with(4, "sql", 1), t0);
+    while eng
+        .lock()
+        .running
+        .iter()
+        .any(|s| s.spec.adapter.as_deref() == Some("chat"))
+    {
+        step(&eng, t0);
+    }
+    step(&eng, t0);
+    assert_eq!(eng.lock().counters.adapter_loads, 3);
 }
