@@ -11,13 +11,16 @@
 //! loaded on a second pod only when the holder's queue makes loading elsewhere sooner, priced by
 //! what it costs the pool, as a prefix is replicated.
 //!
-//! **Which pods hold it.** A pod holds an adapter it reports running (its latest
-//! `vllm:lora_requests_info` sample, up to a poll old), or one this VM sent it among its last
-//! `slots` distinct adapters (the sample's `max_lora`, vLLM's `--max-loras`; else
-//! `adapters.default_slots`, vLLM's default 1): vLLM keeps the adapters it loaded in its GPU slots,
-//! least recently used evicted first, and its metrics name only those with requests running or
-//! waiting, so an idle pod's loaded adapter is known only from having sent it there. Another worker
-//! VM's or gateway replica's sends are seen through the poll alone.
+//! **Which pods hold it.** A pod holds the adapters it reports running (its latest
+//! `vllm:lora_requests_info` sample, up to a poll old), and, as many as it has slots left (the
+//! sample's `max_lora`, vLLM's `--max-loras`; else `adapters.default_slots`, vLLM's default 1), the
+//! adapters most recently routed to it: vLLM keeps the adapters it loaded in its GPU slots, least
+//! recently used evicted first, and its metrics name only those with requests running or waiting,
+//! so an idle pod's loaded adapter is known only from having sent it there. Routing an adapter's
+//! request observes its [`adapter_block`] on the pod in the prefix index, so what every worker VM
+//! and gateway replica routed counts, in the order the index saw it (with one worker's own memory
+//! instead, a request landing on another of Envoy's workers found the holder cold and went
+//! anywhere).
 //!
 //! **What a load costs** starts at `adapters.load_ms` and is learned from first bytes: a request
 //! predicted to load its adapter took `observed − predicted without the load` longer than the
@@ -102,34 +105,51 @@ impl AdapterConfig {
     }
 }
 
-/// What this VM knows of the pool's adapters: which it sent where, and what a load costs.
+/// What a load costs, as learned, and the adapters the pods name.
 #[derive(Debug, Default)]
 pub struct Adapters {
-    /// Per pod, the distinct adapters this VM sent it, the most recent last (at most its slots).
-    sent: HashMap<String, Vec<String>>,
     /// The learned load time and how many first bytes it stands for; `None` until the first.
     learned: Option<(f64, f64)>,
-    /// Every adapter some pod of the load table names (read per request: kept with the table).
-    names: hashbrown::HashSet<String>,
+    /// Every adapter some pod of the load table names, with its [`adapter_block`] (read per
+    /// request: kept with the table).
+    names: HashMap<String, u64>,
 }
+
+/// The entry standing for "this pod has `adapter` loaded" in the prefix index: a block of no
+/// prompt (its own namespace), observed on a pod whenever a request for the adapter is routed
+/// there. So every worker VM and gateway replica learns it as they learn prefixes, through the
+/// leader's pages and the replica exchange, and a pod whose cache is found emptied (a restart)
+/// loses it with its prefixes.
+pub fn adapter_block(adapter: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(adapter.as_bytes(), ADAPTER_BLOCK_SEED)
+}
+
+/// Seeds [`adapter_block`]'s hash apart from prompt chains (`crate::affinity::chain_seed`).
+const ADAPTER_BLOCK_SEED: u64 = 0x6c6f_7261_2d6b_7672;
 
 impl Adapters {
     /// Whether `model` names an adapter: some pod of the load table lists it with a `parent` in
     /// `/v1/models` or names it in `vllm:lora_requests_info`.
     pub fn is_adapter(&self, model: &str) -> bool {
-        self.names.contains(model)
+        self.names.contains_key(model)
     }
 
     /// What loading `adapter` on `pod` costs, in milliseconds: 0 where it holds it (see the
     /// module header), where there is no adapter, or with pricing off; one load where a slot is
-    /// free; two where every slot holds another adapter known to be in use, since the one evicted
-    /// is loaded again by its next request (so two adapters do not take turns in one slot while a
-    /// pod with a free slot is near).
-    pub fn load_ms_on(&self, config: &AdapterConfig, pod: &PodLoad, adapter: Option<&str>) -> f64 {
+    /// free; two where every slot holds another adapter, since the one evicted is loaded again by
+    /// its next request (so two adapters do not take turns in one slot while a pod with a free
+    /// slot is near). `stamp_of` gives when the index last saw a block on the pod.
+    pub fn load_ms_on(
+        &self,
+        config: &AdapterConfig,
+        pod: &PodLoad,
+        adapter: Option<&str>,
+        stamp_of: impl Fn(u64) -> Option<u64>,
+    ) -> f64 {
         let Some(adapter) = adapter.filter(|_| config.price_loads) else {
             return 0.0;
         };
-        let held = self.held_by(config, pod);
+        let held = self.held_by(config, pod, stamp_of);
         if held.contains(&adapter) {
             return 0.0;
         }
@@ -141,21 +161,29 @@ impl Adapters {
         loads * self.load_ms(config)
     }
 
-    /// The adapters `pod` is known to hold: those it runs, and the last ones this VM sent it.
-    fn held_by<'a>(&'a self, config: &AdapterConfig, pod: &'a PodLoad) -> Vec<&'a str> {
-        let slots = slots_of(config, pod);
-        let sent = self.sent.get(pod.addr.as_str()).into_iter().flatten();
+    /// The adapters `pod` is known to hold: those it runs, and of the others the ones most
+    /// recently routed there, as many as it has slots left.
+    fn held_by<'a>(
+        &'a self,
+        config: &AdapterConfig,
+        pod: &'a PodLoad,
+        stamp_of: impl Fn(u64) -> Option<u64>,
+    ) -> Vec<&'a str> {
         let mut held: Vec<&str> = pod
             .metrics
             .adapters_running
             .iter()
             .map(String::as_str)
             .collect();
-        for a in sent.rev().take(slots) {
-            if !held.contains(&a.as_str()) {
-                held.push(a);
-            }
-        }
+        let mut routed: Vec<(u64, &str)> = self
+            .names
+            .iter()
+            .filter(|(name, _)| !held.contains(&name.as_str()))
+            .filter_map(|(name, block)| Some((stamp_of(*block)?, name.as_str())))
+            .collect();
+        routed.sort_unstable_by(|a, b| b.cmp(a));
+        let free = slots_of(config, pod).saturating_sub(held.len());
+        held.extend(routed.into_iter().take(free).map(|(_, name)| name));
         held
     }
 
@@ -164,17 +192,6 @@ impl Adapters {
         match self.learned {
             Some((mean, _)) => mean,
             None => config.load_ms,
-        }
-    }
-
-    /// A request for `adapter` went to `pod`: the pod loads it if it had not, and keeps it.
-    pub fn on_routed(&mut self, config: &AdapterConfig, pod: &PodLoad, adapter: &str) {
-        let slots = slots_of(config, pod);
-        let sent = self.sent.entry_ref(pod.addr.as_str()).or_default();
-        sent.retain(|a| a != adapter);
-        sent.push(adapter.to_string());
-        if sent.len() > slots {
-            sent.drain(..sent.len() - slots);
         }
     }
 
@@ -192,20 +209,18 @@ impl Adapters {
         self.learned = Some((mean + (sample - mean) / weight, weight));
     }
 
-    /// Adopts a new load table: the adapters its pods name, and forgets the pods it lacks.
+    /// Adopts a new load table: the adapters its pods name.
     pub fn list_pods(&mut self, table: &LoadTable) {
-        self.names = table
-            .pods
-            .iter()
-            .flat_map(|p| {
-                let listed = p.served.iter().filter(|m| m.parent.is_some());
-                let listed = listed.map(|m| m.id.as_str());
-                listed.chain(p.metrics.adapters.iter().map(String::as_str))
-            })
-            .map(str::to_string)
-            .collect();
-        let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
-        self.sent.retain(|addr, _| listed.contains(addr.as_str()));
+        self.names.clear();
+        for p in &table.pods {
+            let listed = p.served.iter().filter(|m| m.parent.is_some());
+            let listed = listed.map(|m| m.id.as_str());
+            for name in listed.chain(p.metrics.adapters.iter().map(String::as_str)) {
+                if !self.names.contains_key(name) {
+                    self.names.insert(name.to_string(), adapter_block(name));
+                }
+            }
+        }
     }
 }
 

@@ -36,47 +36,55 @@ fn table(pods: Vec<PodLoad>) -> LoadTable {
     }
 }
 
+/// The index's stamps of adapter blocks on one pod, as routing left them (later = larger).
+fn routed(order: &[&str]) -> impl Fn(u64) -> Option<u64> {
+    let stamps: hashbrown::HashMap<u64, u64> = order
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (adapter_block(a), i as u64 + 1))
+        .collect();
+    move |block| stamps.get(&block).copied()
+}
+
 #[test]
-fn a_pod_holds_what_it_runs_and_what_it_was_sent_within_its_slots() {
+fn a_pod_holds_what_it_runs_and_what_was_routed_to_it_last_within_its_slots() {
     let config = AdapterConfig::default();
     let mut adapters = Adapters::default();
     let a = pod("a:1", &["chat-lora"], Some(2));
     adapters.list_pods(&table(vec![a.clone()]));
-    let cost = |adapters: &Adapters, adapter| adapters.load_ms_on(&config, &a, Some(adapter));
-    assert_eq!(cost(&adapters, "chat-lora"), 0.0, "running: loaded");
-    assert_eq!(cost(&adapters, "sql-lora"), DEFAULT_LOAD_MS);
-    adapters.on_routed(&config, &a, "sql-lora");
-    assert_eq!(cost(&adapters, "sql-lora"), 0.0, "sent here: loaded");
-    // Two slots: the third adapter sent evicts the least recently sent.
-    adapters.on_routed(&config, &a, "tiny");
-    adapters.on_routed(&config, &a, "sql-lora");
-    adapters.on_routed(&config, &a, "math");
-    assert_eq!(cost(&adapters, "sql-lora"), 0.0);
-    assert_eq!(cost(&adapters, "math"), 0.0);
-    // Evicted; and every slot now holds another adapter in use (chat-lora runs): loading it
-    // costs the one it evicts a load too.
-    assert_eq!(cost(&adapters, "tiny"), 2.0 * DEFAULT_LOAD_MS, "evicted");
+    for name in ["tiny", "math"] {
+        adapters.names.insert(name.into(), adapter_block(name));
+    }
+    let cost =
+        |order: &[&str], adapter| adapters.load_ms_on(&config, &a, Some(adapter), routed(order));
+    assert_eq!(cost(&[], "chat-lora"), 0.0, "running: loaded");
+    assert_eq!(cost(&[], "sql-lora"), DEFAULT_LOAD_MS, "a slot is free");
+    assert_eq!(cost(&["sql-lora"], "sql-lora"), 0.0, "routed here: loaded");
+    // Two slots, one taken by the running chat-lora: of those routed, the latest holds the other.
+    let order = ["tiny", "sql-lora", "math"];
+    assert_eq!(cost(&order, "math"), 0.0);
+    // Evicted; and every slot holds another adapter: loading it costs the evicted one's reload.
+    assert_eq!(cost(&order, "sql-lora"), 2.0 * DEFAULT_LOAD_MS, "evicted");
+    assert_eq!(cost(&order, "tiny"), 2.0 * DEFAULT_LOAD_MS);
     // A pod that does not report its slots has the configured number (vLLM's default: one).
     let b = pod("b:1", &[], None);
-    adapters.on_routed(&config, &b, "sql-lora");
-    adapters.on_routed(&config, &b, "math");
-    assert_eq!(adapters.load_ms_on(&config, &b, Some("math")), 0.0);
+    let on_b =
+        |order: &[&str], adapter| adapters.load_ms_on(&config, &b, Some(adapter), routed(order));
+    assert_eq!(on_b(&["sql-lora", "math"], "math"), 0.0);
     assert_eq!(
-        adapters.load_ms_on(&config, &b, Some("sql-lora")),
+        on_b(&["sql-lora", "math"], "sql-lora"),
         2.0 * DEFAULT_LOAD_MS
     );
-    // A pod with a free slot costs one load.
-    assert_eq!(
-        adapters.load_ms_on(&config, &pod("c:1", &[], Some(2)), Some("sql-lora")),
-        DEFAULT_LOAD_MS
-    );
     // No adapter, or loads not priced: nothing.
-    assert_eq!(adapters.load_ms_on(&config, &b, None), 0.0);
+    assert_eq!(adapters.load_ms_on(&config, &b, None, routed(&[])), 0.0);
     let unpriced = AdapterConfig {
         price_loads: false,
         ..AdapterConfig::default()
     };
-    assert_eq!(adapters.load_ms_on(&unpriced, &b, Some("sql-lora")), 0.0);
+    assert_eq!(
+        adapters.load_ms_on(&unpriced, &b, Some("sql-lora"), routed(&[])),
+        0.0
+    );
 }
 
 #[test]
@@ -111,21 +119,6 @@ fn the_load_time_is_learned_from_first_bytes() {
     let mut once = Adapters::default();
     once.learn(&config, 0.0, DEFAULT_LOAD_MS + 600.0);
     assert!((once.load_ms(&config) - (DEFAULT_LOAD_MS + 100.0)).abs() < 1e-9);
-}
-
-#[test]
-fn a_removed_pod_is_forgotten() {
-    let config = AdapterConfig::default();
-    let mut adapters = Adapters::default();
-    let a = pod("a:1", &[], Some(4));
-    adapters.list_pods(&table(vec![a.clone()]));
-    adapters.on_routed(&config, &a, "sql-lora");
-    adapters.list_pods(&table(Vec::new()));
-    adapters.list_pods(&table(vec![a.clone()]));
-    assert_eq!(
-        adapters.load_ms_on(&config, &a, Some("sql-lora")),
-        DEFAULT_LOAD_MS
-    );
 }
 
 #[test]

@@ -193,6 +193,11 @@ impl Affinity {
         &self.index
     }
 
+    /// When the index last saw `hash` on `addr` (its own clock), if it holds it there.
+    pub fn stamp_of(&self, addr: &str, hash: u64) -> Option<u64> {
+        self.index.stamp_of(self.slot_of(addr)?, hash)
+    }
+
     pub fn slot_of(&self, addr: &str) -> Option<usize> {
         self.slot_of.get(addr).copied()
     }

@@ -22,6 +22,7 @@ use crate::protocol::body;
 use crate::protocol::parse::{self, Endpoint, ParseError, RequestView};
 use crate::router::{Blocks, FirstToken, Plan};
 use crate::scheduler::{Choice, Decision, Rejection, RouteReason};
+use crate::state::messages::Observation;
 use crate::vm::Vm;
 use crate::work::Board;
 
@@ -231,10 +232,14 @@ impl RequestFlow {
             self.debug = Some(explain::debug_line(vm, blocks, ranked, planned.reason, pd));
         }
         vm.router.work.inflight_start(&primary.addr);
-        let prefill = planned.prefill().map(|c| c.addr.as_str());
-        let served_by = std::iter::once(primary.addr.as_str()).chain(prefill);
-        vm.router
-            .note_adapter_sent(&vm.config.adapters, &view.model, served_by);
+        if let Some(adapter) = vm.router.adapter_of(&view.model) {
+            // A split's decode and prefill pods both run the adapter.
+            let prefill = planned.prefill().map(|c| c.addr.clone());
+            for addr in std::iter::once(primary.addr.clone()).chain(prefill) {
+                let hashes = vec![crate::adapters::adapter_block(adapter)];
+                vm.observe(host, Observation { addr, hashes });
+            }
+        }
         let (first_byte_timeout_ms, attempt_timeout_ms) = attempt_timeouts(vm, ranked, view);
         if let Some(first) = first_token {
             let pending = Some(

@@ -83,24 +83,6 @@ impl Router {
         self.adapters.is_adapter(model).then_some(model)
     }
 
-    /// A request for `model` went to the pods `addrs` (a split's decode and prefill pods both run
-    /// the adapter): if `model` is an adapter, they hold it now (`crate::adapters`).
-    pub fn note_adapter_sent<'a>(
-        &mut self,
-        config: &crate::adapters::AdapterConfig,
-        model: &str,
-        addrs: impl Iterator<Item = &'a str>,
-    ) {
-        let Some(adapter) = self.adapter_of(model) else {
-            return;
-        };
-        for addr in addrs {
-            if let Some(pod) = self.load.pods.iter().find(|p| p.addr == addr) {
-                self.adapters.on_routed(config, pod, adapter);
-            }
-        }
-    }
-
     /// The KV cache a request for `model` lands in: an alias's is its base model's (they share
     /// it), a LoRA adapter's its own, as the first pod listing `model` reports (see
     /// `crate::pod::models`); the name itself where no pod lists it.
@@ -196,7 +178,12 @@ impl Router {
                     itl_ms: self.costs.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: self.affinity.matched_of(&lengths, &p.addr),
-                    adapter_load_ms: self.adapters.load_ms_on(&config.adapters, p, adapter),
+                    adapter_load_ms: self.adapters.load_ms_on(
+                        &config.adapters,
+                        p,
+                        adapter,
+                        |block| self.affinity.stamp_of(&p.addr, block),
+                    ),
                 }
             })
             .collect();

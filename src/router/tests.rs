@@ -785,7 +785,10 @@ fn an_adapter_stays_where_it_is_loaded_until_the_queue_outweighs_a_load() {
     r.apply_load_table(&cfg, with_adapter(0.0));
     assert_eq!(r.adapter_of("sql-lora"), Some("sql-lora"));
     assert_eq!(r.adapter_of("m"), None);
-    r.note_adapter_sent(&cfg.adapters, "sql-lora", ["a:1"].into_iter());
+    r.affinity.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: vec![crate::adapters::adapter_block("sql-lora")],
+    });
     // a loaded it; one request waiting there (about 20 ms of work) is cheaper than a load.
     r.apply_load_table(&cfg, with_adapter(1.0));
     assert!((0..10).all(|i| route(&r, &cfg, i) == "a:1"));
