@@ -42,6 +42,9 @@ pub enum Policy {
     /// `bench/previous-version`, see [`previous_version`]): what a routing change is judged
     /// against besides the peers.
     KvroutePrevious,
+    /// The same Envoy, module and configuration with the signal the workload is about turned off
+    /// ([`BenchDefaults::signal_off`], e.g. adapter loads not priced): what the signal is worth.
+    KvrouteWithoutSignal,
     /// Envoy's own round-robin, no plugin.
     RoundRobin,
     /// Envoy's own least-request (power of two choices), no plugin.
@@ -60,10 +63,11 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Kvroute,
         Policy::KvrouteFlow,
         Policy::KvroutePrevious,
+        Policy::KvrouteWithoutSignal,
         Policy::RoundRobin,
         Policy::LeastRequest,
         Policy::Oracle,
@@ -77,6 +81,7 @@ impl Policy {
             Policy::Kvroute => "kvroute",
             Policy::KvrouteFlow => "kvroute-flow",
             Policy::KvroutePrevious => "kvroute-previous",
+            Policy::KvrouteWithoutSignal => "kvroute-without-signal",
             Policy::RoundRobin => "round-robin",
             Policy::LeastRequest => "least-request",
             Policy::Oracle => "perfect-knowledge",
@@ -106,6 +111,7 @@ impl Policy {
             Policy::Kvroute
             | Policy::KvrouteFlow
             | Policy::KvroutePrevious
+            | Policy::KvrouteWithoutSignal
             | Policy::Oracle
             | Policy::OracleTotal => Some(Lb::OverrideHost),
             Policy::RoundRobin => Some(Lb::RoundRobin),
@@ -118,7 +124,10 @@ impl Policy {
     pub fn is_kvroute(self) -> bool {
         matches!(
             self,
-            Policy::Kvroute | Policy::KvrouteFlow | Policy::KvroutePrevious
+            Policy::Kvroute
+                | Policy::KvrouteFlow
+                | Policy::KvroutePrevious
+                | Policy::KvrouteWithoutSignal
         )
     }
 }
@@ -283,6 +292,8 @@ pub struct StackOptions {
     /// kvroute's configuration exactly as given (`kvbench up --config`), instead of the
     /// test-speed one with `plugin_extra` merged in.
     pub plugin_config: Option<String>,
+    /// Merged into `plugin_extra` for [`Policy::KvrouteWithoutSignal`] ([`BenchDefaults::signal_off`]).
+    pub signal_off: Value,
 }
 
 impl Default for StackOptions {
@@ -303,6 +314,7 @@ impl Default for StackOptions {
             ready_timeout: Duration::from_secs(30),
             require_healthy: true,
             plugin_config: None,
+            signal_off: Value::Null,
         }
     }
 }
@@ -329,7 +341,7 @@ impl Stack {
         // Fail on a missing Envoy or plugin before starting anything.
         check_envoy_installed()?;
         match policy {
-            Policy::Kvroute | Policy::KvrouteFlow => {
+            Policy::Kvroute | Policy::KvrouteFlow | Policy::KvrouteWithoutSignal => {
                 harness::wasm_path()?;
             }
             Policy::KvroutePrevious => {
@@ -382,13 +394,18 @@ impl Stack {
         if policy == Policy::KvrouteFlow {
             extra["flow_control"] = flow_control_config(opts.time_scale);
         }
+        if policy == Policy::KvrouteWithoutSignal {
+            merge_sections(&mut extra, &opts.signal_off);
+        }
         let plugin = policy.is_kvroute().then(|| {
             opts.plugin_config
                 .clone()
                 .unwrap_or_else(|| plugin_config(&pods, extra))
         });
         let wasm = match policy {
-            Policy::Kvroute | Policy::KvrouteFlow => Some(harness::wasm_path()?),
+            Policy::Kvroute | Policy::KvrouteFlow | Policy::KvrouteWithoutSignal => {
+                Some(harness::wasm_path()?)
+            }
             Policy::KvroutePrevious => Some(resolve_previous_wasm(opts.previous_wasm.as_deref())?),
             _ => None,
         };
@@ -941,6 +958,11 @@ pub struct BenchDefaults {
     /// Merged (top-level keys) into kvroute's configuration for this workload: what a deployer
     /// would set for its pool (`overload`: the pods' seat cap, `overload_guard.max_running`).
     pub plugin_extra: Value,
+    /// What turns off the signal this workload is about (`many-adapters`: adapter loads not
+    /// priced), merged section by section into kvroute's configuration for
+    /// [`Policy::KvrouteWithoutSignal`]; `Null` where the workload has none (the policy then runs
+    /// only where named).
+    pub signal_off: Value,
 }
 
 /// The `make bench` settings of the workload named `name` (see [`WorkloadKind::NAMES`]). Each run
@@ -966,6 +988,7 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
         warmup_s,
         groups,
         plugin_extra: Value::Null,
+        signal_off: Value::Null,
     };
     let four = || vec![PodGroup::new(4, &[])];
     Ok(match name {
@@ -1005,6 +1028,24 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
                 vec![PodGroup::new(4, &OVERLOAD_SIM_ARGS)],
             )
         },
+        "many-adapters" => {
+            let params = crate::workload::ManyAdapterParams::default();
+            let mut args: Vec<String> = vec!["--lora-modules".into()];
+            args.extend(params.lora_modules());
+            args.extend(["--max-loras", "2", "--lora-load-ms", LORA_LOAD_SIM_MS].map(String::from));
+            BenchDefaults {
+                signal_off: json!({"adapters": {"price_loads": false}}),
+                ..d(
+                    Load::Open { rate: 4.0 },
+                    300.0,
+                    30.0,
+                    vec![PodGroup {
+                        pods: 4,
+                        sim_args: args,
+                    }],
+                )
+            }
+        }
         "interference" => d(
             Load::Open {
                 rate: super::compare_pd::INTERFERENCE_RATE,
@@ -1033,6 +1074,42 @@ pub const OVERLOAD_SIM_ARGS: [&str; 2] = ["--max-num-seqs", "8"];
 /// The seat cap of `overload`'s pods, which kvroute is told (`overload_guard.max_running`): engines
 /// do not export it, and without it a queue held back by the cap looks like prefill work.
 pub const OVERLOAD_MAX_NUM_SEQS: u64 = 8;
+
+/// `many-adapters`' simulated adapter load (`--lora-load-ms`): kvsim's default, a rank-16 adapter
+/// of a 7–8B model read from disk (see kvsim's `DEFAULT_LORA_LOAD_MS`).
+pub const LORA_LOAD_SIM_MS: &str = "100";
+
+/// kvroute's settings that follow the time scale, for the workload `name` (merged into its
+/// configuration): `many-adapters`' `adapters.load_ms`, the pods' load in wall milliseconds, as a
+/// deployer sets the load time of their adapters.
+pub fn time_scaled_extra(name: &str, time_scale: f64) -> Value {
+    match name {
+        "many-adapters" => {
+            let sim_ms: f64 = LORA_LOAD_SIM_MS.parse().unwrap_or(100.0);
+            json!({"adapters": {"load_ms": sim_ms * time_scale}})
+        }
+        _ => Value::Null,
+    }
+}
+
+/// `extra`'s sections merged into `into`'s: a section both have gets `extra`'s keys, the rest of
+/// `into`'s kept (both JSON objects; anything else in `extra` is ignored).
+pub fn merge_sections(into: &mut Value, extra: &Value) {
+    if let (Value::Object(into), Value::Object(extra)) = (into, extra) {
+        for (k, v) in extra {
+            match (into.get_mut(k), v) {
+                (Some(Value::Object(section)), Value::Object(keys)) => {
+                    for (key, value) in keys {
+                        section.insert(key.clone(), value.clone());
+                    }
+                }
+                _ => {
+                    into.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
 
 /// `extra`'s top-level keys set in `into` (both JSON objects; anything else in `extra` is ignored).
 pub fn merge_top_level(into: &mut Value, extra: &Value) {
@@ -1189,6 +1266,16 @@ pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
         WorkloadKind::SharedAgent(p) => format!(
             "independent calls: a {}-word prefix every pod holds + a unique {}–{}-word context each, {}–{} output tokens",
             p.prefix_words, p.context_words.0, p.context_words.1, p.max_tokens.0, p.max_tokens.1
+        ),
+        WorkloadKind::ManyAdapters(p) => format!(
+            "{} LoRA adapters (Zipf {}) × {}-word system prompts, questions of {}–{} words, {}–{} output tokens",
+            p.adapters,
+            p.zipf_s,
+            p.system_words,
+            p.question_words.0,
+            p.question_words.1,
+            p.max_tokens.0,
+            p.max_tokens.1
         ),
         WorkloadKind::UnequalPool(p) => format!(
             "unique prompts of {}–{} words, {}–{} output tokens",

@@ -21,6 +21,7 @@
 //! `overload` (arrivals above capacity for a while, two priority classes, one tenant bursting:
 //! its requests carry a priority and a flow id, sent as headers, see [`RequestTags`]).
 
+mod adapters;
 mod interference;
 mod overload;
 mod sessions;
@@ -28,6 +29,7 @@ mod shared_agent;
 mod tenants;
 mod unique;
 
+pub use adapters::ManyAdapterParams;
 pub use interference::InterferenceParams;
 pub use overload::{OverloadParams, HIGH_PRIORITY, LOW_PRIORITY};
 pub use sessions::{AgentParams, MultiTurnParams};
@@ -94,12 +96,14 @@ pub enum WorkloadKind {
     /// Tenants whose arrivals surge above the pool's capacity for a while, one of them bursting,
     /// in two priority classes (flow control's benchmark; not in `make bench`'s `all`).
     Overload(OverloadParams),
+    /// Requests for many LoRA adapters, a few hot, on pods with two adapter slots each.
+    ManyAdapters(ManyAdapterParams),
 }
 
 impl WorkloadKind {
     /// Every CLI name, in `make bench` order (interference is `make bench-pd`'s, overload
     /// `make bench-overload`'s).
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "multi-tenant",
         "multi-turn",
         "agent",
@@ -107,6 +111,7 @@ impl WorkloadKind {
         "long-unique",
         "multi-tenant-stall",
         "unequal-pool",
+        "many-adapters",
         "interference",
         "overload",
     ];
@@ -124,6 +129,7 @@ impl WorkloadKind {
             WorkloadKind::MultiTenantStall(_) => "multi-tenant-stall",
             WorkloadKind::UnequalPool(_) => "unequal-pool",
             WorkloadKind::Overload(_) => "overload",
+            WorkloadKind::ManyAdapters(_) => "many-adapters",
         }
     }
 
@@ -139,6 +145,7 @@ impl WorkloadKind {
             "multi-tenant-stall" => WorkloadKind::MultiTenantStall(MultiTenantParams::stall()),
             "unequal-pool" => WorkloadKind::UnequalPool(UniqueParams::default()),
             "overload" => WorkloadKind::Overload(OverloadParams::default()),
+            "many-adapters" => WorkloadKind::ManyAdapters(ManyAdapterParams::default()),
             other => bail!("unknown workload {other:?} ({})", Self::NAMES.join(", ")),
         })
     }
@@ -239,6 +246,12 @@ impl WorkloadSpec {
                 check_range("max tokens", p.max_tokens)?;
             }
             WorkloadKind::Overload(p) => p.validate()?,
+            WorkloadKind::ManyAdapters(p) => {
+                ensure!(p.adapters >= 1, "adapters must be >= 1");
+                ensure!(p.zipf_s.is_finite() && p.zipf_s >= 0.0, "zipf must be >= 0");
+                check_range("question words", p.question_words)?;
+                check_range("max tokens", p.max_tokens)?;
+            }
             WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {
                 ensure!(
                     p.long_share.is_finite() && (0.0..=1.0).contains(&p.long_share),
@@ -447,6 +460,10 @@ trait Family: std::fmt::Debug + Send {
     fn prewarm(&self) -> Option<Vec<Message>> {
         None
     }
+    /// The `model` of `slot`'s request, where the family names one (an adapter); else the spec's.
+    fn model(&self, _slot: &Slot) -> Option<String> {
+        None
+    }
 }
 
 /// The stateful generator of one run's requests. See the module documentation.
@@ -488,6 +505,7 @@ impl WorkloadGen {
             }
             WorkloadKind::UnequalPool(p) => Box::new(unique::Unique { p: p.clone() }),
             WorkloadKind::Overload(p) => Box::new(overload::Overload::new(seed, &vocab, p)),
+            WorkloadKind::ManyAdapters(p) => Box::new(adapters::ManyAdapters::new(seed, &vocab, p)),
         };
         // Candidates come at the peak rate; `next_slot` thins them to the family's intensity.
         let peak = family.max_intensity();
@@ -564,7 +582,10 @@ impl WorkloadGen {
     pub fn build_request(&mut self, slot: &Slot) -> PlannedRequest {
         let (messages, max_tokens) = self.family.messages(self.seed, &self.vocab, slot);
         let prompt_words = messages.iter().map(|m| word_count(&m.content)).sum();
-        let body = self.body(&messages, max_tokens);
+        let mut body = self.body(&messages, max_tokens);
+        if let (Some(model), Value::Object(map)) = (self.family.model(slot), &mut body) {
+            map.insert("model".into(), json!(model));
+        }
         let tags = self.family.tags(self.seed, slot);
         PlannedRequest {
             messages,
@@ -639,13 +660,35 @@ mod tests {
         out
     }
 
-    const NEW: [&str; 5] = [
+    const NEW: [&str; 6] = [
         "shared-agent",
         "long-unique",
         "multi-tenant-stall",
         "unequal-pool",
         "overload",
+        "many-adapters",
     ];
+
+    #[test]
+    fn many_adapters_names_one_adapter_per_request_the_first_the_hottest() {
+        let s = spec("many-adapters", Load::Open { rate: 4.0 }, 5);
+        let reqs = generate(&s);
+        let p = ManyAdapterParams::default();
+        let mut counts = vec![0usize; p.adapters];
+        for (slot, plan) in &reqs {
+            let model = plan.body["model"].as_str().expect("model");
+            assert_eq!(model, ManyAdapterParams::name(slot.session_id as usize));
+            counts[slot.session_id as usize] += 1;
+        }
+        assert_eq!(counts.iter().sum::<usize>(), reqs.len());
+        let most = counts.iter().max().copied().unwrap_or(0);
+        assert_eq!(
+            counts[0], most,
+            "Zipf 1: adapter-0 is the hottest: {counts:?}"
+        );
+        assert!(counts.iter().filter(|&&c| c > 0).count() >= 6, "{counts:?}");
+        assert_eq!(p.lora_modules()[3], "adapter-3=/adapters/3");
+    }
 
     #[test]
     fn every_name_round_trips() {

@@ -20,6 +20,7 @@ pub(crate) enum CompareWorkload {
     LongUnique,
     MultiTenantStall,
     UnequalPool,
+    ManyAdapters,
     /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
     Interference,
     /// Arrivals above capacity for a while, two priority classes, one tenant bursting: flow
@@ -39,6 +40,7 @@ impl CompareWorkload {
             CompareWorkload::LongUnique => vec![WorkloadArg::LongUnique],
             CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
             CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
+            CompareWorkload::ManyAdapters => vec![WorkloadArg::ManyAdapters],
             CompareWorkload::Interference => vec![WorkloadArg::Interference],
             CompareWorkload::Overload => vec![WorkloadArg::Overload],
             CompareWorkload::All => vec![
@@ -49,6 +51,7 @@ impl CompareWorkload {
                 WorkloadArg::LongUnique,
                 WorkloadArg::MultiTenantStall,
                 WorkloadArg::UnequalPool,
+                WorkloadArg::ManyAdapters,
             ],
         }
     }
@@ -61,6 +64,8 @@ pub(crate) enum PolicyArg {
     KvrouteFlow,
     /// kvroute with the previous version's module (--previous-wasm; `make previous-module`)
     KvroutePrevious,
+    /// kvroute with the workload's own signal off (many-adapters: adapter loads not priced)
+    KvrouteWithoutSignal,
     RoundRobin,
     LeastRequest,
     /// The client probes every simulated pod and sends each request to the earliest first token
@@ -91,6 +96,7 @@ impl From<PolicyArg> for Policy {
             PolicyArg::Kvroute => Policy::Kvroute,
             PolicyArg::KvrouteFlow => Policy::KvrouteFlow,
             PolicyArg::KvroutePrevious => Policy::KvroutePrevious,
+            PolicyArg::KvrouteWithoutSignal => Policy::KvrouteWithoutSignal,
             PolicyArg::RoundRobin => Policy::RoundRobin,
             PolicyArg::LeastRequest => Policy::LeastRequest,
             PolicyArg::PerfectKnowledge => Policy::Oracle,
@@ -273,6 +279,10 @@ pub(crate) async fn compare_cases(
         );
         let mut plugin_extra = compare::bench_plugin_extra_polling(args.poll_interval_ms);
         compare::merge_top_level(&mut plugin_extra, &defaults.plugin_extra);
+        compare::merge_sections(
+            &mut plugin_extra,
+            &compare::time_scaled_extra(w.name(), args.time_scale),
+        );
         if let Some(text) = &args.kvroute_config {
             let v: serde_json::Value =
                 serde_json::from_str(text).map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
@@ -284,7 +294,7 @@ pub(crate) async fn compare_cases(
             first.pods = n;
         }
         anyhow::ensure!(groups.iter().all(|g| g.pods >= 1), "--pods must be >= 1");
-        cases.push((w, spec, warmup, groups, plugin_extra));
+        cases.push((w, spec, warmup, groups, plugin_extra, defaults.signal_off));
     }
     let policies: Vec<Policy> = args.policies.iter().map(|&p| p.into()).collect();
     anyhow::ensure!(!policies.is_empty(), "no policies given");
@@ -294,7 +304,7 @@ pub(crate) async fn compare_cases(
         compare::resolve_previous_wasm(args.previous_wasm.as_deref())?;
     }
     if let Some(at) = args.reset_caches_at {
-        for (w, spec, _, _, _) in &cases {
+        for (w, spec, ..) in &cases {
             anyhow::ensure!(
                 at.is_finite() && at > 0.0 && at < spec.duration_s,
                 "{}: --reset-caches-at ({at} s) must fall inside the run (0–{} s)",
@@ -309,13 +319,21 @@ pub(crate) async fn compare_cases(
     };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
     let mut results = Vec::new();
-    for (w, spec, warmup, groups, plugin_extra) in &cases {
+    for (w, spec, warmup, groups, plugin_extra, signal_off) in &cases {
         let case = name.unwrap_or(w.name());
+        // A workload about one signal runs kvroute without it too, beside kvroute, in the same run.
+        let mut policies = policies.clone();
+        if !signal_off.is_null() && !policies.contains(&Policy::KvrouteWithoutSignal) {
+            if let Some(at) = policies.iter().position(|p| *p == Policy::Kvroute) {
+                policies.insert(at + 1, Policy::KvrouteWithoutSignal);
+            }
+        }
         let opts = StackOptions {
             groups: groups.clone(),
             sim_args: split_args(&args.sim_args),
             time_scale: args.time_scale,
             plugin_extra: plugin_extra.clone(),
+            signal_off: signal_off.clone(),
             previous_wasm: args.previous_wasm.clone(),
             replica_sync: !args.no_replica_sync,
             shadow_probe: args.shadow_probe,

@@ -25,6 +25,8 @@ pub(crate) enum WorkloadArg {
     MultiTenantStall,
     /// Unique prompts on a pool with one pod half as fast
     UnequalPool,
+    /// Requests for 16 LoRA adapters (Zipf 1) on pods holding two at a time
+    ManyAdapters,
     /// Arrivals above the pool's capacity for a while, two priority classes, 6 tenants, one
     /// bursting (flow control's benchmark)
     Overload,
@@ -41,6 +43,7 @@ impl WorkloadArg {
             WorkloadArg::LongUnique => "long-unique",
             WorkloadArg::MultiTenantStall => "multi-tenant-stall",
             WorkloadArg::UnequalPool => "unequal-pool",
+            WorkloadArg::ManyAdapters => "many-adapters",
             WorkloadArg::Overload => "overload",
         }
     }
@@ -219,6 +222,9 @@ impl SpecArgs {
             WorkloadArg::SharedAgent => WorkloadKind::SharedAgent(SharedAgentParams::default()),
             WorkloadArg::LongUnique => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
             WorkloadArg::UnequalPool => WorkloadKind::UnequalPool(UniqueParams::default()),
+            WorkloadArg::ManyAdapters => {
+                WorkloadKind::ManyAdapters(kvbench::workload::ManyAdapterParams::default())
+            }
             WorkloadArg::Overload => {
                 let base = OverloadParams::default();
                 WorkloadKind::Overload(OverloadParams {
