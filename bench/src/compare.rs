@@ -294,6 +294,9 @@ pub struct StackOptions {
     pub plugin_config: Option<String>,
     /// Merged into `plugin_extra` for [`Policy::KvrouteWithoutSignal`] ([`BenchDefaults::signal_off`]).
     pub signal_off: Value,
+    /// Merged into `plugin_extra` for this version's module only (sections the previous version
+    /// does not have, which its configuration parser refuses: [`time_scaled_extra`]).
+    pub current_module_extra: Value,
 }
 
 impl Default for StackOptions {
@@ -315,6 +318,7 @@ impl Default for StackOptions {
             require_healthy: true,
             plugin_config: None,
             signal_off: Value::Null,
+            current_module_extra: Value::Null,
         }
     }
 }
@@ -393,6 +397,9 @@ impl Stack {
         }
         if policy == Policy::KvrouteFlow {
             extra["flow_control"] = flow_control_config(opts.time_scale);
+        }
+        if policy.is_kvroute() && policy != Policy::KvroutePrevious {
+            merge_sections(&mut extra, &opts.current_module_extra);
         }
         if policy == Policy::KvrouteWithoutSignal {
             merge_sections(&mut extra, &opts.signal_off);

@@ -279,10 +279,6 @@ pub(crate) async fn compare_cases(
         );
         let mut plugin_extra = compare::bench_plugin_extra_polling(args.poll_interval_ms);
         compare::merge_top_level(&mut plugin_extra, &defaults.plugin_extra);
-        compare::merge_sections(
-            &mut plugin_extra,
-            &compare::time_scaled_extra(w.name(), args.time_scale),
-        );
         if let Some(text) = &args.kvroute_config {
             let v: serde_json::Value =
                 serde_json::from_str(text).map_err(|e| anyhow::anyhow!("--kvroute-config: {e}"))?;
@@ -334,6 +330,7 @@ pub(crate) async fn compare_cases(
             time_scale: args.time_scale,
             plugin_extra: plugin_extra.clone(),
             signal_off: signal_off.clone(),
+            current_module_extra: compare::time_scaled_extra(w.name(), args.time_scale),
             previous_wasm: args.previous_wasm.clone(),
             replica_sync: !args.no_replica_sync,
             shadow_probe: args.shadow_probe,
