@@ -188,6 +188,15 @@ impl LinkLevels {
 /// predibase/lorax#433).
 pub const DEFAULT_LORA_LOAD_MS: f64 = 100.0;
 
+/// Host-memory tier bandwidth (Gb/s), each way: the vLLM blog "KV offloading connector"
+/// (<https://blog.vllm.ai/2026/01/08/kv-offloading-connector.html>) measures the native CPU
+/// offloading connector's GPU↔CPU DMA at "up to about 50GB/s" one way on an H100: 400 Gb/s.
+pub const DEFAULT_CPU_OFFLOAD_GBPS: f64 = 400.0;
+
+/// KV bytes per token for a profile that does not know its own (seed-demo): Llama-3.1-8B in fp16,
+/// 32 layers × 8 KV heads × 128 head dim × 2 (K and V) × 2 bytes = 131,072 B (128 KiB).
+pub const FALLBACK_KV_BYTES_PER_TOKEN: usize = 131_072;
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Address every pod binds (port chosen by the OS).
@@ -255,6 +264,14 @@ pub struct SimConfig {
     /// vLLM's `--root-path` behind a proxy that does not strip it: every route is served under
     /// this prefix too (`/openai/v1/chat/completions` as `/v1/chat/completions`).
     pub root_path: Option<String>,
+    /// Host-memory KV tier (vLLM's native CPU offloading connector), in kvsim blocks; 0 = none.
+    /// Write-through: every full prompt block that lands on the GPU is stored there too (an LRU of
+    /// block hashes), and a request admitted with blocks beyond its GPU prefix hit that the tier
+    /// holds loads them instead of computing them (see `crate::engine`).
+    pub cpu_offload_blocks: usize,
+    /// Host tier ↔ GPU bandwidth (Gb/s, each way), shared equally by concurrent loads;
+    /// [`DEFAULT_CPU_OFFLOAD_GBPS`] unless set.
+    pub cpu_offload_gbps: f64,
 }
 
 impl Default for SimConfig {
@@ -289,6 +306,8 @@ impl Default for SimConfig {
             kv_hold_timeout_s: NIXL_ABORT_TIMEOUT_S,
             api_key: None,
             root_path: None,
+            cpu_offload_blocks: 0,
+            cpu_offload_gbps: DEFAULT_CPU_OFFLOAD_GBPS,
         }
     }
 }
@@ -364,6 +383,12 @@ impl SimConfig {
         if let Some(gbps) = self.kv_link_gbps {
             line.push_str(&format!("; KV link {gbps} Gb/s shared per decode pod"));
         }
+        if self.host_tier() {
+            line.push_str(&format!(
+                "; CPU offload {} blocks at {} Gb/s",
+                self.cpu_offload_blocks, self.cpu_offload_gbps
+            ));
+        }
         line
     }
 
@@ -438,6 +463,9 @@ impl SimConfig {
         if !(self.kv_hold_timeout_s.is_finite() && self.kv_hold_timeout_s >= 0.0) {
             bail!("KV hold timeout must be a non-negative number of seconds");
         }
+        if !(self.cpu_offload_gbps.is_finite() && self.cpu_offload_gbps > 0.0) {
+            bail!("--cpu-offload-gbps must be a positive number of Gb/s");
+        }
         Ok(())
     }
 
@@ -485,6 +513,32 @@ impl SimConfig {
             }
             None => Duration::from_secs_f64(self.kv_transfer_us_per_token * tokens as f64 / 1e6),
         }
+    }
+
+    /// Whether the pod has a host-memory KV tier (`cpu_offload_blocks` > 0).
+    pub fn host_tier(&self) -> bool {
+        self.cpu_offload_blocks > 0
+    }
+
+    /// KV bytes per token: the profile's, or [`FALLBACK_KV_BYTES_PER_TOKEN`] for a profile that
+    /// does not know it.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        match self.profile.kv_bytes_per_token {
+            0 => FALLBACK_KV_BYTES_PER_TOKEN,
+            n => n,
+        }
+    }
+
+    /// Bytes of KV in one full block.
+    pub fn kv_bytes_per_block(&self) -> u64 {
+        (self.block_size * self.kv_bytes_per_token()) as u64
+    }
+
+    /// Simulated time to load `tokens` tokens of KV from the host tier with the bandwidth to
+    /// itself: `tokens × KV bytes per token × 8 / (cpu_offload_gbps × 1e9)`.
+    pub fn host_load_time(&self, tokens: usize) -> Duration {
+        let bits = (tokens * self.kv_bytes_per_token()) as f64 * 8.0;
+        Duration::from_secs_f64(bits / (self.cpu_offload_gbps * 1e9))
     }
 
     /// Simulated time from arrival to the scheduler's queue (α0 + α1 · input length).
@@ -620,5 +674,31 @@ mod tests {
             seed.validate().is_err(),
             "seed-demo has no KV size per token"
         );
+    }
+
+    #[test]
+    fn host_loads_are_kv_bytes_over_the_offload_bandwidth() {
+        // seed-demo knows no KV size: Llama-3.1-8B fp16's 128 KiB per token stands in.
+        let seed = SimConfig {
+            cpu_offload_blocks: 100,
+            ..SimConfig::default()
+        };
+        assert!(seed.validate().is_ok());
+        assert_eq!(seed.kv_bytes_per_token(), FALLBACK_KV_BYTES_PER_TOKEN);
+        assert_eq!(seed.kv_bytes_per_block(), 16 * 131_072);
+        // 1,000 tokens × 131,072 B × 8 bit / 400e9 bit/s = 2.62144 ms
+        let t = seed.host_load_time(1000).as_secs_f64();
+        assert!((t - 0.002_621_44).abs() < 1e-12, "{t}");
+        let p = profile::find("qwen2.5-7b-h100").expect("profile");
+        let qwen = SimConfig::default().with_profile(p);
+        assert_eq!(qwen.kv_bytes_per_token(), 57_344, "the profile's own");
+        assert!(!qwen.host_tier(), "off by default");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let cfg = SimConfig {
+                cpu_offload_gbps: bad,
+                ..SimConfig::default()
+            };
+            assert!(cfg.validate().is_err(), "{bad}");
+        }
     }
 }

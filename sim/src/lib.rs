@@ -36,7 +36,8 @@ use tokio::task::JoinHandle;
 
 pub use config::{
     parse_link_gbps, parse_lora_module, EngineKind, LinkLevels, LoraModule, Role, ServedAs,
-    SimConfig, DEFAULT_LORA_LOAD_MS, ETH_100G_GBPS, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
+    SimConfig, DEFAULT_CPU_OFFLOAD_GBPS, DEFAULT_LORA_LOAD_MS, ETH_100G_GBPS,
+    FALLBACK_KV_BYTES_PER_TOKEN, NIXL_ABORT_TIMEOUT_S, NVLINK_GBPS,
 };
 pub use pod::{remote_decode_prefill, Faults, SimStats, DESTINATION_HEADER, PREFILLER_HEADER};
 pub use profile::{Profile, PROFILES};

@@ -97,6 +97,16 @@ struct Args {
     /// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480).
     #[arg(long, default_value_t = kvsim::NIXL_ABORT_TIMEOUT_S)]
     kv_hold_timeout_s: f64,
+    /// Host-memory KV tier per pod, in blocks (vLLM's native CPU offloading connector; 0 = none):
+    /// every full prompt block the GPU holds is written through to it (LRU), and a prompt whose
+    /// blocks the GPU lost but host memory holds loads them instead of computing them.
+    #[arg(long, default_value_t = 0)]
+    cpu_offload_blocks: usize,
+    /// Host tier <-> GPU bandwidth in Gb/s, each way, shared by concurrent loads (400 = the ~50
+    /// GB/s DMA vLLM's blog measured on H100). KV bytes per token: the profile's, or 131072
+    /// (Llama-3.1-8B fp16) for seed-demo.
+    #[arg(long, default_value_t = kvsim::DEFAULT_CPU_OFFLOAD_GBPS)]
+    cpu_offload_gbps: f64,
     /// vLLM's --api-key: `/v1/*` requests without `Authorization: Bearer <key>` get 401.
     #[arg(long)]
     api_key: Option<String>,
@@ -158,6 +168,8 @@ impl Args {
             kv_hold_timeout_s: self.kv_hold_timeout_s,
             api_key: self.api_key,
             root_path: self.root_path,
+            cpu_offload_blocks: self.cpu_offload_blocks,
+            cpu_offload_gbps: self.cpu_offload_gbps,
             ..base
         }
     }
