@@ -5,6 +5,10 @@
 //! evictable, and the least recently used evictable blocks are dropped when the pool needs room.
 //! The pool's room is shared with the blocks running requests hold privately (their partial last
 //! block and generated tokens), so a busy pod keeps fewer cached prefixes, as a real one does.
+//!
+//! [`HostCache`] is the second tier, host memory behind vLLM's native CPU offloading connector
+//! (`vllm/v1/kv_offload/cpu.py`'s LRU manager): the hashes of blocks written through to host
+//! memory, least recently used dropped first when it is full.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -88,9 +92,113 @@ impl PrefixCache {
     }
 }
 
+/// The host-memory tier: which blocks (by chained hash) host memory holds, at most `capacity`,
+/// evicted least recently used first. Nothing pins a block here: a load reads a copy, so the block
+/// stays stored. Capacity 0 holds nothing.
+#[derive(Debug, Default)]
+pub struct HostCache {
+    capacity: usize,
+    /// Block hash → its position in the LRU order.
+    entries: HashMap<u64, u64>,
+    /// Oldest first: the eviction order.
+    lru: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+impl HostCache {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            ..Self::default()
+        }
+    }
+
+    /// Number of leading blocks of `hashes` present.
+    pub fn longest_prefix(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.entries.contains_key(h))
+            .count()
+    }
+
+    /// Marks a stored block as the most recently used; false if it is not stored.
+    pub fn touch(&mut self, hash: u64) -> bool {
+        let Some(tick) = self.entries.get_mut(&hash) else {
+            return false;
+        };
+        self.lru.remove(tick);
+        self.tick += 1;
+        *tick = self.tick;
+        self.lru.insert(self.tick, hash);
+        true
+    }
+
+    /// Stores a block as the most recently used, evicting the least recently used one when full.
+    /// True if it was not stored before (its bytes cross to host memory); a stored one is only
+    /// refreshed.
+    pub fn store(&mut self, hash: u64) -> bool {
+        if self.capacity == 0 || self.touch(hash) {
+            return false;
+        }
+        while self.entries.len() >= self.capacity {
+            let Some((_, old)) = self.lru.pop_first() else {
+                break;
+            };
+            self.entries.remove(&old);
+        }
+        self.tick += 1;
+        self.entries.insert(hash, self.tick);
+        self.lru.insert(self.tick, hash);
+        true
+    }
+
+    /// Drops every block (a restart empties host memory too).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.lru.clear();
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_tier_keeps_the_most_recently_stored_blocks() {
+        let mut h = HostCache::new(3);
+        assert!(h.store(1));
+        assert!(h.store(2));
+        assert!(h.store(3));
+        assert!(!h.store(1), "already stored: refreshed, no bytes move");
+        // Full: 2 is now the least recently used.
+        assert!(h.store(4));
+        assert_eq!(h.block_count(), 3);
+        assert_eq!(h.longest_prefix(&[1, 2, 3]), 1);
+        assert_eq!(h.longest_prefix(&[3, 4, 1]), 3);
+        // A touch refreshes too: 3 survives the next two stores, 1 and 4 do not.
+        assert!(h.touch(3));
+        assert!(!h.touch(2), "2 was evicted");
+        assert!(h.store(5));
+        assert!(h.store(6));
+        assert_eq!(h.longest_prefix(&[3]), 1);
+        assert_eq!(h.longest_prefix(&[1]), 0);
+        assert_eq!(h.longest_prefix(&[4]), 0);
+        h.clear();
+        assert_eq!(h.block_count(), 0);
+        assert!(h.store(4));
+    }
+
+    #[test]
+    fn a_host_tier_of_no_blocks_stores_nothing() {
+        let mut h = HostCache::new(0);
+        assert!(!h.store(1));
+        assert_eq!(h.block_count(), 0);
+        assert_eq!(h.longest_prefix(&[1]), 0);
+    }
 
     #[test]
     fn lru_eviction_skips_pinned_blocks() {
