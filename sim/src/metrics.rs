@@ -114,6 +114,15 @@ pub struct Counters {
     pub preemptions: u64,
     /// LoRA adapters loaded into a GPU slot.
     pub adapter_loads: u64,
+    /// Prompt tokens looked up in the host tier (vLLM's connector lookup: the prompt less its GPU
+    /// prefix hit), at first admission, while the pod has a tier.
+    pub external_queries: u64,
+    /// Of those, tokens found there and loaded instead of computed.
+    pub external_hits: u64,
+    /// KV bytes loaded from host memory into the GPU (`transfer_type="CPU_to_GPU"`).
+    pub offload_loaded_bytes: u64,
+    /// KV bytes written through from the GPU to host memory (`transfer_type="GPU_to_CPU"`).
+    pub offload_stored_bytes: u64,
 }
 
 /// Everything `/metrics` shows, copied out of the engine under its lock.
@@ -258,6 +267,39 @@ pub fn render(cfg: &SimConfig, snap: &Snapshot) -> String {
                 "Prefix cache hits, in terms of number of cached tokens.",
                 c.prefix_hits,
             );
+            if cfg.host_tier() {
+                // vLLM's connector counters (`vllm/v1/metrics/loggers.py`) and the offloading
+                // connector's byte counter (`kv_connector/v1/offloading/metrics.py`, a
+                // `prometheus_client` Counter `vllm:kv_offload_total_bytes`: its samples carry
+                // `_total`).
+                w.counter(
+                    "vllm:external_prefix_cache_queries_total",
+                    "External prefix cache queries from KV connector cross-instance cache \
+                     sharing, in terms of number of queried tokens.",
+                    c.external_queries,
+                );
+                w.counter(
+                    "vllm:external_prefix_cache_hits_total",
+                    "External prefix cache hits from KV connector cross-instance cache sharing, \
+                     in terms of number of cached tokens.",
+                    c.external_hits,
+                );
+                w.header(
+                    "vllm:kv_offload_total_bytes_total",
+                    "counter",
+                    "Number of bytes offloaded by KV connector",
+                );
+                w.sample(
+                    "vllm:kv_offload_total_bytes_total",
+                    "transfer_type=\"CPU_to_GPU\"",
+                    c.offload_loaded_bytes as f64,
+                );
+                w.sample(
+                    "vllm:kv_offload_total_bytes_total",
+                    "transfer_type=\"GPU_to_CPU\"",
+                    c.offload_stored_bytes as f64,
+                );
+            }
             w.counter(
                 "vllm:prompt_tokens_total",
                 "Number of prefill tokens processed.",

@@ -105,6 +105,13 @@ pub struct SimStats {
     pub waiting: usize,
     pub kv_cache_usage: f64,
     pub cached_blocks: usize,
+    /// Prompt tokens loaded from the host-memory tier instead of computed
+    /// (`vllm:external_prefix_cache_hits_total`); only with a tier (`--cpu-offload-blocks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_hit_tokens_total: Option<u64>,
+    /// Blocks the host-memory tier holds; only with a tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cached_blocks: Option<usize>,
     pub faults: Faults,
 }
 
@@ -404,6 +411,11 @@ impl Pod {
             waiting: snap.waiting,
             kv_cache_usage: snap.kv_usage(&self.cfg),
             cached_blocks: self.engine.cached_blocks(),
+            host_hit_tokens_total: self.cfg.host_tier().then_some(snap.counters.external_hits),
+            host_cached_blocks: self
+                .cfg
+                .host_tier()
+                .then(|| self.engine.host_cached_blocks()),
             faults: self.faults(),
         }
     }

@@ -28,6 +28,16 @@
 //! request, not the batch. When it completes the prefill pod is told, and only then frees the blocks
 //! it held for the pull (or after `kv_hold_timeout_s`).
 //!
+//! A pod may have a host-memory tier behind the GPU (`cpu_offload_blocks`; none by default), as
+//! vLLM's native CPU offloading connector gives it: write-through, every full prompt block that
+//! lands on the GPU is also stored in host memory (an LRU of block hashes, asynchronously: no step
+//! waits). A request admitted with blocks beyond its GPU prefix hit that host memory holds, in a row,
+//! loads them instead of computing them: like a pull it waits (counted as waiting, vLLM's
+//! `WAITING_FOR_REMOTE_KVS`) for their bytes over `cpu_offload_gbps`, shared equally by concurrent
+//! loads, then joins the batch with them computed, and they become GPU cache blocks. Loaded tokens
+//! count in the request's `cached_tokens` and in vLLM's `external_prefix_cache_*` counters, not in
+//! the GPU prefix cache's. A request that brings a prefill pod's KV pulls it rather than loading.
+//!
 //! Per-request overheads of a fitted profile, applied as BLIS applies them: α0 + α1 · input length
 //! from arrival until the request is queued, and α2 per output token on its way to the client
 //! (BLIS's `OutputTokenProcessingTime`: every inter-token latency is the step plus α2, so a request
@@ -50,10 +60,12 @@
 //!
 //! Files: `seq.rs` a request inside the engine (its progress, blocks and event delivery);
 //! `scheduler.rs` the step loop's state and vLLM's `schedule()`, admission, preemption and the end
-//! of a step; `transfer.rs` KV pulled from and held for other pods; `probe.rs` the what-if estimate
-//! behind `POST /sim/probe`; `tests.rs` step-by-step scheduler and block-pool cases.
+//! of a step; `transfer.rs` KV pulled from and held for other pods, and the links pulls and host
+//! loads share; `offload.rs` the host tier's write-through and lookup; `probe.rs` the what-if
+//! estimate behind `POST /sim/probe`; `tests.rs` step-by-step scheduler and block-pool cases.
 
 // `crate::probe` answers with this module's `ProbeEstimate` (and its docs link to it).
+mod offload;
 pub(super) mod probe;
 mod scheduler;
 mod seq;
@@ -68,7 +80,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use super::cache::PrefixCache;
+use super::cache::{HostCache, PrefixCache};
 use super::config::SimConfig;
 use super::metrics::{Counters, Latencies, Snapshot};
 
@@ -129,8 +141,9 @@ pub enum SeqEvent {
 pub struct Outcome {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens not computed here: local prefix-cache hits plus KV pulled from a prefill pod
-    /// (vLLM reports both as `cached_tokens`).
+    /// Prompt tokens not computed here: local prefix-cache hits, KV pulled from a prefill pod and
+    /// KV loaded from the host tier (vLLM V1 reports them all as `cached_tokens`: external computed
+    /// tokens count in `num_cached_tokens`).
     pub cached_tokens: usize,
     pub block_ids: Vec<u64>,
 }
@@ -145,6 +158,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(cfg: SimConfig) -> Arc<Self> {
         let latencies = Latencies::new(cfg.engine);
+        let host = HostCache::new(cfg.cpu_offload_blocks);
         Arc::new(Self {
             cfg,
             state: Mutex::new(State {
@@ -154,11 +168,13 @@ impl Engine {
                 running: Vec::new(),
                 held: Vec::new(),
                 cache: PrefixCache::default(),
+                host,
                 counters: Counters::default(),
                 latencies,
                 next_block_id: 0,
                 closed: false,
                 link_clock: None,
+                host_clock: None,
                 pulled: Vec::new(),
                 lora_slots: Vec::new(),
                 lora_loads: 0,
@@ -229,13 +245,21 @@ impl Engine {
         }
     }
 
+    /// Empties the prefix cache (but the blocks in use) and the host tier, as a restart would.
     pub fn reset_cache(&self) {
-        self.lock().cache.clear_unpinned();
+        let mut st = self.lock();
+        st.cache.clear_unpinned();
+        st.host.clear();
     }
 
     /// Number of blocks currently in the prefix cache (in use or evictable).
     pub fn cached_blocks(&self) -> usize {
         self.lock().cache.block_count()
+    }
+
+    /// Number of blocks the host tier holds.
+    pub fn host_cached_blocks(&self) -> usize {
+        self.lock().host.block_count()
     }
 
     /// A decoder has pulled the KV held under `first_block`: free it. False if nothing was held

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use crate::config::SimConfig;
 
 use super::seq::Seq;
+use super::transfer::Link;
 use super::Engine;
 
 /// A pod's own answer to "what would happen to this prompt if it arrived now" (`POST /sim/probe`):
@@ -21,6 +22,10 @@ pub struct ProbeEstimate {
     /// Prompt tokens it would not compute if admitted after the requests ahead of it: the cache now
     /// plus the blocks those requests will have computed.
     pub cached_at_admission_tokens: usize,
+    /// Prompt tokens after those that the host-memory tier holds: loaded, not computed (only on a
+    /// pod with a tier).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_cached_tokens: Option<usize>,
     /// Uncached prefill tokens queued or running ahead of it (running: what is left to compute,
     /// the step in progress included).
     pub queued_prefill_tokens: usize,
@@ -28,8 +33,9 @@ pub struct ProbeEstimate {
     /// Queued, and waiting for pulled KV.
     pub waiting: usize,
     /// Time from now to this request's first token, by stepping the pod's batch with its own cost
-    /// model (the step in progress counted from its estimated start; KV-memory admission limits and
-    /// later arrivals not modelled).
+    /// model (the step in progress counted from its estimated start; loads from the host tier over
+    /// its shared link, as the engine runs them; KV-memory admission limits and later arrivals not
+    /// modelled).
     pub estimated_ttft_ms: f64,
     /// How much later, summed, the requests already here that have no first token yet would get it
     /// if this request joined (it lengthens the step they share): the cost it puts on others.
@@ -52,30 +58,94 @@ struct WhatIf {
     probe: bool,
     /// Has not produced its first token yet.
     pending: bool,
+    /// Simulated ms of exclusive host-link time its load from the host tier still needs (0: none):
+    /// admitted, it waits out the load (shared equally with the other loads) before it joins.
+    load_ms: f64,
+}
+
+/// Advances the host-tier loads by `ms`: the link is shared equally by the loads in progress, as
+/// the engine's `transfer.rs` shares it.
+fn advance_loads(loading: &mut [WhatIf], mut ms: f64) {
+    loop {
+        let n = loading.iter().filter(|v| v.load_ms > 0.0).count();
+        if n == 0 || ms <= 0.0 {
+            return;
+        }
+        let min_left = loading
+            .iter()
+            .filter(|v| v.load_ms > 0.0)
+            .map(|v| v.load_ms)
+            .fold(f64::INFINITY, f64::min);
+        let step = (min_left * n as f64).min(ms);
+        for v in loading.iter_mut().filter(|v| v.load_ms > 0.0) {
+            v.load_ms -= step / n as f64;
+            if v.load_ms <= 1e-9 {
+                v.load_ms = 0.0;
+            }
+        }
+        ms -= step;
+    }
+}
+
+/// Time until the first load in progress completes (∞ if none).
+fn next_load_done(loading: &[WhatIf]) -> f64 {
+    let n = loading.iter().filter(|v| v.load_ms > 0.0).count() as f64;
+    loading
+        .iter()
+        .filter(|v| v.load_ms > 0.0)
+        .map(|v| v.load_ms * n)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Steps `running` + `queue` from `t0_ms` with the engine's rules (FIFO admission behind
-/// `max_num_seqs`, the prefill budget, the step cost); returns the probe's first-token time, the sum
-/// of the pending sequences' first-token times, and whether it gave up.
+/// `max_num_seqs`, the prefill budget, the step cost; host-tier loads, `loading` already under way
+/// from 0, joining the batch when done and a seat is free); returns the probe's first-token time,
+/// the sum of the pending sequences' first-token times, and whether it gave up.
 fn step_what_if(
     cfg: &SimConfig,
     mut running: Vec<WhatIf>,
+    mut loading: Vec<WhatIf>,
     mut queue: VecDeque<WhatIf>,
     t0_ms: f64,
 ) -> (Option<f64>, f64, bool) {
-    let has_probe = running.iter().chain(&queue).any(|v| v.probe);
-    let mut left = running.iter().chain(&queue).filter(|v| v.pending).count();
+    let all = || running.iter().chain(&loading).chain(&queue);
+    let has_probe = all().any(|v| v.probe);
+    let mut left = all().filter(|v| v.pending).count();
     let (mut t, mut sum, mut probe_t) = (t0_ms, 0.0, None);
+    advance_loads(&mut loading, t0_ms);
     for _ in 0..PROBE_MAX_STEPS {
         if left == 0 && (!has_probe || probe_t.is_some()) {
             return (probe_t, sum, false);
         }
+        // Loaded requests join ahead of the queue, as the engine's `schedule()` takes them.
+        let mut i = 0;
+        while i < loading.len() && running.len() < cfg.max_num_seqs {
+            if loading[i].load_ms <= 0.0 {
+                running.push(loading.remove(i));
+            } else {
+                i += 1;
+            }
+        }
         while running.len() < cfg.max_num_seqs {
             let Some(v) = queue.pop_front() else { break };
-            running.push(v);
+            if v.load_ms > 0.0 {
+                loading.push(v);
+            } else {
+                running.push(v);
+            }
         }
         if running.is_empty() {
-            return (probe_t, sum, false);
+            if loading.is_empty() {
+                return (probe_t, sum, false);
+            }
+            // Idle until the next load completes.
+            let wait = next_load_done(&loading);
+            if !wait.is_finite() {
+                return (probe_t, sum, true);
+            }
+            advance_loads(&mut loading, wait);
+            t += wait;
+            continue;
         }
         let mut budget = match cfg.chunked_prefill_tokens {
             0 => usize::MAX,
@@ -94,7 +164,9 @@ fn step_what_if(
                 sched.push(0);
             }
         }
-        t += cfg.step_time(prefill_tokens, decoding).as_secs_f64() * 1e3;
+        let step_ms = cfg.step_time(prefill_tokens, decoding).as_secs_f64() * 1e3;
+        advance_loads(&mut loading, step_ms);
+        t += step_ms;
         for (v, n) in running.iter_mut().zip(sched) {
             let token = if v.prefill > 0 {
                 v.prefill -= n;
@@ -150,6 +222,9 @@ impl Engine {
                 st.cache.longest_prefix(std::slice::from_ref(h)) == 1 || ahead.contains(h)
             })
             .count();
+        // Beyond those, what the host tier holds loads instead of computing.
+        let host_at_admission = st.host_lookup(cfg, mine, at_admission);
+        let load_ms = |blocks: usize| cfg.host_load_time(blocks * bs).as_secs_f64() * 1e3;
 
         // The step in progress: its sequences carry their schedule; it started at the previous step's
         // end (the last token any of them got) or when its newest sequence could first run.
@@ -190,6 +265,7 @@ impl Engine {
                     out,
                     probe: false,
                     pending: prefill > 0,
+                    load_ms: 0.0,
                 });
             }
         }
@@ -201,27 +277,54 @@ impl Engine {
                 left
             }
         };
-        let mut queue: VecDeque<WhatIf> = st
-            .transferring
+        // Pulls in progress join at once; host-tier loads in progress go on from where the host
+        // link's clock left them.
+        let (host_loads, pulls): (Vec<&Seq>, Vec<&Seq>) =
+            st.transferring.iter().partition(|s| s.link() == Link::Host);
+        let mut queue: VecDeque<WhatIf> = pulls
             .iter()
             .map(|s| WhatIf {
                 prefill: 0,
                 out: s.spec.max_tokens.max(1),
                 probe: false,
                 pending: true,
+                load_ms: 0.0,
             })
             .collect();
+        let mut loading: Vec<WhatIf> = host_loads
+            .iter()
+            .map(|s| WhatIf {
+                prefill: s.prefill_remaining,
+                out: s.spec.max_tokens.max(1),
+                probe: false,
+                pending: true,
+                load_ms: s.xfer_left * 1e3,
+            })
+            .collect();
+        if let Some(clock) = st.host_clock {
+            advance_loads(
+                &mut loading,
+                cfg.to_sim_secs(now.saturating_duration_since(clock)) * 1e3,
+            );
+        }
         for s in &st.waiting {
             let hashes = s
                 .spec
                 .block_hashes
                 .get(..hashable(s.spec.prompt_tokens, &s.spec.block_hashes))
                 .unwrap_or_default();
+            let hit = st.cache.longest_prefix(hashes);
+            let host = if s.spec.remote_tokens == 0 {
+                st.host_lookup(cfg, hashes, hit)
+            } else {
+                0
+            };
             queue.push_back(WhatIf {
-                prefill: uncached(s.spec.prompt_tokens, st.cache.longest_prefix(hashes)),
+                prefill: uncached(s.spec.prompt_tokens, hit + host),
                 out: s.spec.max_tokens.max(1),
                 probe: false,
                 pending: true,
+                load_ms: load_ms(host),
             });
         }
         // Running prefills count whole, the step in progress included: that work is still ahead.
@@ -230,22 +333,29 @@ impl Engine {
             .iter()
             .map(|s| s.prefill_remaining)
             .sum::<usize>()
-            + queue.iter().map(|v| v.prefill).sum::<usize>();
+            + loading
+                .iter()
+                .chain(&queue)
+                .map(|v| v.prefill)
+                .sum::<usize>();
         let (n_running, n_waiting) = (st.running.len(), st.waiting.len() + st.transferring.len());
         drop(st);
 
-        let (_, without, _) = step_what_if(cfg, running.clone(), queue.clone(), t0_ms);
+        let (_, without, _) =
+            step_what_if(cfg, running.clone(), loading.clone(), queue.clone(), t0_ms);
         queue.push_back(WhatIf {
-            prefill: uncached(prompt_tokens, at_admission),
+            prefill: uncached(prompt_tokens, at_admission + host_at_admission),
             out: max_tokens.max(1),
             probe: true,
             pending: false,
+            load_ms: load_ms(host_at_admission),
         });
-        let (first, with, capped) = step_what_if(cfg, running, queue, t0_ms);
+        let (first, with, capped) = step_what_if(cfg, running, loading, queue, t0_ms);
         ProbeEstimate {
             prompt_tokens,
             cached_tokens: cached_now * bs,
             cached_at_admission_tokens: at_admission * bs,
+            host_cached_tokens: cfg.host_tier().then_some(host_at_admission * bs),
             queued_prefill_tokens,
             running: n_running,
             waiting: n_waiting,
@@ -266,6 +376,7 @@ mod tests {
             out,
             probe,
             pending,
+            load_ms: 0.0,
         }
     }
 
@@ -273,12 +384,12 @@ mod tests {
     fn a_prefill_that_joins_a_queued_one_shares_its_step_and_delays_it() {
         let cfg = SimConfig::default();
         let queued = VecDeque::from([v(1000, 4, false, true)]);
-        let (none, alone, capped) = step_what_if(&cfg, Vec::new(), queued.clone(), 0.0);
+        let (none, alone, capped) = step_what_if(&cfg, Vec::new(), Vec::new(), queued.clone(), 0.0);
         assert_eq!((none, capped), (None, false));
         assert!((alone - 440.0).abs() < 1e-6, "{alone}");
         let mut both = queued;
         both.push_back(v(1000, 4, true, false));
-        let (first, with, _) = step_what_if(&cfg, Vec::new(), both, 0.0);
+        let (first, with, _) = step_what_if(&cfg, Vec::new(), Vec::new(), both, 0.0);
         // Without chunking both prefills run in one step: 40 ms + 2,000 × 0.4 ms.
         assert!((first.expect("probe") - 840.0).abs() < 1e-6);
         assert!(
@@ -297,8 +408,31 @@ mod tests {
         // (15.5 ms each), then its own 100-token prefill (80 ms).
         let running = vec![v(0, 3, false, false)];
         let queue = VecDeque::from([v(100, 1, true, false)]);
-        let (first, _, capped) = step_what_if(&cfg, running, queue, 10.0);
+        let (first, _, capped) = step_what_if(&cfg, running, Vec::new(), queue, 10.0);
         assert!(!capped);
         assert!((first.expect("probe") - (10.0 + 3.0 * 15.5 + 80.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn host_loads_share_the_link_and_join_when_done() {
+        let cfg = SimConfig::default();
+        // A load under way with 10 ms of the link to go, and the probe's own 10 ms load: each gets
+        // half the link, both end at 20 ms, then one step holds the 16-token prefill and a decode.
+        let under_way = vec![WhatIf {
+            load_ms: 10.0,
+            ..v(0, 2, false, true)
+        }];
+        let probe = VecDeque::from([WhatIf {
+            load_ms: 10.0,
+            ..v(16, 1, true, false)
+        }]);
+        let (first, sum, capped) = step_what_if(&cfg, Vec::new(), under_way, probe, 0.0);
+        assert!(!capped);
+        let step = cfg.step_time(16, 1).as_secs_f64() * 1e3;
+        assert!((first.expect("probe") - (20.0 + step)).abs() < 1e-9);
+        assert!(
+            (sum - (20.0 + step)).abs() < 1e-9,
+            "the other's first token"
+        );
     }
 }

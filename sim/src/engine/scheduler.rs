@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cache::PrefixCache;
+use crate::cache::{HostCache, PrefixCache};
 use crate::config::SimConfig;
 use crate::metrics::{Counters, Latencies};
 
+use super::offload::write_through;
 use super::seq::Seq;
 use super::transfer::Held;
 use super::{Outcome, PullSource, SeqEvent};
@@ -33,12 +34,16 @@ pub(super) struct State {
     pub(super) running: Vec<Seq>,
     pub(super) held: Vec<Held>,
     pub(super) cache: PrefixCache,
+    /// The host-memory tier (capacity 0 without one).
+    pub(super) host: HostCache,
     pub(super) counters: Counters,
     pub(super) latencies: Latencies,
     pub(super) next_block_id: u64,
     pub(super) closed: bool,
     /// How far the shared KV link's progress has been computed.
     pub(super) link_clock: Option<Instant>,
+    /// How far the host tier link's progress has been computed.
+    pub(super) host_clock: Option<Instant>,
     /// Pulls completed since the loop last told their sources.
     pub(super) pulled: Vec<PullSource>,
     /// LoRA adapters in the GPU's slots, least recently used first (at most `max_loras`).
@@ -88,7 +93,9 @@ impl State {
         s.sched_prefill = 0;
         s.sched_decode = false;
         s.fresh = false;
-        // Pulled KV is gone with the blocks; the prompt is recomputed here.
+        s.loading = 0;
+        // Pulled KV is gone with the blocks; the prompt is recomputed here (or loaded again from
+        // the host tier, which keeps its copy).
         s.spec.remote_tokens = 0;
         self.counters.preemptions += 1;
         self.waiting.push_front(s);
@@ -178,12 +185,16 @@ impl State {
             n => n,
         };
 
-        // Requests whose pulled KV has arrived join the batch ahead of the queue.
+        // Requests whose pulled or loaded KV has arrived join the batch ahead of the queue.
         for mut s in std::mem::take(&mut self.transferring) {
             if s.tx.is_closed() {
                 self.drop_seq(s);
             } else if s.pull_done() && s.ready_at <= now && self.running.len() < cfg.max_num_seqs {
-                s.cover(&mut self.cache, bs);
+                if s.cover(&mut self.cache, bs) {
+                    write_through(cfg, &mut self.host, &mut self.counters, s.covered());
+                }
+                self.counters.offload_loaded_bytes += (s.loading * cfg.kv_bytes_per_token()) as u64;
+                s.loading = 0;
                 s.fresh = true;
                 s.eligible = s.ready_at;
                 if let Some(src) = s.spec.pull_source.take() {
@@ -273,25 +284,33 @@ impl State {
             let hashable = (total.saturating_sub(1) / bs).min(front.spec.block_hashes.len());
             let candidates = front.spec.block_hashes.get(..hashable).unwrap_or_default();
             let hit = self.cache.longest_prefix(candidates);
+            // The host tier's blocks after the GPU hit load instead of computing (a request that
+            // brings a prefill pod's KV pulls it instead).
+            let host_hit = if front.spec.remote_tokens == 0 {
+                self.host_lookup(cfg, candidates, hit)
+            } else {
+                0
+            };
             let shared = candidates
                 .iter()
                 .take(hit)
                 .filter(|h| self.cache.is_pinned(**h))
                 .count();
             let cached = hit * bs;
+            let loaded = host_hit * bs;
             let transferred = front
                 .spec
                 .remote_tokens
                 .min(prompt.saturating_sub(1))
                 .saturating_sub(cached);
-            let computed = cached + transferred;
+            let computed = cached + loaded + transferred;
             let mut prefill_remaining = total.saturating_sub(computed);
             // Computing one last token costs no more than a decode step: it rides along with the
             // decode batch (as in vLLM, where it shares the forward pass of the first sampled token).
             if prefill_remaining <= 1 {
                 prefill_remaining = 0;
             }
-            let (want, mut target) = if transferred > 0 {
+            let (want, mut target) = if transferred + loaded > 0 {
                 (0, computed)
             } else if prefill_remaining > 0 {
                 let w = prefill_remaining.min(budget);
@@ -324,6 +343,7 @@ impl State {
             }
             s.pinned = hit;
             s.computed = computed;
+            s.loading = loaded;
             s.prefill_remaining = prefill_remaining;
             s.alloc = target;
             used += (hit - shared) + cfg.blocks_for(target).saturating_sub(hit);
@@ -334,8 +354,14 @@ impl State {
                 self.counters.prefix_queries += prompt as u64;
                 self.counters.prefix_hits += cached as u64;
                 self.counters.transferred_tokens += transferred as u64;
+                if cfg.host_tier() {
+                    s.host_hit = loaded;
+                    self.counters.external_queries += prompt.saturating_sub(cached) as u64;
+                    self.counters.external_hits += loaded as u64;
+                }
             }
-            if transferred > 0 {
+            self.host_admit(cfg, &s.spec.block_hashes, hit, host_hit);
+            if transferred + loaded > 0 {
                 let start = boundary.map_or(s.queued_at, |b| b.max(s.queued_at));
                 self.start_transfer(cfg, s, start);
             } else {
@@ -409,6 +435,7 @@ impl State {
         let State {
             running,
             cache,
+            host,
             counters,
             latencies,
             ..
@@ -417,13 +444,15 @@ impl State {
             if s.sched_prefill > 0 {
                 s.prefill_remaining -= s.sched_prefill;
                 s.computed += s.sched_prefill;
-                s.cover(cache, cfg.block_size);
+                if s.cover(cache, cfg.block_size) {
+                    write_through(cfg, host, counters, s.covered());
+                }
                 if s.prefill_remaining == 0 {
-                    emit_token(s, at, cfg, cache, counters, latencies);
+                    emit_token(s, at, cfg, (cache, host), counters, latencies);
                 }
             } else if s.sched_decode {
                 s.computed = s.computed.max(s.spec.prompt_tokens + s.generated);
-                emit_token(s, at, cfg, cache, counters, latencies);
+                emit_token(s, at, cfg, (cache, host), counters, latencies);
             }
             s.sched_prefill = 0;
             s.sched_decode = false;
@@ -454,7 +483,7 @@ impl State {
                     SeqEvent::Finished(Outcome {
                         prompt_tokens: s.spec.prompt_tokens,
                         completion_tokens: s.generated,
-                        cached_tokens: s.cached + s.transferred,
+                        cached_tokens: s.not_computed(),
                         block_ids: block_ids.clone(),
                     }),
                 );
@@ -479,7 +508,7 @@ fn emit_token(
     s: &mut Seq,
     at: Instant,
     cfg: &SimConfig,
-    cache: &mut PrefixCache,
+    (cache, host): (&mut PrefixCache, &mut HostCache),
     counters: &mut Counters,
     latencies: &mut Latencies,
 ) {
@@ -497,7 +526,9 @@ fn emit_token(
         // The first sampled token means the whole prompt's KV exists (including a last token that
         // rode along with the decode batch).
         s.computed = s.computed.max(s.spec.prompt_tokens);
-        s.cover(cache, cfg.block_size);
+        if s.cover(cache, cfg.block_size) {
+            write_through(cfg, host, counters, s.covered());
+        }
         counters.prompt_tokens += s.spec.prompt_tokens as u64;
         latencies
             .ttft
@@ -513,7 +544,7 @@ fn emit_token(
     let token = SeqEvent::Token {
         index,
         prompt_tokens: s.spec.prompt_tokens,
-        cached_tokens: s.cached + s.transferred,
+        cached_tokens: s.not_computed(),
     };
     if !s.tx.send(delivered, token) {
         // The client went away: vLLM aborts the request and frees its blocks.

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use crate::cache::PrefixCache;
 use crate::config::SimConfig;
 
+use super::transfer::Link;
 use super::{SeqEvent, SeqSpec};
 
 /// Where a sequence's events go: straight to the HTTP layer, or through a per-request delivery task
@@ -67,6 +68,10 @@ pub(super) struct Seq {
     pub(super) cached: usize,
     /// Prompt tokens pulled from a prefill pod at first admission.
     pub(super) transferred: usize,
+    /// Prompt tokens loaded from the host-memory tier at first admission.
+    pub(super) host_hit: usize,
+    /// Tokens the host-tier load in progress brings (0: none, or a pull from a prefill pod).
+    pub(super) loading: usize,
     /// Tokens whose KV exists on this pod.
     pub(super) computed: usize,
     pub(super) prefill_remaining: usize,
@@ -103,6 +108,8 @@ impl Seq {
             queued_at,
             cached: 0,
             transferred: 0,
+            host_hit: 0,
+            loading: 0,
             computed: 0,
             prefill_remaining: 0,
             generated: 0,
@@ -126,18 +133,34 @@ impl Seq {
         cfg.blocks_for(self.alloc).saturating_sub(self.pinned)
     }
 
-    /// Pins (and so caches) every full prompt block whose KV now exists.
-    pub(super) fn cover(&mut self, cache: &mut PrefixCache, block_size: usize) {
+    /// Pins (and so caches) every full prompt block whose KV now exists. Returns whether that
+    /// added any (their KV is then written through to the host tier, if the pod has one).
+    pub(super) fn cover(&mut self, cache: &mut PrefixCache, block_size: usize) -> bool {
         let full = (self.computed / block_size).min(self.spec.block_hashes.len());
-        for h in self
+        let new = self
             .spec
             .block_hashes
             .get(self.pinned..full)
-            .unwrap_or_default()
-        {
+            .unwrap_or_default();
+        for h in new {
             cache.pin(*h);
         }
         self.pinned = self.pinned.max(full);
+        !new.is_empty()
+    }
+
+    /// The prompt blocks whose KV is on the GPU for this sequence, in chain order.
+    pub(super) fn covered(&self) -> &[u64] {
+        self.spec
+            .block_hashes
+            .get(..self.pinned)
+            .unwrap_or_default()
+    }
+
+    /// Prompt tokens not computed here: local prefix-cache hits, KV pulled from a prefill pod and
+    /// KV loaded from the host tier (vLLM reports them all as `cached_tokens`).
+    pub(super) fn not_computed(&self) -> usize {
+        self.cached + self.transferred + self.host_hit
     }
 
     /// Unpins in reverse, as vLLM frees blocks: the tail of a prefix becomes the least recently used
@@ -150,5 +173,14 @@ impl Seq {
 
     pub(super) fn pull_done(&self) -> bool {
         self.xfer_left <= 0.0
+    }
+
+    /// Which link its KV transfer uses: the host tier's for a host load, else the pull link.
+    pub(super) fn link(&self) -> Link {
+        if self.loading > 0 {
+            Link::Host
+        } else {
+            Link::Pull
+        }
     }
 }

@@ -401,3 +401,190 @@ fn adapters_beyond_max_loras_wait_and_each_load_lengthens_its_step() {
     step(&eng, t0);
     assert_eq!(eng.lock().counters.adapter_loads, 3);
 }
+
+/// The fitted profile with a host-memory tier of `host` blocks (0 = none).
+fn tiered(blocks: usize, host: usize) -> SimConfig {
+    SimConfig {
+        cpu_offload_blocks: host,
+        max_num_seqs: 8,
+        ..fitted(blocks, 0)
+    }
+}
+
+fn finished(rx: &mut mpsc::UnboundedReceiver<SeqEvent>) -> Option<Outcome> {
+    while let Ok(e) = rx.try_recv() {
+        if let SeqEvent::Finished(o) = e {
+            return Some(o);
+        }
+    }
+    None
+}
+
+type Rx = mpsc::UnboundedReceiver<SeqEvent>;
+
+/// A (4 blocks) is computed; a long-running decode D holds a seat; B (12 blocks) pushes A's last
+/// two blocks out of a 16-block GPU. Then A is asked again (its receiver and D's returned): it hits
+/// its first two blocks on the GPU and, with a host tier, finds the third in host memory (the
+/// fourth holds its last token, always computed).
+fn evict_a_then_ask_again(host: usize) -> (Arc<Engine>, SimConfig, Instant, Rx, Rx) {
+    let cfg = tiered(16, host);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _a = push(&eng, spec(1, 64, 1), t0);
+    assert_eq!(step(&eng, t0).1, 64);
+    let d = push(&eng, spec(5, 20, 50), t0);
+    step(&eng, t0);
+    let _b = push(&eng, spec(2, 192, 1), t0);
+    assert_eq!(step(&eng, t0), (us(&cfg, 192, 1), 192, 1));
+    {
+        let st = eng.lock();
+        assert_eq!(st.cache.longest_prefix(&spec(1, 64, 1).block_hashes), 2);
+        assert_eq!(st.running.len(), 1, "D decodes on");
+    }
+    let a = push(&eng, spec(1, 64, 1), t0);
+    (eng, cfg, t0, a, d)
+}
+
+#[test]
+fn a_prompt_the_gpu_lost_loads_from_the_host_tier_without_delaying_the_batch() {
+    let (eng, cfg, t0, mut a, _d) = evict_a_then_ask_again(100);
+    let ttft_before = eng.lock().latencies.ttft.sum();
+    let load = cfg.to_wall(cfg.host_load_time(16));
+    // A waits for its load (counted as waiting); D's decode step does not wait for it.
+    assert_eq!(step(&eng, t0), (us(&cfg, 0, 1), 0, 1));
+    {
+        let st = eng.lock();
+        assert_eq!(st.transferring.len(), 1);
+        assert_eq!(st.transferring[0].loading, 16);
+        let wake = st.transfer_wake(&cfg).expect("a load in progress");
+        assert!(wake.saturating_duration_since(t0).abs_diff(load) < Duration::from_micros(1));
+    }
+    assert_eq!(eng.snapshot().waiting, 1);
+    // Not done at half the load time; at its end A joins and computes only its last block.
+    assert_eq!(step(&eng, t0 + load / 2), (us(&cfg, 0, 1), 0, 1));
+    let done = t0 + load + Duration::from_micros(1);
+    assert_eq!(step(&eng, done), (us(&cfg, 16, 1), 16, 1));
+    // TTFT: the load, then one step of 16 tokens, then output processing (α2).
+    let ttft = eng.lock().latencies.ttft.sum() - ttft_before;
+    let want = (load + us(&cfg, 16, 1) + cfg.output_token_time()).as_secs_f64();
+    assert!((ttft - want).abs() < 2e-6, "TTFT {ttft} s, want {want} s");
+    let computing = (us(&cfg, 32, 1) + cfg.output_token_time()).as_secs_f64();
+    assert!(ttft < computing, "loading beats computing the block");
+    let o = finished(&mut a).expect("A finished");
+    assert_eq!(o.cached_tokens, 48, "2 GPU blocks + 1 host block");
+    let st = eng.lock();
+    let c = &st.counters;
+    assert_eq!(c.prefix_hits, 32, "the GPU's counter stays GPU-only");
+    assert_eq!(c.external_hits, 16);
+    // Queried: every prompt less its GPU hit, at first admission (A, D, B, then A again).
+    assert_eq!(c.external_queries, 64 + 20 + 192 + 32);
+    assert_eq!(c.offload_loaded_bytes, 16 * 131_072);
+    // Written through once each: A's 4 blocks, D's 1, B's 12; A's again were already there.
+    assert_eq!(c.offload_stored_bytes, 17 * 16 * 131_072);
+    assert_eq!(
+        st.cache.longest_prefix(&spec(1, 64, 1).block_hashes),
+        4,
+        "loaded blocks are GPU cache blocks again"
+    );
+}
+
+#[test]
+fn without_a_host_tier_the_lost_blocks_are_computed_as_before() {
+    let (eng, cfg, t0, mut a, _d) = evict_a_then_ask_again(0);
+    // A is admitted at once and computes its last two blocks alongside D's decode.
+    assert_eq!(step(&eng, t0), (us(&cfg, 32, 1), 32, 1));
+    assert_eq!(finished(&mut a).expect("A finished").cached_tokens, 32);
+    {
+        let st = eng.lock();
+        let c = &st.counters;
+        assert_eq!(c.prefix_hits, 32);
+        let offload = (
+            c.external_queries,
+            c.external_hits,
+            c.offload_loaded_bytes,
+            c.offload_stored_bytes,
+        );
+        assert_eq!(offload, (0, 0, 0, 0));
+        assert_eq!(st.host.block_count(), 0);
+    }
+    let page = crate::metrics::render(&cfg, &eng.snapshot());
+    assert!(!page.contains("external_prefix") && !page.contains("kv_offload"));
+}
+
+#[test]
+fn concurrent_host_loads_share_the_host_link_and_reset_empties_the_tier() {
+    let cfg = tiered(8, 100);
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let _x = push(&eng, spec(1, 64, 1), t0);
+    let _y = push(&eng, spec(2, 64, 1), t0);
+    step(&eng, t0);
+    // Z fills the 8-block GPU: X's and Y's blocks are evicted, host memory keeps them.
+    let _z = push(&eng, spec(3, 128, 1), t0);
+    step(&eng, t0);
+    assert_eq!(
+        eng.lock()
+            .cache
+            .longest_prefix(&spec(1, 64, 1).block_hashes),
+        0
+    );
+    let _x = push(&eng, spec(1, 64, 1), t0);
+    let _y = push(&eng, spec(2, 64, 1), t0);
+    let one = cfg.to_wall(cfg.host_load_time(48));
+    {
+        let mut st = eng.lock();
+        let Plan::Idle(Some(wake)) = st.plan(&cfg, t0, Some(t0)) else {
+            panic!("both wait for their loads");
+        };
+        // Two 48-token loads at half the host link each end together after twice one load's time.
+        let err = wake.saturating_duration_since(t0).abs_diff(one * 2);
+        assert!(err < Duration::from_micros(1), "{wake:?} vs {:?}", one * 2);
+        assert!(matches!(st.plan(&cfg, t0 + one, None), Plan::Idle(_)));
+        let plan = st.plan(&cfg, t0 + one * 2 + Duration::from_micros(1), None);
+        assert!(matches!(plan, Plan::Step { .. }));
+        assert_eq!(st.running.len(), 2);
+        assert_eq!(st.counters.external_hits, 96);
+    }
+    assert!(eng.host_cached_blocks() > 0);
+    eng.reset_cache();
+    assert_eq!(
+        eng.host_cached_blocks(),
+        0,
+        "a reset empties host memory too"
+    );
+}
+
+#[test]
+fn the_probe_counts_host_hits_as_a_load_not_a_prefill() {
+    for host in [0, 100] {
+        let cfg = SimConfig {
+            num_gpu_blocks: 8,
+            cpu_offload_blocks: host,
+            ..SimConfig::default()
+        };
+        let eng = Engine::new(cfg.clone());
+        let t0 = Instant::now();
+        let _a = push(&eng, spec(1, 64, 1), t0);
+        step(&eng, t0);
+        let _b = push(&eng, spec(2, 128, 1), t0);
+        step(&eng, t0);
+        let a = spec(1, 64, 1).block_hashes;
+        let est = eng.probe(64, &a, 1);
+        assert_eq!(est.cached_tokens, 0);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        if host == 0 {
+            assert_eq!(est.host_cached_tokens, None);
+            let want = ms(cfg.step_time(64, 0));
+            assert!((est.estimated_ttft_ms - want).abs() < 1e-9);
+        } else {
+            // 3 blocks loaded (the last token's block is computed): load, then a 16-token prefill.
+            assert_eq!(est.host_cached_tokens, Some(48));
+            let want = ms(cfg.host_load_time(48)) + ms(cfg.step_time(16, 0));
+            assert!(
+                (est.estimated_ttft_ms - want).abs() < 1e-9,
+                "{} vs {want}",
+                est.estimated_ttft_ms
+            );
+        }
+    }
+}

@@ -1,6 +1,8 @@
-//! KV moved between pods. A decode pod pulls a prefill pod's KV over a link shared equally by
-//! concurrent pulls, and tells the source when a pull completes; a prefill pod holds the blocks of a
-//! finished remote-decode prefill until the decoder has pulled them or the hold times out.
+//! KV moved between pods, and between the GPU and the host tier. A decode pod pulls a prefill pod's
+//! KV over a link shared equally by concurrent pulls, and tells the source when a pull completes; a
+//! prefill pod holds the blocks of a finished remote-decode prefill until the decoder has pulled
+//! them or the hold times out. A load from the host tier (`offload.rs`) is a transfer of the same
+//! kind over the host link, shared equally by concurrent loads (not with pulls: another path).
 
 use std::time::Duration;
 
@@ -19,24 +21,53 @@ pub(super) struct Held {
     pub(super) seq: Seq,
 }
 
+/// The two ways KV reaches this pod's GPU without being computed, each with its own bandwidth
+/// shared equally by the transfers on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Link {
+    /// Pulled from a prefill pod (shared only where `kv_link_gbps` is set; the seed model's fixed
+    /// per-token cost otherwise).
+    Pull,
+    /// Loaded from the host-memory tier over the GPU's DMA path (`cpu_offload_gbps`).
+    Host,
+}
+
 impl State {
-    /// Advances the shared KV link to `to`: concurrent pulls share its bandwidth equally, so each of
-    /// `n` pulls progresses at 1/n of the link until one completes and the others speed up.
-    pub(super) fn advance_link(&mut self, cfg: &SimConfig, to: Instant) {
-        if cfg.kv_link_gbps.is_none() {
-            return;
+    fn clock(&mut self, link: Link) -> &mut Option<Instant> {
+        match link {
+            Link::Pull => &mut self.link_clock,
+            Link::Host => &mut self.host_clock,
         }
-        let mut t = match self.link_clock {
+    }
+
+    /// Advances the KV links to `to`: the pull link where `kv_link_gbps` is set, and the host
+    /// tier's where the pod has one.
+    pub(super) fn advance_link(&mut self, cfg: &SimConfig, to: Instant) {
+        if cfg.kv_link_gbps.is_some() {
+            self.advance(cfg, to, Link::Pull);
+        }
+        if cfg.host_tier() {
+            self.advance(cfg, to, Link::Host);
+        }
+    }
+
+    /// Advances one link to `to`: concurrent transfers share its bandwidth equally, so each of `n`
+    /// progresses at 1/n of the link until one completes and the others speed up.
+    fn advance(&mut self, cfg: &SimConfig, to: Instant, link: Link) {
+        let mut t = match *self.clock(link) {
             Some(c) if c < to => c,
             Some(_) => return,
             None => {
-                self.link_clock = Some(to);
+                *self.clock(link) = Some(to);
                 return;
             }
         };
         loop {
             let active: Vec<usize> = (0..self.transferring.len())
-                .filter(|i| !self.transferring[*i].pull_done())
+                .filter(|i| {
+                    let s = &self.transferring[*i];
+                    s.link() == link && !s.pull_done()
+                })
                 .collect();
             if active.is_empty() {
                 break;
@@ -64,10 +95,10 @@ impl State {
                 break;
             }
         }
-        self.link_clock = Some(to);
+        *self.clock(link) = Some(to);
     }
 
-    /// When the next pull completes (or completed, if it still waits for a batch slot).
+    /// When the next transfer completes (or completed, if it still waits for a batch slot).
     pub(super) fn transfer_wake(&self, cfg: &SimConfig) -> Option<Instant> {
         let done = self
             .transferring
@@ -75,40 +106,63 @@ impl State {
             .filter(|s| s.pull_done())
             .map(|s| s.ready_at)
             .min();
-        let active: Vec<f64> = self
-            .transferring
-            .iter()
-            .filter(|s| !s.pull_done())
-            .map(|s| s.xfer_left)
-            .collect();
-        let next = match (self.link_clock, active.iter().copied().reduce(f64::min)) {
-            (Some(clock), Some(min_left)) => {
-                Some(clock + cfg.to_wall(Duration::from_secs_f64(min_left * active.len() as f64)))
+        let next = |link: Link, clock: Option<Instant>| {
+            let active: Vec<f64> = self
+                .transferring
+                .iter()
+                .filter(|s| s.link() == link && !s.pull_done())
+                .map(|s| s.xfer_left)
+                .collect();
+            match (clock, active.iter().copied().reduce(f64::min)) {
+                (Some(clock), Some(min_left)) => Some(
+                    clock + cfg.to_wall(Duration::from_secs_f64(min_left * active.len() as f64)),
+                ),
+                _ => None,
             }
-            _ => None,
         };
-        [done, next].into_iter().flatten().min()
+        [
+            done,
+            next(Link::Pull, self.link_clock),
+            next(Link::Host, self.host_clock),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
+    /// Starts `s`'s transfer at `start`: its pull from a prefill pod, or its load from the host
+    /// tier (`s.loading` tokens).
     pub(super) fn start_transfer(&mut self, cfg: &SimConfig, mut s: Seq, start: Instant) {
-        let source = s
-            .spec
-            .pull_source
-            .as_ref()
-            .and_then(|p| p.locality.as_deref());
-        let time = cfg.transfer_time_from(s.transferred, source);
-        if cfg.kv_link_gbps.is_some() {
-            // An idle link starts the pull when it was admitted (the loop may have woken later); a
-            // busy one cannot share time it has already accounted for.
-            let busy = self.transferring.iter().any(|t| !t.pull_done());
-            let start = match self.link_clock {
+        let link = s.link();
+        let (time, shared) = match link {
+            Link::Host => (cfg.host_load_time(s.loading), true),
+            Link::Pull => {
+                let source = s
+                    .spec
+                    .pull_source
+                    .as_ref()
+                    .and_then(|p| p.locality.as_deref());
+                (
+                    cfg.transfer_time_from(s.transferred, source),
+                    cfg.kv_link_gbps.is_some(),
+                )
+            }
+        };
+        if shared {
+            // An idle link starts the transfer when it was admitted (the loop may have woken
+            // later); a busy one cannot share time it has already accounted for.
+            let busy = self
+                .transferring
+                .iter()
+                .any(|t| t.link() == link && !t.pull_done());
+            let start = match *self.clock(link) {
                 Some(c) if busy => c.max(start),
                 _ => start,
             };
             if !busy {
-                self.link_clock = Some(start);
+                *self.clock(link) = Some(start);
             }
-            self.advance_link(cfg, start);
+            self.advance(cfg, start, link);
             s.xfer_left = time.as_secs_f64();
             s.ready_at = start;
             if s.xfer_left <= 0.0 {
