@@ -254,6 +254,88 @@ async fn a_small_cache_forgets_old_prefixes() {
     assert_eq!(ask("a").await, 784);
 }
 
+/// vLLM's native CPU offloading: a prompt the small GPU cache has forgotten is still in host memory,
+/// loaded instead of computed and reported as cached; without the tier it is computed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_tier_keeps_prefixes_the_gpu_forgot() {
+    for host_blocks in [0, 1000] {
+        let pod = spawn_pod(SimConfig {
+            num_gpu_blocks: 120,
+            cpu_offload_blocks: host_blocks,
+            ..config(0.01)
+        })
+        .await
+        .expect("pod");
+        let ask = |tag: &'static str| {
+            let url = completions(&pod);
+            async move {
+                let r: Value = post(&url, json!({"prompt": prompt(tag, 800), "max_tokens": 1}))
+                    .await
+                    .json()
+                    .await
+                    .expect("json");
+                r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .expect("cached")
+            }
+        };
+        assert_eq!(ask("a").await, 0);
+        for tag in ["b", "c", "d"] {
+            assert_eq!(ask(tag).await, 0);
+        }
+        let m = get_text(&format!("{}/metrics", pod.url())).await;
+        let s = stats(&pod).await;
+        if host_blocks == 0 {
+            assert_eq!(ask("a").await, 0, "evicted, and no host tier");
+            let m = get_text(&format!("{}/metrics", pod.url())).await;
+            assert_eq!(metric(&m, "vllm:external_prefix_cache_hits_total"), None);
+            assert_eq!(metric(&m, "vllm:kv_offload_total_bytes_total"), None);
+            assert!(s.get("host_hit_tokens_total").is_none());
+            continue;
+        }
+        // Written through as computed: 4 prompts of 50 full blocks, 16 tokens × 128 KiB each.
+        let block_bytes = 16.0 * 131_072.0;
+        let stored = |m: &str| {
+            m.lines()
+                .find(|l| {
+                    l.starts_with("vllm:kv_offload_total_bytes_total")
+                        && l.contains("transfer_type=\"GPU_to_CPU\"")
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        assert_eq!(stored(&m), Some(200.0 * block_bytes));
+        assert_eq!(s["host_hit_tokens_total"], 0);
+        assert_eq!(s["host_cached_blocks"], 200);
+        // The GPU lost a; host memory has its 49 blocks before the last token.
+        assert_eq!(ask("a").await, 784);
+        let m = get_text(&format!("{}/metrics", pod.url())).await;
+        assert_eq!(
+            metric(&m, "vllm:external_prefix_cache_hits_total"),
+            Some(784.0)
+        );
+        assert_eq!(
+            metric(&m, "vllm:external_prefix_cache_queries_total"),
+            Some(5.0 * 800.0)
+        );
+        assert_eq!(
+            metric(&m, "vllm:kv_offload_total_bytes_total"),
+            Some(784.0 * 131_072.0),
+            "CPU_to_GPU first"
+        );
+        assert_eq!(
+            metric(&m, "vllm:prefix_cache_hits_total"),
+            Some(0.0),
+            "GPU hits only"
+        );
+        assert_eq!(stats(&pod).await["host_hit_tokens_total"], 784);
+        // A reset empties both tiers.
+        pod.reset().await;
+        assert_eq!(stats(&pod).await["host_cached_blocks"], 0);
+        assert_eq!(ask("b").await, 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_and_running_metrics_follow_load() {
     let pod = spawn_pod(SimConfig {
