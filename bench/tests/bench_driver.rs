@@ -91,13 +91,18 @@ fn workloads_are_deterministic_per_seed() {
 fn every_request_streams_with_usage() {
     for kind in all_kinds() {
         for (_, body) in generate(
-            &spec(kind, Load::Closed { concurrency: 1 }, 1),
+            &spec(kind.clone(), Load::Closed { concurrency: 1 }, 1),
             5,
             |_, _| None,
         ) {
             assert_eq!(body["stream"], json!(true));
             assert_eq!(body["stream_options"]["include_usage"], json!(true));
-            assert_eq!(body["model"], json!("sim-model"));
+            // The spec's model, or the adapter a many-adapters request names.
+            let model = body["model"].as_str().unwrap_or_default().to_string();
+            match &kind {
+                WorkloadKind::ManyAdapters(_) => assert!(model.starts_with("adapter-"), "{model}"),
+                _ => assert_eq!(model, "sim-model", "{}", kind.name()),
+            }
             assert_eq!(body["ignore_eos"], json!(true));
         }
     }

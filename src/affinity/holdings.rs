@@ -22,6 +22,8 @@ pub struct IndexSizes {
     pub default_pod_blocks: u32,
     pub max_pod_blocks: u32,
     pub max_index_blocks: u32,
+    /// Blocks each pod keeps beyond the GPU (`kv_tiers`, `super::tiers`).
+    pub warm_pod_blocks: usize,
 }
 
 /// This VM's belief of what each pod holds: the prefix index (one slot per listed pod) and its
@@ -161,14 +163,15 @@ impl Affinity {
                     free
                 }
             };
-            let capacity = pod
+            let gpu = pod
                 .capacity_blocks(
                     sizes.tokens_per_block,
                     sizes.default_pod_blocks,
                     sizes.max_pod_blocks,
                 )
                 .min(index_share);
-            self.index.set_capacity(slot, capacity);
+            let capacity = gpu.saturating_add(sizes.warm_pod_blocks).min(index_share);
+            self.index.set_tiered_capacity(slot, capacity, gpu);
         }
     }
 
@@ -193,7 +196,25 @@ impl Affinity {
         &self.index
     }
 
-    /// When the index last saw `hash` on `addr` (its own clock), if it holds it there.
+    /// How the `matched` leading blocks of `hashes` that `addr` holds lie in its KV tiers.
+    pub fn tier_split(
+        &self,
+        tiers: &[super::tiers::KvTier],
+        addr: &str,
+        hashes: &[u64],
+        matched: usize,
+        tokens_per_block: u32,
+    ) -> super::tiers::TierSplit {
+        let slot = self.slot_of(addr);
+        let gpu = slot
+            .and_then(|s| self.index.turnover(s))
+            .map_or(0, |(gpu, _)| gpu);
+        super::tiers::split(tiers, matched, tokens_per_block, gpu, |i| {
+            self.index.touches_since(slot?, *hashes.get(i)?)
+        })
+    }
+
+    /// When the index last saw `hash` on `addr` (its pod's touch count), if it holds it there.
     pub fn stamp_of(&self, addr: &str, hash: u64) -> Option<u64> {
         self.index.stamp_of(self.slot_of(addr)?, hash)
     }

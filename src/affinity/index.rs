@@ -11,7 +11,10 @@
 //! block_size` tokens, converted to our block size), so what the index believes falls out roughly
 //! when the engine would evict it. The LRU is a queue of (hash, stamp) with lazy deletion: a touch
 //! pushes a new stamp, eviction pops entries whose stamp is stale; the queue is compacted when it
-//! grows past twice the capacity, so memory stays O(capacity).
+//! grows past twice the capacity, so memory stays O(capacity). A stamp is the pod's own touch
+//! count, so `touches now − stamp` bounds how many blocks are newer than a block on that pod: with
+//! KV tiers beyond the GPU (`super::tiers`) the index holds every tier and this bound tells which
+//! tier a block has aged into, in one lookup.
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
@@ -30,7 +33,10 @@ fn group_of(slot: usize) -> (u16, PodMask) {
 
 #[derive(Debug, Default, Clone)]
 struct PodLru {
+    /// Blocks held in every tier.
     capacity: usize,
+    /// Of those, the GPU's: what a block touched more than this many blocks ago has left.
+    gpu_capacity: usize,
     /// hash → stamp of its latest touch.
     latest: HashMap<u64, u64>,
     queue: VecDeque<(u64, u64)>,
@@ -44,8 +50,9 @@ impl PodLru {
     }
 
     /// Returns the hashes evicted to stay within capacity.
-    fn touch(&mut self, hash: u64, stamp: u64, evicted: &mut Vec<u64>) {
+    fn touch(&mut self, hash: u64, evicted: &mut Vec<u64>) {
         self.touches += 1;
+        let stamp = self.touches;
         self.latest.insert(hash, stamp);
         self.queue.push_back((hash, stamp));
         self.evict_over_capacity(evicted);
@@ -72,7 +79,6 @@ impl PodLru {
 pub struct PrefixIndex {
     holders: HashMap<HolderKey, PodMask>,
     pods: Vec<PodLru>,
-    clock: u64,
 }
 
 impl PrefixIndex {
@@ -80,8 +86,15 @@ impl PrefixIndex {
         Self::default()
     }
 
-    /// Sets a slot's capacity in blocks (creating the slot); shrinking evicts at once.
+    /// Sets a slot's capacity in blocks (creating the slot), all in the GPU; shrinking evicts at
+    /// once.
     pub fn set_capacity(&mut self, slot: usize, capacity: usize) {
+        self.set_tiered_capacity(slot, capacity, capacity);
+    }
+
+    /// Sets a slot's capacity in blocks of every tier, `gpu` of them in the GPU (creating the
+    /// slot); shrinking evicts at once.
+    pub fn set_tiered_capacity(&mut self, slot: usize, capacity: usize, gpu: usize) {
         if slot >= MAX_SLOTS {
             return;
         }
@@ -91,6 +104,7 @@ impl PrefixIndex {
         let mut evicted = Vec::new();
         if let Some(pod) = self.pods.get_mut(slot) {
             pod.capacity = capacity;
+            pod.gpu_capacity = gpu.min(capacity);
             pod.evict_over_capacity(&mut evicted);
         }
         self.unmark(slot, &evicted);
@@ -106,8 +120,7 @@ impl PrefixIndex {
         // Touch later blocks first so that the leading blocks (shared by most requests) are the most
         // recent and are the last to go, as in an engine's LRU that frees a sequence's tail first.
         for &h in hashes.iter().rev() {
-            self.clock += 1;
-            pod.touch(h, self.clock, &mut evicted);
+            pod.touch(h, &mut evicted);
             *self.holders.entry((h, group)).or_insert(0) |= bit;
         }
         // A block evicted by an earlier one of these touches and touched again after it is held:
@@ -197,7 +210,14 @@ impl PrefixIndex {
         lengths
     }
 
-    /// When `hash` was last touched in `slot` (the index's own clock), if the slot holds it.
+    /// Blocks touched in `slot` since `hash` was (at least as many as are newer than it there), if
+    /// the slot holds it.
+    pub fn touches_since(&self, slot: usize, hash: u64) -> Option<u64> {
+        let pod = self.pods.get(slot)?;
+        Some(pod.touches - pod.latest.get(&hash)?)
+    }
+
+    /// When `hash` was last touched in `slot` (the slot's touch count), if the slot holds it.
     pub fn stamp_of(&self, slot: usize, hash: u64) -> Option<u64> {
         self.pods.get(slot)?.latest.get(&hash).copied()
     }
@@ -213,8 +233,9 @@ impl PrefixIndex {
     /// A slot's capacity in blocks and the touches ever made in its LRU: a block touched when the
     /// count was `t` has at most `now − t` blocks newer than it, so it cannot have been evicted
     /// while those and the blocks as new as it fit the capacity.
+    /// The capacity is the GPU's: a prefix that ages out of it is in a slower tier.
     pub fn turnover(&self, slot: usize) -> Option<(usize, u64)> {
-        self.pods.get(slot).map(|p| (p.capacity, p.touches))
+        self.pods.get(slot).map(|p| (p.gpu_capacity, p.touches))
     }
 
     pub fn blocks_held(&self, slot: usize) -> usize {

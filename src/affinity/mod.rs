@@ -8,6 +8,8 @@
 //!   cached tokens a response reports. Its hooks: a request routed (`expect_cache`, then the
 //!   observation `crate::vm` publishes), its `usage` read (`on_cache_report`), pods listed
 //!   (`list_pods`), a page (`apply_page`) or a snapshot (`load_snapshot`) read at a tick;
+//! * `tiers.rs` — KV tiers beyond the GPU (`kv_tiers`): which tier a matched block has aged into
+//!   and what loading it costs;
 //! * `pages.rs` — the index across the VMs of one Envoy: the leader's delta pages and snapshots
 //!   in shared data (`Publisher`), a follower's `catch_up` on them, and what a routed request
 //!   needs to tell the leader at all (`RecentTouches`).
@@ -23,6 +25,7 @@
 mod holdings;
 pub mod index;
 pub mod pages;
+pub mod tiers;
 #[cfg(feature = "tiktoken")]
 pub mod tokenize;
 

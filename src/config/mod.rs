@@ -53,6 +53,7 @@ pub struct Config {
     pub block: Blocking,
     pub prediction: crate::scheduler::predict::PredictionConfig,
     pub adapters: crate::adapters::AdapterConfig,
+    pub kv_tiers: Vec<crate::affinity::tiers::KvTier>,
     pub overload_guard: OverloadGuard,
     pub rendezvous_load_slack: f64,
     pub default_pod_capacity_blocks: u32,
@@ -268,6 +269,7 @@ impl Config {
         w.peers.validate(w.admin_cluster.as_deref())?;
         w.prediction.validate()?;
         w.adapters.validate()?;
+        crate::affinity::tiers::validate(&w.kv_tiers)?;
         w.health.validate()?;
         check_polling(w)?;
         at_least("overload_guard.abs_gap", w.overload_guard.abs_gap, 0.0)?;
@@ -289,6 +291,7 @@ impl Config {
             block: compile_blocking(&w.block)?,
             prediction: w.prediction.clone(),
             adapters: w.adapters.clone(),
+            kv_tiers: w.kv_tiers.clone(),
             overload_guard: w.overload_guard.clone(),
             rendezvous_load_slack: w.rendezvous_load_slack,
             default_pod_capacity_blocks: w.default_pod_capacity_blocks,

@@ -71,6 +71,9 @@ pub struct WireConfig {
     pub prediction: crate::scheduler::predict::PredictionConfig,
     /// LoRA adapters: what loading one a pod lacks costs (`crate::adapters`).
     pub adapters: crate::adapters::AdapterConfig,
+    /// KV tiers beyond the GPU every pod keeps, fastest first (`crate::affinity::tiers`); empty:
+    /// the GPU only.
+    pub kv_tiers: Vec<crate::affinity::tiers::KvTier>,
     pub overload_guard: OverloadGuard,
     /// Among pods whose predictions tie, only those within this many requests of the least loaded
     /// one are equal candidates for rendezvous hashing.
@@ -148,6 +151,7 @@ impl Default for WireConfig {
             block: BlockConfig::default(),
             prediction: Default::default(),
             adapters: Default::default(),
+            kv_tiers: Vec::new(),
             overload_guard: OverloadGuard::default(),
             rendezvous_load_slack: 2.0,
             default_pod_capacity_blocks: 16384,

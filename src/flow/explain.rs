@@ -132,6 +132,21 @@ fn write_ranking(line: &mut String, ranked: &[Choice]) {
     }
 }
 
+/// The chosen pod's loads beside its prefill, where some candidate has one: an adapter it lacks,
+/// prompt blocks in a KV tier beyond the GPU.
+fn write_loads(line: &mut String, ranked: &[Choice]) {
+    use std::fmt::Write as _;
+    let Some(p) = ranked.first().map(|c| &c.prediction) else {
+        return;
+    };
+    if ranked.iter().any(|c| c.prediction.adapter_load_ms > 0.0) {
+        let _ = write!(line, "; adapter_load_ms={:.1}", p.adapter_load_ms);
+    }
+    if ranked.iter().any(|c| c.prediction.warm_load_ms > 0.0) {
+        let _ = write!(line, "; warm_load_ms={:.1}", p.warm_load_ms);
+    }
+}
+
 pub fn debug_line(
     vm: &Vm,
     blocks: &Blocks,
@@ -173,10 +188,7 @@ pub fn debug_line(
             .unwrap_or_default(),
     );
     write_ranking(&mut line, ranked);
-    // An adapter request some candidate lacks the adapter for: what the chosen pod pays to load it.
-    if ranked.iter().any(|c| c.prediction.adapter_load_ms > 0.0) {
-        let _ = write!(line, "; adapter_load_ms={:.1}", p.adapter_load_ms);
-    }
+    write_loads(&mut line, ranked);
     if let Some(slo) = primary.meets_slo {
         let _ = write!(line, "; meets_slo={slo}");
     }

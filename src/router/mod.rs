@@ -65,6 +65,7 @@ impl Plan {
             decoding: p.decoding,
             predicted_ms: p.ttft_ms,
             adapter_load_ms: p.adapter_load_ms,
+            warm_load_ms: p.warm_load_ms,
         })
     }
 }
@@ -102,6 +103,10 @@ impl Router {
             default_pod_blocks: config.default_pod_capacity_blocks,
             max_pod_blocks: config.max_pod_capacity_blocks,
             max_index_blocks: config.max_index_blocks,
+            warm_pod_blocks: crate::affinity::tiers::warm_capacity_blocks(
+                &config.kv_tiers,
+                config.block.tokens_per_block,
+            ),
         };
         self.affinity.list_pods(&table, &sizes);
         self.costs.list_pods(&table);
@@ -153,6 +158,7 @@ impl Router {
             .into_iter()
             .map(|(p, health)| {
                 let work = self.work.of(&p.addr);
+                let matched = self.affinity.matched_of(&lengths, &p.addr);
                 let cost = self.costs.cost_in(&settings, &p.addr, p.role, &pool_costs);
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
@@ -177,7 +183,17 @@ impl Router {
                     error_band: self.costs.error_band_of(p.role).log_width(),
                     itl_ms: self.costs.itl_of(&p.addr),
                     models: &p.serves,
-                    matched_blocks: self.affinity.matched_of(&lengths, &p.addr),
+                    matched_blocks: matched,
+                    warm_load_ms: self
+                        .affinity
+                        .tier_split(
+                            &config.kv_tiers,
+                            &p.addr,
+                            &blocks.hashes,
+                            matched,
+                            config.block.tokens_per_block,
+                        )
+                        .load_ms,
                     adapter_load_ms: self.adapters.load_ms_on(
                         &config.adapters,
                         p,

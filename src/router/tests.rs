@@ -210,6 +210,7 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         decoding: 0.0,
         predicted_ms: 100.0,
         adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
     };
     let id = vm1.work.prefill_start(&first, 100, None);
     board.put_row(1, 100, &vm1.work.own_work(), 3000);
@@ -252,6 +253,7 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
         decoding: 0.0,
         predicted_ms: 4000.0,
         adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
     };
     let mut board = Board::default();
     // vm1's prompt is computed first; vm2's, routed a little later, waits behind it.
@@ -400,6 +402,7 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         decoding: 0.0,
         predicted_ms: 1e6,
         adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
     };
     let head = r.work.prefill_start(&first(4000.0), 1000, None);
     r.work.prefill_start(&first(2000.0), 1500, None);
@@ -438,6 +441,7 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         decoding: 0.0,
         predicted_ms: 100.0,
         adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
     };
     r.work.prefill_start(&first, 1000, None);
     assert!(!r.work.expire_prefills(1000 + 200));
@@ -472,6 +476,7 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
+                warm_load_ms: 0.0,
             };
             r.costs.learn(&cfg.costs(), &first, 2.0 + us * tokens / 1e3);
         }
@@ -499,6 +504,7 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
             decoding: 0.0,
             predicted_ms: 1e9,
             adapter_load_ms: 0.0,
+            warm_load_ms: 0.0,
         };
         r.work.prefill_start(&first, 100, None);
         queued[usize::from(pod == "slow:1")] += 1;
@@ -543,6 +549,7 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
                 decoding,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
+                warm_load_ms: 0.0,
             };
             r.costs.learn(
                 &cfg.costs(),
@@ -722,6 +729,7 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
+                warm_load_ms: 0.0,
             };
             r.costs
                 .learn(&cfg.costs(), &first, (2.0 + 0.03 * 2000.0) * noise.exp());
@@ -799,4 +807,76 @@ fn an_adapter_stays_where_it_is_loaded_until_the_queue_outweighs_a_load() {
     cfg.adapters.price_loads = false;
     r.apply_load_table(&cfg, with_adapter(1.0));
     assert!((0..10).all(|i| route(&r, &cfg, i) == "b:1"));
+}
+
+/// With a host-memory tier, a prefix aged out of a pod's GPU is still held there, loaded instead
+/// of recomputed: that pod ranks after one holding it in its GPU and before an idle pod without
+/// it. Without the tier the index forgets it with the GPU and the two pods look alike.
+#[test]
+fn a_warm_tier_hit_beats_recomputing_but_loses_to_a_gpu_hit() {
+    let prompt: Vec<u64> = (0..100).map(|i| 7_000 + i).collect();
+    let blocks = Blocks {
+        hashes: prompt.clone(),
+        affinity_key: prompt[0],
+        prompt_tokens: 1600,
+    };
+    let ranking = |cfg: &Config| {
+        let mut r = Router::new();
+        r.apply_load_table(cfg, table(&["a:1", "b:1", "c:1"], 100));
+        let observe = |r: &mut Router, addr: &str, hashes: Vec<u64>| {
+            r.affinity.observe(&Observation {
+                addr: addr.into(),
+                hashes,
+            })
+        };
+        observe(&mut r, "a:1", prompt.clone());
+        // 2,000 other blocks on a: the prompt ages out of its 1,024-block GPU.
+        for k in 0..20u64 {
+            observe(
+                &mut r,
+                "a:1",
+                (0..100).map(|i| 1_000_000 * (k + 1) + i).collect(),
+            );
+        }
+        observe(&mut r, "b:1", prompt.clone());
+        match r.route(
+            cfg,
+            "m",
+            &[Role::Aggregated],
+            &blocks,
+            Hints::default(),
+            100,
+        ) {
+            Decision::Route { ranked, .. } => ranked
+                .iter()
+                .map(|c| (c.addr.clone(), c.matched_blocks, c.prediction.warm_load_ms))
+                .collect::<Vec<_>>(),
+            Decision::NoEndpoint(r) => panic!("{r:?}"),
+        }
+    };
+    let cfg = Config {
+        kv_tiers: vec![crate::affinity::tiers::KvTier {
+            name: "host".into(),
+            capacity_tokens: 64_000,
+            load_us_per_token: 2.6,
+        }],
+        ..Config::default()
+    };
+    let tiered = ranking(&cfg);
+    assert_eq!(tiered[0], ("b:1".to_string(), 100, 0.0), "{tiered:?}");
+    assert_eq!(tiered[1].0, "a:1", "{tiered:?}");
+    assert_eq!(tiered[1].1, 100, "held, in host memory: {tiered:?}");
+    assert!(
+        (tiered[1].2 - 1600.0 * 2.6 / 1e3).abs() < 1e-6,
+        "{tiered:?}"
+    );
+    assert_eq!(tiered[2].0, "c:1", "{tiered:?}");
+    let gpu_only = ranking(&Config::default());
+    assert_eq!(gpu_only[0].0, "b:1");
+    assert!(
+        gpu_only
+            .iter()
+            .all(|(addr, matched, _)| addr == "b:1" || *matched == 0),
+        "the GPU-only index forgot it on a: {gpu_only:?}"
+    );
 }

@@ -63,8 +63,11 @@ pub struct PodView<'a> {
     pub itl_ms: Option<f64>,
     /// Models the pod reports; empty means unknown (no model filtering).
     pub models: &'a [String],
-    /// Leading blocks of the request that the index believes the pod holds.
+    /// Leading blocks of the request that the index believes the pod holds, in any KV tier.
     pub matched_blocks: usize,
+    /// Milliseconds to load those of them that are in a tier beyond the GPU
+    /// (`crate::affinity::tiers`).
+    pub warm_load_ms: f64,
     /// Milliseconds the pod would spend loading the request's LoRA adapter first (0: it holds
     /// it, or the request names none; `crate::adapters`).
     pub adapter_load_ms: f64,

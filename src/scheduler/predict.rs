@@ -19,6 +19,9 @@
 //!   ranked a pod whose head was about to finish behind one whose head had just begun.
 //! * **scale** — the whole is multiplied by the pod's role's calibration to the median
 //!   (`cost::MedianScale`): the fit predicts the mean, and first-token times are skewed.
+//! * **warm load** — the matched blocks in a KV tier beyond the GPU (host memory, disk) are not
+//!   recomputed but loaded ([`PodView::warm_load_ms`], `crate::affinity::tiers`): added after the
+//!   scale, to this request's first token only (tier loads run beside the engine's steps).
 //! * **adapter load** — where the request names a LoRA adapter the pod does not hold, the time to
 //!   load it ([`PodView::adapter_load_ms`], `crate::adapters`), added after the scale: it is not a
 //!   token cost, and it is also work the pod does for this request (the load runs in the engine's
@@ -63,6 +66,8 @@ pub struct Prediction {
     pub added_wait_ms: f64,
     /// Of `ttft_ms`, the time to load the request's adapter (see the module header).
     pub adapter_load_ms: f64,
+    /// Of `ttft_ms`, the time to load its cached blocks from tiers beyond the GPU.
+    pub warm_load_ms: f64,
 }
 
 impl Prediction {
@@ -97,16 +102,23 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
     let adapter_load_ms = pod.adapter_load_ms.max(0.0);
+    let warm_load_ms = if pod.warm_load_ms.is_finite() {
+        pod.warm_load_ms.max(0.0)
+    } else {
+        0.0
+    };
     let own_compute_ms = pod.cost.us_per_token * uncached / 1e3 * pod.ttft_scale + adapter_load_ms;
     Prediction {
         ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding) * pod.ttft_scale
-            + adapter_load_ms,
+            + adapter_load_ms
+            + warm_load_ms,
         uncached_tokens: uncached,
         tokens_ahead,
         decoding,
         own_compute_ms,
         added_wait_ms: 0.0,
         adapter_load_ms,
+        warm_load_ms,
     }
 }
 

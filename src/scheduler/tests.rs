@@ -21,6 +21,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         models: &[],
         matched_blocks: 0,
         adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
     }
 }
 

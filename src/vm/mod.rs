@@ -121,30 +121,34 @@ impl Vm {
         }
     }
 
-    /// Learns from a first byte (see `crate::cost::Costs::learn`). A request priced with an
-    /// adapter load teaches the load's time (`crate::adapters`), and the pod's cost fit learns
-    /// from the first byte less the load, as the load is now priced.
+    /// Learns from a first byte (see `crate::cost::Costs::learn`). The cost fit models the
+    /// tokens' work: a load priced beside it is taken off first, both the prediction and the
+    /// observation. A warm tier's load is configured (`crate::affinity::tiers`); an adapter's is
+    /// learned here, from what the first byte took beyond its tokens (`crate::adapters`).
     pub fn learn(&mut self, first: &crate::router::FirstToken, observed_ms: f64) {
-        if first.adapter_load_ms > 0.0 {
-            let base_predicted_ms = first.predicted_ms - first.adapter_load_ms;
-            let adapters = &mut self.router.adapters;
-            adapters.learn(&self.config.adapters, base_predicted_ms, observed_ms);
-            let load_ms = adapters.load_ms(&self.config.adapters);
-            let tokens_only = crate::router::FirstToken {
-                predicted_ms: base_predicted_ms,
-                adapter_load_ms: 0.0,
-                ..first.clone()
-            };
-            let observed_ms = (observed_ms - load_ms).max(0.0);
+        if first.adapter_load_ms <= 0.0 && first.warm_load_ms <= 0.0 {
             let settings = self.config.costs();
-            self.router
-                .costs
-                .learn(&settings, &tokens_only, observed_ms);
+            self.router.costs.learn(&settings, first, observed_ms);
             return;
         }
+        let mut predicted_ms = first.predicted_ms - first.warm_load_ms.max(0.0);
+        let mut observed_ms = observed_ms - first.warm_load_ms.max(0.0);
+        if first.adapter_load_ms > 0.0 {
+            predicted_ms -= first.adapter_load_ms;
+            let adapters = &mut self.router.adapters;
+            adapters.learn(&self.config.adapters, predicted_ms, observed_ms);
+            observed_ms -= adapters.load_ms(&self.config.adapters);
+        }
+        let tokens_only = crate::router::FirstToken {
+            predicted_ms,
+            adapter_load_ms: 0.0,
+            warm_load_ms: 0.0,
+            ..first.clone()
+        };
+        let settings = self.config.costs();
         self.router
             .costs
-            .learn(&self.config.costs(), first, observed_ms);
+            .learn(&settings, &tokens_only, observed_ms.max(0.0));
     }
 
     /// Whether this VM holds the lease (polls and publishes).

@@ -18,6 +18,8 @@ pub struct FirstToken {
     pub predicted_ms: f64,
     /// Of `predicted_ms`, the time to load the request's LoRA adapter (`crate::adapters`).
     pub adapter_load_ms: f64,
+    /// Of `predicted_ms`, the time to load its cached blocks from tiers beyond the GPU.
+    pub warm_load_ms: f64,
 }
 
 /// This VM's work in flight per pod and the other VMs' as last read from the board.
