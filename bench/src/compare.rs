@@ -1053,6 +1053,15 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
                 )
             }
         }
+        "tiered-tenants" => BenchDefaults {
+            signal_off: json!({"kv_tiers": []}),
+            ..d(
+                Load::Open { rate: 4.0 },
+                300.0,
+                60.0,
+                vec![PodGroup::new(4, &TIERED_SIM_ARGS)],
+            )
+        },
         "interference" => d(
             Load::Open {
                 rate: super::compare_pd::INTERFERENCE_RATE,
@@ -1082,19 +1091,33 @@ pub const OVERLOAD_SIM_ARGS: [&str; 2] = ["--max-num-seqs", "8"];
 /// do not export it, and without it a queue held back by the cap looks like prefill work.
 pub const OVERLOAD_MAX_NUM_SEQS: u64 = 8;
 
+/// `tiered-tenants`' pods: a GPU of 1,000 blocks (16,000 tokens) and a host tier of 2,500 more
+/// (40,000 tokens), at kvsim's default host link (400 Gb/s).
+pub const TIERED_SIM_ARGS: [&str; 4] = ["--num-gpu-blocks", "1000", "--cpu-offload-blocks", "2500"];
+/// `tiered-tenants`' host tier in tokens ([`TIERED_SIM_ARGS`]: 2,500 blocks of 16).
+pub const TIERED_HOST_TOKENS: u64 = 40_000;
+/// What kvroute is told a host-tier token costs to load (simulated µs): 128 KiB over kvsim's
+/// 50 GB/s host link.
+pub const TIERED_LOAD_US_PER_TOKEN: f64 = 2.6;
+
 /// `many-adapters`' simulated adapter load (`--lora-load-ms`): kvsim's default, a rank-16 adapter
 /// of a 7–8B model read from disk (see kvsim's `DEFAULT_LORA_LOAD_MS`).
 pub const LORA_LOAD_SIM_MS: &str = "100";
 
 /// kvroute's settings that follow the time scale, for the workload `name` (merged into its
-/// configuration): `many-adapters`' `adapters.load_ms`, the pods' load in wall milliseconds, as a
-/// deployer sets the load time of their adapters.
+/// configuration): `many-adapters`' `adapters.load_ms` and `tiered-tenants`' `kv_tiers`, the pods'
+/// loads in wall time, as a deployer sets them for their hardware.
 pub fn time_scaled_extra(name: &str, time_scale: f64) -> Value {
     match name {
         "many-adapters" => {
             let sim_ms: f64 = LORA_LOAD_SIM_MS.parse().unwrap_or(100.0);
             json!({"adapters": {"load_ms": sim_ms * time_scale}})
         }
+        "tiered-tenants" => json!({"kv_tiers": [{
+            "name": "host",
+            "capacity_tokens": TIERED_HOST_TOKENS,
+            "load_us_per_token": TIERED_LOAD_US_PER_TOKEN * time_scale,
+        }]}),
         _ => Value::Null,
     }
 }
@@ -1243,7 +1266,9 @@ pub fn render_ratios(rows: &[(String, RunReport)]) -> String {
 /// One line saying what was run: the workload's shape, the load, the seed, the warm-up.
 pub fn describe(spec: &WorkloadSpec, warmup_s: f64) -> String {
     let shape = match &spec.workload {
-        WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => format!(
+        WorkloadKind::MultiTenant(p)
+        | WorkloadKind::MultiTenantStall(p)
+        | WorkloadKind::TieredTenants(p) => format!(
             "{} tenants × {}-word system prompts, questions of {}–{} words, {}–{} output tokens{}",
             p.tenants,
             p.system_words,

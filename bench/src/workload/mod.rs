@@ -98,12 +98,15 @@ pub enum WorkloadKind {
     Overload(OverloadParams),
     /// Requests for many LoRA adapters, a few hot, on pods with two adapter slots each.
     ManyAdapters(ManyAdapterParams),
+    /// Multi-tenant traffic for pods with a host-memory KV tier (`multi-tenant`'s generator,
+    /// other defaults).
+    TieredTenants(MultiTenantParams),
 }
 
 impl WorkloadKind {
     /// Every CLI name, in `make bench` order (interference is `make bench-pd`'s, overload
     /// `make bench-overload`'s).
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 11] = [
         "multi-tenant",
         "multi-turn",
         "agent",
@@ -112,6 +115,7 @@ impl WorkloadKind {
         "multi-tenant-stall",
         "unequal-pool",
         "many-adapters",
+        "tiered-tenants",
         "interference",
         "overload",
     ];
@@ -130,6 +134,7 @@ impl WorkloadKind {
             WorkloadKind::UnequalPool(_) => "unequal-pool",
             WorkloadKind::Overload(_) => "overload",
             WorkloadKind::ManyAdapters(_) => "many-adapters",
+            WorkloadKind::TieredTenants(_) => "tiered-tenants",
         }
     }
 
@@ -146,6 +151,7 @@ impl WorkloadKind {
             "unequal-pool" => WorkloadKind::UnequalPool(UniqueParams::default()),
             "overload" => WorkloadKind::Overload(OverloadParams::default()),
             "many-adapters" => WorkloadKind::ManyAdapters(ManyAdapterParams::default()),
+            "tiered-tenants" => WorkloadKind::TieredTenants(MultiTenantParams::tiered()),
             other => bail!("unknown workload {other:?} ({})", Self::NAMES.join(", ")),
         })
     }
@@ -219,7 +225,9 @@ impl WorkloadSpec {
             "drain timeout must be >= 0"
         );
         match &self.workload {
-            WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
+            WorkloadKind::MultiTenant(p)
+            | WorkloadKind::MultiTenantStall(p)
+            | WorkloadKind::TieredTenants(p) => {
                 ensure!(p.tenants >= 1, "tenants must be >= 1");
                 ensure!(p.zipf_s.is_finite() && p.zipf_s >= 0.0, "zipf must be >= 0");
                 check_range("question words", p.question_words)?;
@@ -492,9 +500,9 @@ impl WorkloadGen {
         let seed = spec.seed;
         let vocab = Vocab::new(seed);
         let family: Box<dyn Family> = match &spec.workload {
-            WorkloadKind::MultiTenant(p) | WorkloadKind::MultiTenantStall(p) => {
-                Box::new(tenants::Tenants::new(seed, &vocab, p))
-            }
+            WorkloadKind::MultiTenant(p)
+            | WorkloadKind::MultiTenantStall(p)
+            | WorkloadKind::TieredTenants(p) => Box::new(tenants::Tenants::new(seed, &vocab, p)),
             WorkloadKind::MultiTurn(p) => Box::new(sessions::Conversations::new(seed, p)),
             WorkloadKind::Agent(p) => Box::new(sessions::Agents::new(seed, &vocab, p)),
             WorkloadKind::Interference(p) | WorkloadKind::LongUnique(p) => {

@@ -37,6 +37,19 @@ impl Default for MultiTenantParams {
 }
 
 impl MultiTenantParams {
+    /// The `tiered-tenants` workload: 24 tenants × 3,000-word system prompts, 72,000 tokens of
+    /// prefixes, for pods whose GPU holds 16,000 tokens and host memory 40,000 more: more hot
+    /// prefixes than the pool's GPUs hold, fewer than its host memory does.
+    pub fn tiered() -> Self {
+        Self {
+            tenants: 24,
+            system_words: 3000,
+            question_words: (40, 120),
+            max_tokens: (64, 256),
+            zipf_s: 0.0,
+        }
+    }
+
     /// The `multi-tenant-stall` workload: 12 tenants with 6,000-word system prompts and short
     /// questions (run on an engine whose prefills run whole and stall the decodes beside them).
     pub fn stall() -> Self {

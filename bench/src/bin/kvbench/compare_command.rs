@@ -21,6 +21,7 @@ pub(crate) enum CompareWorkload {
     MultiTenantStall,
     UnequalPool,
     ManyAdapters,
+    TieredTenants,
     /// `make bench-pd`'s interference mix on 4 aggregated pods (not part of `all`)
     Interference,
     /// Arrivals above capacity for a while, two priority classes, one tenant bursting: flow
@@ -41,6 +42,7 @@ impl CompareWorkload {
             CompareWorkload::MultiTenantStall => vec![WorkloadArg::MultiTenantStall],
             CompareWorkload::UnequalPool => vec![WorkloadArg::UnequalPool],
             CompareWorkload::ManyAdapters => vec![WorkloadArg::ManyAdapters],
+            CompareWorkload::TieredTenants => vec![WorkloadArg::TieredTenants],
             CompareWorkload::Interference => vec![WorkloadArg::Interference],
             CompareWorkload::Overload => vec![WorkloadArg::Overload],
             CompareWorkload::All => vec![
@@ -52,6 +54,7 @@ impl CompareWorkload {
                 WorkloadArg::MultiTenantStall,
                 WorkloadArg::UnequalPool,
                 WorkloadArg::ManyAdapters,
+                WorkloadArg::TieredTenants,
             ],
         }
     }

@@ -27,6 +27,8 @@ pub(crate) enum WorkloadArg {
     UnequalPool,
     /// Requests for 16 LoRA adapters (Zipf 1) on pods holding two at a time
     ManyAdapters,
+    /// 24 tenants × 3,000-word system prompts on pods with a host-memory KV tier
+    TieredTenants,
     /// Arrivals above the pool's capacity for a while, two priority classes, 6 tenants, one
     /// bursting (flow control's benchmark)
     Overload,
@@ -44,6 +46,7 @@ impl WorkloadArg {
             WorkloadArg::MultiTenantStall => "multi-tenant-stall",
             WorkloadArg::UnequalPool => "unequal-pool",
             WorkloadArg::ManyAdapters => "many-adapters",
+            WorkloadArg::TieredTenants => "tiered-tenants",
             WorkloadArg::Overload => "overload",
         }
     }
@@ -187,6 +190,7 @@ impl SpecDefaults {
             duration_s: d.duration_s,
             tenants: match workload {
                 WorkloadArg::MultiTenantStall => MultiTenantParams::stall().tenants,
+                WorkloadArg::TieredTenants => MultiTenantParams::tiered().tenants,
                 WorkloadArg::Overload => OverloadParams::default().tenants,
                 _ => 48,
             },
@@ -222,6 +226,15 @@ impl SpecArgs {
             WorkloadArg::SharedAgent => WorkloadKind::SharedAgent(SharedAgentParams::default()),
             WorkloadArg::LongUnique => WorkloadKind::LongUnique(InterferenceParams::long_unique()),
             WorkloadArg::UnequalPool => WorkloadKind::UnequalPool(UniqueParams::default()),
+            WorkloadArg::TieredTenants => {
+                let base = MultiTenantParams::tiered();
+                WorkloadKind::TieredTenants(MultiTenantParams {
+                    tenants: self.tenants.unwrap_or(base.tenants),
+                    system_words: self.tenant_system_words.unwrap_or(base.system_words),
+                    zipf_s: self.zipf,
+                    ..base
+                })
+            }
             WorkloadArg::ManyAdapters => {
                 WorkloadKind::ManyAdapters(kvbench::workload::ManyAdapterParams::default())
             }
