@@ -193,7 +193,6 @@ fn measure(pods: usize) -> Figures {
                 decoding: 4.0,
                 predicted_ms: 300.0,
                 adapter_load_ms: 0.0,
-                adapter_waited_for_slot: false,
                 warm_load_ms: 0.0,
             };
             wvm.router

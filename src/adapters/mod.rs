@@ -22,13 +22,6 @@
 //! instead, a request landing on another of Envoy's workers found the holder cold and went
 //! anywhere).
 //!
-//! **A slot's wait.** Where every slot of the pod runs another adapter's requests (its latest poll
-//! names as many running adapters as it has slots), vLLM V1 skips the request at every step
-//! until one of those adapters has no request left, and only then loads it: priced as
-//! `adapters.wait_for_slot_ms` and a load, learned apart from loads (one running mean for each),
-//! since such waits are seconds where loads are tens of milliseconds and one mean would price
-//! every load as a wait.
-//!
 //! **What a load costs** starts at `adapters.load_ms` and is learned from first bytes: a request
 //! predicted to load its adapter took `observed − predicted without the load` longer than the
 //! prediction of its tokens, and the running mean of that (worth `prior_samples` requests at first,
@@ -64,9 +57,6 @@ pub struct AdapterConfig {
     pub prior_samples: f64,
     /// Adapter slots of a pod that does not report `max_lora`.
     pub default_slots: u32,
-    /// Milliseconds a request waits, before its load, on a pod whose every adapter slot runs
-    /// another adapter's requests, before any such wait is observed.
-    pub wait_for_slot_ms: f64,
 }
 
 impl Default for AdapterConfig {
@@ -77,9 +67,6 @@ impl Default for AdapterConfig {
             prior_samples: 5.0,
             // vLLM's `--max-loras` default.
             default_slots: 1,
-            // vLLM admits it once one of those adapters has no request left: about the time the
-            // running requests take to finish, a second's decoding at a typical batch.
-            wait_for_slot_ms: 1000.0,
         }
     }
 }
@@ -108,14 +95,6 @@ impl AdapterConfig {
                 "must be a non-negative number",
             ));
         }
-        if !(self.wait_for_slot_ms.is_finite()
-            && (0.0..=MAX_LOAD_MS).contains(&self.wait_for_slot_ms))
-        {
-            return Err(ConfigError::at(
-                "adapters.wait_for_slot_ms",
-                "must be in [0, 600000] milliseconds",
-            ));
-        }
         if self.default_slots == 0 {
             return Err(ConfigError::at(
                 "adapters.default_slots",
@@ -131,8 +110,6 @@ impl AdapterConfig {
 pub struct Adapters {
     /// The learned load time and how many first bytes it stands for; `None` until the first.
     learned: Option<(f64, f64)>,
-    /// The same for a load that waited for a slot first (the wait and the load together).
-    learned_blocked: Option<(f64, f64)>,
     /// Every adapter some pod of the load table names, with its [`adapter_block`] (read per
     /// request: kept with the table).
     names: HashMap<String, u64>,
@@ -147,14 +124,6 @@ pub fn adapter_block(adapter: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(adapter.as_bytes(), ADAPTER_BLOCK_SEED)
 }
 
-/// What a request's adapter costs it on one pod before its prefill.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct AdapterCost {
-    pub ms: f64,
-    /// Every adapter slot of the pod runs another adapter's requests: the request waits for one.
-    pub waits_for_slot: bool,
-}
-
 /// Seeds [`adapter_block`]'s hash apart from prompt chains (`crate::affinity::chain_seed`).
 const ADAPTER_BLOCK_SEED: u64 = 0x6c6f_7261_2d6b_7672;
 
@@ -165,39 +134,31 @@ impl Adapters {
         self.names.contains_key(model)
     }
 
-    /// What loading `adapter` on `pod` costs (see the module header): nothing where it holds it,
-    /// where there is no adapter, or with pricing off; a slot's wait and a load where every slot
-    /// of the pod runs another adapter's requests (vLLM admits it only once one of them has none
-    /// left); two loads where every slot holds another adapter, since the one evicted is loaded
-    /// again by its next request (so two adapters do not take turns in one slot while a pod with
-    /// a free slot is near); else one load. `stamp_of` gives when the index last saw a block on
-    /// the pod.
+    /// What loading `adapter` on `pod` costs, in milliseconds: 0 where it holds it (see the
+    /// module header), where there is no adapter, or with pricing off; one load where a slot is
+    /// free; two where every slot holds another adapter, since the one evicted is loaded again by
+    /// its next request (so two adapters do not take turns in one slot while a pod with a free
+    /// slot is near). `stamp_of` gives when the index last saw a block on the pod.
     pub fn load_ms_on(
         &self,
         config: &AdapterConfig,
         pod: &PodLoad,
         adapter: Option<&str>,
         stamp_of: impl Fn(u64) -> Option<u64>,
-    ) -> AdapterCost {
+    ) -> f64 {
         let Some(adapter) = adapter.filter(|_| config.price_loads) else {
-            return AdapterCost::default();
+            return 0.0;
         };
         let held = self.held_by(config, pod, stamp_of);
         if held.contains(&adapter) {
-            return AdapterCost::default();
+            return 0.0;
         }
-        let slots = slots_of(config, pod);
-        if pod.metrics.adapters_running.len() >= slots {
-            return AdapterCost {
-                ms: self.blocked_ms(config),
-                waits_for_slot: true,
-            };
-        }
-        let loads = if held.len() >= slots { 2.0 } else { 1.0 };
-        AdapterCost {
-            ms: loads * self.load_ms(config),
-            waits_for_slot: false,
-        }
+        let loads = if held.len() >= slots_of(config, pod) {
+            2.0
+        } else {
+            1.0
+        };
+        loads * self.load_ms(config)
     }
 
     /// The adapters `pod` is known to hold: those it runs, and of the others the ones most
@@ -228,38 +189,24 @@ impl Adapters {
 
     /// The load time the next load is priced at.
     pub fn load_ms(&self, config: &AdapterConfig) -> f64 {
-        self.learned.map_or(config.load_ms, |(mean, _)| mean)
-    }
-
-    /// What a slot's wait and the load after it are priced at.
-    pub fn blocked_ms(&self, config: &AdapterConfig) -> f64 {
-        self.learned_blocked
-            .map_or(config.wait_for_slot_ms + config.load_ms, |(mean, _)| mean)
-    }
-
-    /// A first byte of a request priced with a load (`waited_for_slot`: a slot's wait and a
-    /// load): it came `observed_ms − base_predicted_ms` after what its tokens alone were
-    /// predicted to take. Returns what that kind of load is priced at now.
-    pub fn learn(
-        &mut self,
-        config: &AdapterConfig,
-        waited_for_slot: bool,
-        base_predicted_ms: f64,
-        observed_ms: f64,
-    ) -> f64 {
-        let sample = (observed_ms - base_predicted_ms).clamp(0.0, MAX_LOAD_MS);
-        let (learned, prior) = if waited_for_slot {
-            let prior = config.wait_for_slot_ms + config.load_ms;
-            (&mut self.learned_blocked, prior)
-        } else {
-            (&mut self.learned, config.load_ms)
-        };
-        let (mean, n) = learned.unwrap_or((prior, config.prior_samples));
-        if sample.is_finite() {
-            let weight = (n + 1.0).min(TRACKED_SAMPLES.max(1.0));
-            *learned = Some((mean + (sample - mean) / weight, weight));
+        match self.learned {
+            Some((mean, _)) => mean,
+            None => config.load_ms,
         }
-        learned.map_or(mean, |(m, _)| m)
+    }
+
+    /// A first byte of a request priced with a load: it came `observed_ms − base_predicted_ms`
+    /// after what its tokens alone were predicted to take.
+    pub fn learn(&mut self, config: &AdapterConfig, base_predicted_ms: f64, observed_ms: f64) {
+        let sample = (observed_ms - base_predicted_ms).clamp(0.0, MAX_LOAD_MS);
+        if !sample.is_finite() {
+            return;
+        }
+        let (mean, n) = self
+            .learned
+            .unwrap_or((config.load_ms, config.prior_samples));
+        let weight = (n + 1.0).min(TRACKED_SAMPLES.max(1.0));
+        self.learned = Some((mean + (sample - mean) / weight, weight));
     }
 
     /// Adopts a new load table: the adapters its pods name.

@@ -55,11 +55,8 @@ fn a_pod_holds_what_it_runs_and_what_was_routed_to_it_last_within_its_slots() {
     for name in ["tiny", "math"] {
         adapters.names.insert(name.into(), adapter_block(name));
     }
-    let cost = |order: &[&str], adapter| {
-        adapters
-            .load_ms_on(&config, &a, Some(adapter), routed(order))
-            .ms
-    };
+    let cost =
+        |order: &[&str], adapter| adapters.load_ms_on(&config, &a, Some(adapter), routed(order));
     assert_eq!(cost(&[], "chat-lora"), 0.0, "running: loaded");
     assert_eq!(cost(&[], "sql-lora"), DEFAULT_LOAD_MS, "a slot is free");
     assert_eq!(cost(&["sql-lora"], "sql-lora"), 0.0, "routed here: loaded");
@@ -71,61 +68,23 @@ fn a_pod_holds_what_it_runs_and_what_was_routed_to_it_last_within_its_slots() {
     assert_eq!(cost(&order, "tiny"), 2.0 * DEFAULT_LOAD_MS);
     // A pod that does not report its slots has the configured number (vLLM's default: one).
     let b = pod("b:1", &[], None);
-    let on_b = |order: &[&str], adapter| {
-        adapters
-            .load_ms_on(&config, &b, Some(adapter), routed(order))
-            .ms
-    };
+    let on_b =
+        |order: &[&str], adapter| adapters.load_ms_on(&config, &b, Some(adapter), routed(order));
     assert_eq!(on_b(&["sql-lora", "math"], "math"), 0.0);
     assert_eq!(
         on_b(&["sql-lora", "math"], "sql-lora"),
         2.0 * DEFAULT_LOAD_MS
     );
     // No adapter, or loads not priced: nothing.
-    assert_eq!(adapters.load_ms_on(&config, &b, None, routed(&[])).ms, 0.0);
+    assert_eq!(adapters.load_ms_on(&config, &b, None, routed(&[])), 0.0);
     let unpriced = AdapterConfig {
         price_loads: false,
         ..AdapterConfig::default()
     };
     assert_eq!(
-        adapters
-            .load_ms_on(&unpriced, &b, Some("sql-lora"), routed(&[]))
-            .ms,
+        adapters.load_ms_on(&unpriced, &b, Some("sql-lora"), routed(&[])),
         0.0
     );
-}
-
-/// Every slot runs another adapter's requests: the request waits for one (vLLM skips it until
-/// one adapter has none left), priced apart from a load and learned apart.
-#[test]
-fn a_pod_whose_slots_all_run_other_adapters_makes_it_wait() {
-    let config = AdapterConfig::default();
-    let mut adapters = Adapters::default();
-    let busy = pod("a:1", &["chat-lora", "tiny"], Some(2));
-    adapters.list_pods(&table(vec![busy.clone()]));
-    let cost =
-        |adapters: &Adapters| adapters.load_ms_on(&config, &busy, Some("sql-lora"), routed(&[]));
-    let blocked = cost(&adapters);
-    assert!(blocked.waits_for_slot);
-    assert_eq!(blocked.ms, config.wait_for_slot_ms + DEFAULT_LOAD_MS);
-    // Running one of them is free; with a slot left it is a load.
-    assert_eq!(
-        adapters.load_ms_on(&config, &busy, Some("tiny"), routed(&[])),
-        AdapterCost::default()
-    );
-    let roomy = pod("b:1", &["chat-lora", "tiny"], Some(3));
-    let load = adapters.load_ms_on(&config, &roomy, Some("sql-lora"), routed(&[]));
-    assert_eq!((load.ms, load.waits_for_slot), (DEFAULT_LOAD_MS, false));
-    // Waits of 3 s are learned as waits; a load stays a load.
-    for _ in 0..400 {
-        adapters.learn(&config, true, 100.0, 3100.0);
-    }
-    assert!(
-        (cost(&adapters).ms - 3000.0).abs() < 1.0,
-        "{:?}",
-        cost(&adapters)
-    );
-    assert_eq!(adapters.load_ms(&config), DEFAULT_LOAD_MS);
 }
 
 #[test]
@@ -146,19 +105,19 @@ fn the_load_time_is_learned_from_first_bytes() {
     assert_eq!(adapters.load_ms(&config), DEFAULT_LOAD_MS);
     // Loads that take 400 ms more than the tokens' prediction: the prior gives way.
     for _ in 0..400 {
-        adapters.learn(&config, false, 100.0, 500.0);
+        adapters.learn(&config, 100.0, 500.0);
     }
     let learned = adapters.load_ms(&config);
     assert!((learned - 400.0).abs() < 1.0, "{learned}");
     // A first byte sooner than the tokens' prediction teaches a free load, not a negative one.
     for _ in 0..400 {
-        adapters.learn(&config, false, 100.0, 50.0);
+        adapters.learn(&config, 100.0, 50.0);
     }
     let learned = adapters.load_ms(&config);
     assert!((0.0..1.0).contains(&learned), "{learned}");
     // The first sample moves the prior by 1/(prior_samples + 1) of the difference.
     let mut once = Adapters::default();
-    once.learn(&config, false, 0.0, DEFAULT_LOAD_MS + 600.0);
+    once.learn(&config, 0.0, DEFAULT_LOAD_MS + 600.0);
     assert!((once.load_ms(&config) - (DEFAULT_LOAD_MS + 100.0)).abs() < 1e-9);
 }
 
@@ -180,13 +139,6 @@ fn the_configuration_is_checked() {
             ..base.clone()
         }),
         "adapters.prior_samples"
-    );
-    assert_eq!(
-        bad(AdapterConfig {
-            wait_for_slot_ms: f64::INFINITY,
-            ..base.clone()
-        }),
-        "adapters.wait_for_slot_ms"
     );
     assert_eq!(
         bad(AdapterConfig {

@@ -65,7 +65,6 @@ impl Plan {
             decoding: p.decoding,
             predicted_ms: p.ttft_ms,
             adapter_load_ms: p.adapter_load_ms,
-            adapter_waited_for_slot: p.adapter_waits_for_slot,
             warm_load_ms: p.warm_load_ms,
         })
     }
@@ -195,11 +194,12 @@ impl Router {
                             config.block.tokens_per_block,
                         )
                         .load_ms,
-                    adapter: self
-                        .adapters
-                        .load_ms_on(&config.adapters, p, adapter, |block| {
-                            self.affinity.stamp_of(&p.addr, block)
-                        }),
+                    adapter_load_ms: self.adapters.load_ms_on(
+                        &config.adapters,
+                        p,
+                        adapter,
+                        |block| self.affinity.stamp_of(&p.addr, block),
+                    ),
                 }
             })
             .collect();

@@ -210,7 +210,6 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
         decoding: 0.0,
         predicted_ms: 100.0,
         adapter_load_ms: 0.0,
-        adapter_waited_for_slot: false,
         warm_load_ms: 0.0,
     };
     let id = vm1.work.prefill_start(&first, 100, None);
@@ -254,7 +253,6 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
         decoding: 0.0,
         predicted_ms: 4000.0,
         adapter_load_ms: 0.0,
-        adapter_waited_for_slot: false,
         warm_load_ms: 0.0,
     };
     let mut board = Board::default();
@@ -404,7 +402,6 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
         decoding: 0.0,
         predicted_ms: 1e6,
         adapter_load_ms: 0.0,
-        adapter_waited_for_slot: false,
         warm_load_ms: 0.0,
     };
     let head = r.work.prefill_start(&first(4000.0), 1000, None);
@@ -444,7 +441,6 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
         decoding: 0.0,
         predicted_ms: 100.0,
         adapter_load_ms: 0.0,
-        adapter_waited_for_slot: false,
         warm_load_ms: 0.0,
     };
     r.work.prefill_start(&first, 1000, None);
@@ -480,7 +476,6 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
-                adapter_waited_for_slot: false,
                 warm_load_ms: 0.0,
             };
             r.costs.learn(&cfg.costs(), &first, 2.0 + us * tokens / 1e3);
@@ -509,7 +504,6 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
             decoding: 0.0,
             predicted_ms: 1e9,
             adapter_load_ms: 0.0,
-            adapter_waited_for_slot: false,
             warm_load_ms: 0.0,
         };
         r.work.prefill_start(&first, 100, None);
@@ -555,7 +549,6 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
                 decoding,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
-                adapter_waited_for_slot: false,
                 warm_load_ms: 0.0,
             };
             r.costs.learn(
@@ -736,7 +729,6 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
                 decoding: 0.0,
                 predicted_ms: 0.0,
                 adapter_load_ms: 0.0,
-                adapter_waited_for_slot: false,
                 warm_load_ms: 0.0,
             };
             r.costs

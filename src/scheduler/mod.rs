@@ -68,9 +68,9 @@ pub struct PodView<'a> {
     /// Milliseconds to load those of them that are in a tier beyond the GPU
     /// (`crate::affinity::tiers`).
     pub warm_load_ms: f64,
-    /// What the request's LoRA adapter costs it there first (nothing: the pod holds it, or the
-    /// request names none; `crate::adapters`).
-    pub adapter: crate::adapters::AdapterCost,
+    /// Milliseconds the pod would spend loading the request's LoRA adapter first (0: it holds
+    /// it, or the request names none; `crate::adapters`).
+    pub adapter_load_ms: f64,
 }
 
 impl PodView<'_> {

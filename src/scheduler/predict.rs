@@ -23,7 +23,7 @@
 //!   recomputed but loaded ([`PodView::warm_load_ms`], `crate::affinity::tiers`): added after the
 //!   scale, to this request's first token only (tier loads run beside the engine's steps).
 //! * **adapter load** — where the request names a LoRA adapter the pod does not hold, the time to
-//!   load it ([`PodView::adapter`], `crate::adapters`), added after the scale: it is not a
+//!   load it ([`PodView::adapter_load_ms`], `crate::adapters`), added after the scale: it is not a
 //!   token cost, and it is also work the pod does for this request (the load runs in the engine's
 //!   step, so it delays the requests queued behind it as the prefill does).
 //! * **decoding** — sequences decoding on the pod (polled, or the gateway's own count of requests
@@ -64,10 +64,8 @@ pub struct Prediction {
     /// What this request's uncached prefill adds to the wait of the requests that will queue
     /// behind it there (see the module header).
     pub added_wait_ms: f64,
-    /// Of `ttft_ms`, the time to load the request's adapter (see the module header), and whether
-    /// that includes waiting for an adapter slot.
+    /// Of `ttft_ms`, the time to load the request's adapter (see the module header).
     pub adapter_load_ms: f64,
-    pub adapter_waits_for_slot: bool,
     /// Of `ttft_ms`, the time to load its cached blocks from tiers beyond the GPU.
     pub warm_load_ms: f64,
 }
@@ -103,7 +101,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     let tokens_ahead = pod.queued_tokens.max(0.0) + unseen_waiting * request.typical_tokens;
     // The engine counts a request still prefilling as running; the board knows which those are.
     let decoding = (pod.running.max(pod.inflight) - pod.queued_requests).max(0.0);
-    let adapter_load_ms = pod.adapter.ms.max(0.0);
+    let adapter_load_ms = pod.adapter_load_ms.max(0.0);
     let warm_load_ms = if pod.warm_load_ms.is_finite() {
         pod.warm_load_ms.max(0.0)
     } else {
@@ -120,7 +118,6 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         own_compute_ms,
         added_wait_ms: 0.0,
         adapter_load_ms,
-        adapter_waits_for_slot: pod.adapter.waits_for_slot,
         warm_load_ms,
     }
 }

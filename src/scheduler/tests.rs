@@ -20,7 +20,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         itl_ms: None,
         models: &[],
         matched_blocks: 0,
-        adapter: Default::default(),
+        adapter_load_ms: 0.0,
         warm_load_ms: 0.0,
     }
 }

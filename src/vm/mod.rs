@@ -135,14 +135,13 @@ impl Vm {
         let mut observed_ms = observed_ms - first.warm_load_ms.max(0.0);
         if first.adapter_load_ms > 0.0 {
             predicted_ms -= first.adapter_load_ms;
-            let waited = first.adapter_waited_for_slot;
             let adapters = &mut self.router.adapters;
-            observed_ms -= adapters.learn(&self.config.adapters, waited, predicted_ms, observed_ms);
+            adapters.learn(&self.config.adapters, predicted_ms, observed_ms);
+            observed_ms -= adapters.load_ms(&self.config.adapters);
         }
         let tokens_only = crate::router::FirstToken {
             predicted_ms,
             adapter_load_ms: 0.0,
-            adapter_waited_for_slot: false,
             warm_load_ms: 0.0,
             ..first.clone()
         };

@@ -39,7 +39,6 @@ fn prefill_on(addr: &str, tokens: f64, ms: f64) -> crate::router::FirstToken {
         decoding: 0.0,
         predicted_ms: ms,
         adapter_load_ms: 0.0,
-        adapter_waited_for_slot: false,
         warm_load_ms: 0.0,
     }
 }

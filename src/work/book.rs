@@ -16,10 +16,8 @@ pub struct FirstToken {
     pub tokens: f64,
     pub decoding: f64,
     pub predicted_ms: f64,
-    /// Of `predicted_ms`, the time to load the request's LoRA adapter (`crate::adapters`), and
-    /// whether that included waiting for an adapter slot.
+    /// Of `predicted_ms`, the time to load the request's LoRA adapter (`crate::adapters`).
     pub adapter_load_ms: f64,
-    pub adapter_waited_for_slot: bool,
     /// Of `predicted_ms`, the time to load its cached blocks from tiers beyond the GPU.
     pub warm_load_ms: f64,
 }
