@@ -8,8 +8,9 @@
 //! the step that first needs them). The predictor adds [`Adapters::load_ms_on`] to that pod's
 //! first token and to the work the request puts on it (`crate::scheduler::predict`); a pod holding
 //! the adapter pays nothing. So an adapter's requests stay where it is loaded, and a hot adapter is
-//! loaded on a second pod only when the holder's queue makes loading elsewhere sooner, priced by
-//! what it costs the pool, as a prefix is replicated.
+//! loaded on a second pod only when the holder's queue makes loading elsewhere sooner. The work a
+//! load adds is the pod's own queue's wait, not the pool's (`predict::with_added_wait`): a load is
+//! paid once, and the next arrivals there find the adapter loaded.
 //!
 //! **Which pods hold it.** A pod holds the adapters it reports running (its latest
 //! `vllm:lora_requests_info` sample, up to a poll old), and, as many as it has slots left (the
