@@ -1039,7 +1039,8 @@ pub fn bench_defaults(name: &str) -> Result<BenchDefaults> {
             let params = crate::workload::ManyAdapterParams::default();
             let mut args: Vec<String> = vec!["--lora-modules".into()];
             args.extend(params.lora_modules());
-            args.extend(["--max-loras", "2", "--lora-load-ms", LORA_LOAD_SIM_MS].map(String::from));
+            args.extend(["--max-loras", "2", "--lora-load-ms"].map(String::from));
+            args.push(LORA_LOAD_SIM_MS.to_string());
             BenchDefaults {
                 signal_off: json!({"adapters": {"price_loads": false}}),
                 ..d(
@@ -1102,7 +1103,7 @@ pub const TIERED_LOAD_US_PER_TOKEN: f64 = 2.6;
 
 /// `many-adapters`' simulated adapter load (`--lora-load-ms`): kvsim's default, a rank-16 adapter
 /// of a 7–8B model read from disk (see kvsim's `DEFAULT_LORA_LOAD_MS`).
-pub const LORA_LOAD_SIM_MS: &str = "100";
+pub const LORA_LOAD_SIM_MS: f64 = 100.0;
 
 /// kvroute's settings that follow the time scale, for the workload `name` (merged into its
 /// configuration): `many-adapters`' `adapters.load_ms` and `tiered-tenants`' `kv_tiers`, the pods'
@@ -1110,8 +1111,7 @@ pub const LORA_LOAD_SIM_MS: &str = "100";
 pub fn time_scaled_extra(name: &str, time_scale: f64) -> Value {
     match name {
         "many-adapters" => {
-            let sim_ms: f64 = LORA_LOAD_SIM_MS.parse().unwrap_or(100.0);
-            json!({"adapters": {"load_ms": sim_ms * time_scale}})
+            json!({"adapters": {"load_ms": LORA_LOAD_SIM_MS * time_scale}})
         }
         "tiered-tenants" => json!({"kv_tiers": [{
             "name": "host",

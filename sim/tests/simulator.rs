@@ -174,6 +174,19 @@ fn completions(pod: &PodHandle) -> String {
     format!("{}/v1/completions", pod.url())
 }
 
+/// The cached tokens `pod` reports for an 800-word prompt tagged `tag` (one output token).
+async fn cached_of_800(pod: &PodHandle, tag: &str) -> u64 {
+    let body = json!({"prompt": prompt(tag, 800), "max_tokens": 1});
+    let r: Value = post(&completions(pod), body)
+        .await
+        .json()
+        .await
+        .expect("json");
+    r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached")
+}
+
 fn chat(pod: &PodHandle) -> String {
     format!("{}/v1/chat/completions", pod.url())
 }
@@ -232,19 +245,7 @@ async fn a_small_cache_forgets_old_prefixes() {
     })
     .await
     .expect("pod");
-    let ask = |tag: &'static str| {
-        let url = completions(&pod);
-        async move {
-            let r: Value = post(&url, json!({"prompt": prompt(tag, 800), "max_tokens": 1}))
-                .await
-                .json()
-                .await
-                .expect("json");
-            r["usage"]["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .expect("cached")
-        }
-    };
+    let ask = |tag: &'static str| cached_of_800(&pod, tag);
     assert_eq!(ask("a").await, 0);
     assert_eq!(ask("a").await, 784);
     for tag in ["b", "c", "d"] {
@@ -266,19 +267,7 @@ async fn a_host_tier_keeps_prefixes_the_gpu_forgot() {
         })
         .await
         .expect("pod");
-        let ask = |tag: &'static str| {
-            let url = completions(&pod);
-            async move {
-                let r: Value = post(&url, json!({"prompt": prompt(tag, 800), "max_tokens": 1}))
-                    .await
-                    .json()
-                    .await
-                    .expect("json");
-                r["usage"]["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .expect("cached")
-            }
-        };
+        let ask = |tag: &'static str| cached_of_800(&pod, tag);
         assert_eq!(ask("a").await, 0);
         for tag in ["b", "c", "d"] {
             assert_eq!(ask(tag).await, 0);

@@ -206,7 +206,7 @@ impl Adapters {
         let (mean, n) = self
             .learned
             .unwrap_or((config.load_ms, config.prior_samples));
-        let weight = (n + 1.0).min(TRACKED_SAMPLES.max(1.0));
+        let weight = (n + 1.0).min(TRACKED_SAMPLES);
         self.learned = Some((mean + (sample - mean) / weight, weight));
     }
 
@@ -217,9 +217,9 @@ impl Adapters {
             let listed = p.served.iter().filter(|m| m.parent.is_some());
             let listed = listed.map(|m| m.id.as_str());
             for name in listed.chain(p.metrics.adapters.iter().map(String::as_str)) {
-                if !self.names.contains_key(name) {
-                    self.names.insert(name.to_string(), adapter_block(name));
-                }
+                self.names
+                    .entry_ref(name)
+                    .or_insert_with(|| adapter_block(name));
             }
         }
     }

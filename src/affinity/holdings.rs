@@ -205,6 +205,13 @@ impl Affinity {
         matched: usize,
         tokens_per_block: u32,
     ) -> super::tiers::TierSplit {
+        if tiers.is_empty() {
+            // Every request, every pod: no index lookups where tiers are off (the default).
+            return super::tiers::TierSplit {
+                gpu_blocks: matched,
+                ..Default::default()
+            };
+        }
         let slot = self.slot_of(addr);
         let gpu = slot
             .and_then(|s| self.index.turnover(s))
