@@ -55,6 +55,7 @@ pub fn role_label(role: Role) -> &'static str {
         Role::Aggregated => "aggregated",
         Role::Prefill => "prefill",
         Role::Decode => "decode",
+        Role::Both => "both",
     }
 }
 

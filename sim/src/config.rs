@@ -44,6 +44,9 @@ pub enum Role {
     Prefill,
     /// Honours `do_remote_prefill`: loads the prompt's KV instead of computing it.
     Decode,
+    /// Both of the above, and serves a request without `kv_transfer_params` whole (vLLM's
+    /// `kv_role: kv_both`, which elastic P/D pools run).
+    Both,
 }
 
 impl Role {
@@ -52,6 +55,7 @@ impl Role {
             Role::Aggregated => "aggregated",
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Both => "both",
         }
     }
 }

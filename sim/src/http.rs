@@ -418,14 +418,14 @@ async fn plan_disaggregation(
         };
     }
     match (&req.kv_transfer, pod.cfg.role) {
-        (Some(kv), Role::Decode) if kv.do_remote_prefill => match &kv.remote_block_ids {
+        (Some(kv), Role::Decode | Role::Both) if kv.do_remote_prefill => match &kv.remote_block_ids {
             Some(ids) if !ids.is_empty() => {
                 pod.counters().disaggregated_decodes += 1;
                 (ids.len() * bs, false, req.max_tokens, pull_source(kv))
             }
             _ => (0, false, req.max_tokens, None),
         },
-        (Some(kv), Role::Prefill) if kv.do_remote_decode => {
+        (Some(kv), Role::Prefill | Role::Both) if kv.do_remote_decode => {
             pod.counters().prefills_for_remote_decode += 1;
             // A prefill for a remote decoder produces exactly one token.
             (0, true, 1, None)

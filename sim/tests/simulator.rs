@@ -992,6 +992,57 @@ async fn faults_fail_stall_refuse_and_garble() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_pods_prefill_for_each_other_decode_each_others_prefills_and_serve_whole() {
+    let scale = 0.05;
+    let both = || SimConfig {
+        role: Role::Both,
+        ..config(scale)
+    };
+    let a = spawn_pod(both()).await.expect("pod a");
+    let b = spawn_pod(both()).await.expect("pod b");
+    let text = prompt("e", 3000);
+    let leg: Value = post(
+        &completions(&a),
+        json!({
+            "prompt": text, "max_tokens": 50, "stream": false,
+            "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
+                "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null},
+        }),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(leg["usage"]["completion_tokens"], 1, "a prefill for b: one token");
+    let kv = leg["kv_transfer_params"].clone();
+    assert_eq!(kv["do_remote_prefill"], true);
+    let decoded: Value = post(
+        &completions(&b),
+        json!({"prompt": text, "max_tokens": 7, "kv_transfer_params": kv}),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(decoded["usage"]["completion_tokens"], 7);
+    assert!(decoded["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(2900));
+    assert_eq!(stats(&b).await["disaggregated_decodes"], 1);
+    // Without kv_transfer_params a `both` pod serves the request whole.
+    let whole: Value = post(
+        &completions(&b),
+        json!({"prompt": prompt("w", 500), "max_tokens": 9}),
+    )
+    .await
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(whole["usage"]["completion_tokens"], 9);
+    assert_eq!(stats(&a).await["prefills_for_remote_decode"], 1);
+    assert_eq!(stats(&b).await["prefills_for_remote_decode"], 0);
+    assert_eq!(stats(&a).await["role"], "both");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefill_and_decode_pods_speak_kv_transfer_params() {
     let scale = 0.05;
     let prefill = spawn_pod(SimConfig {

@@ -21,6 +21,22 @@ pub enum Role {
     Aggregated,
     Prefill,
     Decode,
+    /// Elastic P/D: a pod that prefills for others, decodes what others prefilled, or serves a
+    /// request whole (vLLM's `kv_role: kv_both`). kvroute chooses per request which pod plays
+    /// which part (`crate::pd`), so the prefill/decode ratio follows the traffic.
+    Both,
+}
+
+impl Role {
+    /// Whether a pod of this role decodes requests another pod prefilled.
+    pub fn decodes_remote_prefills(self) -> bool {
+        matches!(self, Role::Decode | Role::Both)
+    }
+
+    /// Whether a pod of this role prefills for another pod's decode.
+    pub fn prefills_for_others(self) -> bool {
+        matches!(self, Role::Prefill | Role::Both)
+    }
 }
 
 /// How the prompt is cut into blocks for prefix matching.

@@ -259,10 +259,10 @@ impl Config {
     pub fn compile(w: &WireConfig) -> Result<Config, ConfigError> {
         let pools = compile_pools(w)?;
         let has = |role: Role| pools.iter().any(|p| p.role == role);
-        if has(Role::Prefill) && !has(Role::Decode) {
+        if has(Role::Prefill) && !has(Role::Decode) && !has(Role::Both) {
             return Err(err(
                 "pools",
-                "a `prefill` pool needs a `decode` pool to hand its KV cache to",
+                "a `prefill` pool needs a `decode` or `both` pool to hand its KV cache to",
             ));
         }
         w.pd.validate()?;

@@ -27,21 +27,21 @@ pub struct Costs {
     role_by_addr: HashMap<String, Role>,
     /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
     /// first bytes on every pod of the role.
-    role_fits: [Option<CostFit>; 3],
+    role_fits: [Option<CostFit>; ROLES],
     /// Each pod's speed against its role's fit, from this VM's requests.
     speeds: HashMap<String, PodSpeed>,
     /// Per role, how its pods' speeds spread beyond their noise (see [`RoleSpeeds`]), and the
     /// sums it is read from: taken whole with each load table, moved by each first byte in O(1).
-    role_speeds: [RoleSpeeds; 3],
-    role_speed_sums: [RoleSpeedSums; 3],
+    role_speeds: [RoleSpeeds; ROLES],
+    role_speed_sums: [RoleSpeedSums; ROLES],
     /// Every other VM's fits, from the fits board.
     others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of each pod's inter-token latency, from the streams this VM timed.
     itl_ms: HashMap<String, f64>,
     /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
-    ttft_scale: [MedianScale; 3],
+    ttft_scale: [MedianScale; ROLES],
     /// Per role, how widely served predictions miss (see [`ErrorBand`]).
-    ttft_error: [ErrorBand; 3],
+    ttft_error: [ErrorBand; ROLES],
 }
 
 /// Weight of the newest stream in a pod's running mean of inter-token latency.
@@ -56,17 +56,25 @@ fn prior_for(settings: &CostSettings, role: Role) -> Coefficients {
     prior
 }
 
+/// Roles with a fit of their own: aggregated, prefill, decode, both.
+const ROLES: usize = 4;
+
+/// A `both` pod (elastic P/D) has its own fit, learned from every first byte it gives: its own
+/// whole requests and the splits it prefilled (whose first byte also pays the KV transfer, a small
+/// share of a long prefill: kvsim's 20 µs against 400 µs per token). Its prior is the aggregated
+/// one: most of what it serves is whole requests.
 fn role_index(role: Role) -> usize {
     match role {
         Role::Aggregated => 0,
         Role::Prefill => 1,
         Role::Decode => 2,
+        Role::Both => 3,
     }
 }
 
 /// The models of the timed pods of each role, merged (see [`Costs::cost_of`]).
 pub struct PoolCosts {
-    timed: [Option<Coefficients>; 3],
+    timed: [Option<Coefficients>; ROLES],
 }
 
 impl Costs {
@@ -82,7 +90,7 @@ impl Costs {
             .map(|p| (p.addr.clone(), p.role))
             .collect();
         self.role_by_addr = self.listed.iter().cloned().collect();
-        self.role_speed_sums = [Role::Aggregated, Role::Prefill, Role::Decode]
+        self.role_speed_sums = [Role::Aggregated, Role::Prefill, Role::Decode, Role::Both]
             .map(|role| self.role_speed_sums_of(role));
         self.role_speeds = self.role_speed_sums.map(|sums| sums.speeds());
     }
@@ -120,7 +128,7 @@ impl Costs {
 
     /// Per role, the sample-weighted mean of the timed pods' models (`None`: nobody timed).
     pub fn pool_costs(&self) -> PoolCosts {
-        let mut by_role: [Vec<(Coefficients, f64)>; 3] = Default::default();
+        let mut by_role: [Vec<(Coefficients, f64)>; ROLES] = Default::default();
         for (addr, role) in &self.listed {
             let (cost, samples) = self.own_cost(addr, *role);
             if samples > 0.0 {

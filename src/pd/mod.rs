@@ -308,16 +308,47 @@ pub fn prefill_hints(hints: Hints) -> Hints {
     }
 }
 
+/// A prefill candidate that decodes too (a `both` pod: elastic P/D): what a prefill there costs
+/// its own streams is priced as a local prefill's on the decode pod.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedPod {
+    /// Its learned cost per uncached token.
+    pub us_per_token: f64,
+    /// Its streams' observed gap between tokens, ms.
+    pub itl_ms: Option<f64>,
+}
+
+/// What prefilling on `candidate` costs: its predicted first token, plus, on a pod that decodes
+/// too, the stall of its own streams where it breaks their objective (as [`local_cost_ms`]).
+fn split_cost_ms(candidate: &Choice, shared: Option<SharedPod>, streams: StreamObjective) -> f64 {
+    let p = &candidate.prediction;
+    let Some(shared) = shared else {
+        return p.ttft_ms;
+    };
+    let prefill_ms = shared.us_per_token * p.uncached_tokens / 1e3;
+    let theirs = StreamObjective {
+        decode_itl_ms: shared.itl_ms,
+        ..streams
+    };
+    if theirs.broken_by(prefill_ms) {
+        local_cost_ms(p.ttft_ms, prefill_ms, p.decoding)
+    } else {
+        p.ttft_ms
+    }
+}
+
 /// Whether and where to prefill a request whose decode pod is `decode` (see the module header),
-/// given the prefill pods' ranking (`Router::route` over the prefill role with
-/// [`prefill_hints`]), the decode pod's learned cost per uncached token and its streams'
-/// objective. Pure: both rankings come in, the plan goes out. `keep_predictions` keeps every
-/// prefill candidate's prediction for the debug line.
+/// given the prefill candidates' ranking (`Router::route` over the prefill and `both` roles with
+/// [`prefill_hints`], the decode pod left out), the decode pod's learned cost per uncached token,
+/// its streams' objective, and which candidates decode too (`shared`). Pure: both rankings come
+/// in, the plan goes out. `keep_predictions` keeps every prefill candidate's prediction for the
+/// debug line.
 pub fn plan_split(
     decode: &Choice,
     decode_us_per_token: f64,
     streams: StreamObjective,
     prefill_ranking: Decision,
+    shared: impl Fn(&str) -> Option<SharedPod>,
     keep_predictions: bool,
 ) -> PdPlan {
     let local = &decode.prediction;
@@ -329,7 +360,7 @@ pub fn plan_split(
         local.ttft_ms
     };
     let mut prefill_predictions = Vec::new();
-    let prefill = match prefill_ranking {
+    let mut priced: Vec<(Choice, f64, bool)> = match prefill_ranking {
         Decision::Route { ranked, .. } => {
             if keep_predictions {
                 prefill_predictions = ranked
@@ -337,11 +368,27 @@ pub fn plan_split(
                     .map(|c| (c.addr.clone(), c.prediction))
                     .collect();
             }
-            ranked.into_iter().next()
+            ranked
+                .into_iter()
+                .map(|c| {
+                    let shared = shared(&c.addr);
+                    let cost = split_cost_ms(&c, shared, streams);
+                    (c, cost, shared.is_some())
+                })
+                .collect()
         }
-        Decision::NoEndpoint(_) => None,
+        Decision::NoEndpoint(_) => Vec::new(),
     };
-    let split_cost = prefill.as_ref().map(|p| p.prediction.ttft_ms);
+    // Where no candidate decodes, every cost is its predicted first token and the picker's order
+    // (rendezvous among near-ties included) stands.
+    if priced.iter().any(|(_, _, shared)| *shared) {
+        priced.sort_by(|a, b| a.0.guarded.cmp(&b.0.guarded).then(a.1.total_cmp(&b.1)));
+    }
+    let best = priced.into_iter().next();
+    let split_cost = best.as_ref().map(|(_, cost, _)| *cost);
+    // A `both` pod's cost is learned from its own requests too: no probe is needed to time it.
+    let probe_worthy = best.as_ref().is_some_and(|(_, _, shared)| !*shared);
+    let prefill = best.map(|(c, _, _)| c);
     let (prefill, outcome, reason, probe) = match (prefill, split_cost) {
         (Some(p), Some(c)) if c < local_cost => {
             let reason = if c < local.ttft_ms {
@@ -357,7 +404,7 @@ pub fn plan_split(
             } else {
                 PdReason::WithinObjective
             };
-            (None, PdOutcome::LocalCheaper, reason, Some(p))
+            (None, PdOutcome::LocalCheaper, reason, probe_worthy.then_some(p))
         }
         (None, _) => (None, PdOutcome::NoPrefillPod, PdReason::NoPrefillPod, None),
     };
@@ -439,6 +486,80 @@ mod tests {
         assert_eq!(r.objective_ms, Some(40.0), "the request's header first");
         let none = StreamObjective::resolve(&pd, None, None, Vec::new);
         assert_eq!(none.objective_ms, None, "no stream timed yet");
+    }
+
+    fn candidate(addr: &str, ttft_ms: f64, decoding: f64) -> Choice {
+        Choice {
+            addr: addr.into(),
+            matched_blocks: 0,
+            prediction: Prediction {
+                ttft_ms,
+                uncached_tokens: 8000.0,
+                decoding,
+                ..Prediction::default()
+            },
+            guarded: false,
+            meets_slo: None,
+            stale: false,
+        }
+    }
+
+    fn ranking(choices: Vec<Choice>) -> Decision {
+        Decision::Route {
+            ranked: choices,
+            reason: crate::scheduler::RouteReason::Load,
+        }
+    }
+
+    #[test]
+    fn a_both_pod_prefilling_for_another_is_charged_its_own_streams_stall() {
+        let streams = StreamObjective {
+            objective_ms: Some(100.0),
+            decode_itl_ms: Some(25.0),
+        };
+        let decode = candidate("d", 500.0, 12.0);
+        let shared = |_: &str| {
+            Some(SharedPod {
+                us_per_token: 400.0,
+                itl_ms: Some(25.0),
+            })
+        };
+        // b answers sooner but decodes 12 streams; c decodes none: c prefills.
+        let plan = plan_split(
+            &decode,
+            400.0,
+            streams,
+            ranking(vec![candidate("b", 3300.0, 12.0), candidate("c", 3400.0, 0.0)]),
+            shared,
+            false,
+        );
+        assert_eq!(plan.outcome, PdOutcome::Disaggregated);
+        assert_eq!(plan.prefill.unwrap().addr, "c");
+        assert_eq!(plan.reason, PdReason::Streams);
+        // Every candidate decodes as many streams as the decode pod: moving the stall gains
+        // nothing, and no probe is made to time a pod whose cost its own requests teach.
+        let plan = plan_split(
+            &decode,
+            400.0,
+            streams,
+            ranking(vec![candidate("b", 3300.0, 12.0)]),
+            shared,
+            false,
+        );
+        assert_eq!(plan.outcome, PdOutcome::LocalCheaper);
+        assert_eq!(plan.reason, PdReason::PrefillBusier);
+        assert_eq!(plan.probe, None);
+        // A dedicated prefill pod is priced by its first token alone, and can be probed.
+        let plan = plan_split(
+            &decode,
+            400.0,
+            streams,
+            ranking(vec![candidate("p", 1e9, 0.0)]),
+            |_| None,
+            false,
+        );
+        assert_eq!(plan.split_cost_ms, Some(1e9));
+        assert_eq!(plan.probe.unwrap().addr, "p");
     }
 
     #[test]

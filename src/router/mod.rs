@@ -234,9 +234,9 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> Plan {
-        let split = config.pools.iter().any(|p| p.role == Role::Decode);
+        let split = config.pools.iter().any(|p| p.role.decodes_remote_prefills());
         let roles: &[Role] = if split {
-            &[Role::Decode, Role::Aggregated]
+            &[Role::Decode, Role::Both, Role::Aggregated]
         } else {
             &[Role::Aggregated]
         };
@@ -251,7 +251,7 @@ impl Router {
             self.load
                 .pods
                 .iter()
-                .any(|p| p.addr == c.addr && p.role == Role::Decode)
+                .any(|p| p.addr == c.addr && p.role.decodes_remote_prefills())
         });
         let Some(decode) = on_decode_pod else {
             return Plan {
@@ -266,7 +266,7 @@ impl Router {
             self.load
                 .pods
                 .iter()
-                .filter(|p| p.role == Role::Decode)
+                .filter(|p| p.role.decodes_remote_prefills())
                 .filter_map(|p| self.costs.itl_of(&p.addr))
                 .collect()
         };
@@ -276,11 +276,25 @@ impl Router {
             self.costs.itl_of(&decode.addr),
             pool_itls,
         );
+        let settings = config.costs();
+        let pool_costs = self.costs.pool_costs();
+        // A `both` pod prefilling for another stalls its own streams as a local prefill would.
+        let shared = |addr: &str| {
+            let pod = self.load.pods.iter().find(|p| p.addr == addr)?;
+            (pod.role == Role::Both).then(|| crate::pd::SharedPod {
+                us_per_token: self
+                    .costs
+                    .cost_in(&settings, addr, pod.role, &pool_costs)
+                    .us_per_token,
+                itl_ms: self.costs.itl_of(addr),
+            })
+        };
         let pd = crate::pd::plan_split(
             decode,
             decode_cost.us_per_token,
             streams,
             prefill_ranking,
+            shared,
             config.debug_header,
         );
         Plan {
@@ -290,8 +304,8 @@ impl Router {
         }
     }
 
-    /// The prefill pods for a split onto `decode`, each priced with its KV transfer there
-    /// (`crate::pd::topology`).
+    /// The prefill pods for a split onto `decode` (prefill pods, and `both` pods but `decode`
+    /// itself), each priced with its KV transfer there (`crate::pd::topology`).
     fn prefill_ranking(
         &self,
         config: &Config,
@@ -304,20 +318,28 @@ impl Router {
         // Priced by their links, every prefill pod is a candidate: the nearest may rank past the
         // header's few before its transfer is counted.
         let topology = &config.pd.topology;
-        let keep = if topology.enabled() {
+        // So are `both` pods, whose own streams a prefill stalls (`crate::pd::plan_split`).
+        let elastic = self.load.pods.iter().any(|p| p.role == Role::Both);
+        let keep = if topology.enabled() || elastic {
             crate::common::MAX_PODS
         } else {
             config.max_endpoints_in_header
         };
-        let (ranking, _) = self.route_judging_health(
+        let (mut ranking, _) = self.route_judging_health(
             config,
             model,
-            &[Role::Prefill],
+            &[Role::Prefill, Role::Both],
             blocks,
             crate::pd::prefill_hints(hints),
             now_ms,
             keep,
         );
+        if let Decision::Route { ranked, .. } = &mut ranking {
+            ranked.retain(|c| c.addr != decode.addr);
+            if ranked.is_empty() {
+                ranking = Decision::NoEndpoint(crate::scheduler::Rejection::NoPods);
+            }
+        }
         let reported = |addr: &str| {
             self.load
                 .pods

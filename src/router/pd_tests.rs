@@ -374,3 +374,60 @@ fn the_near_prefill_pod_wins_even_where_the_picker_ranks_it_past_the_headers_few
         assert_eq!(pd.prefill.as_ref().unwrap().addr, "10.0.0.3:1", "key {key}");
     }
 }
+
+#[test]
+fn in_an_elastic_pool_a_pod_never_prefills_for_itself_and_prefills_go_where_no_streams_run() {
+    let cfg = Config::parse(
+        br#"{"pools":[{"name":"e","role":"both",
+                       "endpoints":["10.0.2.1:1","10.0.2.2:1","10.0.2.3:1"]}]}"#,
+    )
+    .unwrap();
+    let mut r = router(&cfg, 0.0);
+    let mut table = r.load_table().clone();
+    // Two pods decode 16 streams each; the third none.
+    for p in table.pods.iter_mut().take(2) {
+        p.metrics.running = 16.0;
+    }
+    r.apply_load_table(&cfg, table);
+    // The first holds half the prompt: it decodes, but its streams must not wait for the rest.
+    let b = blocks(8000);
+    r.affinity.observe(&Observation {
+        addr: "10.0.2.1:1".into(),
+        hashes: b.hashes[..b.hashes.len() / 2].to_vec(),
+    });
+    let long = r.plan(&cfg, "m", &b, Hints::default(), 100);
+    let Decision::Route { ranked, .. } = &long.decision else {
+        panic!("{long:?}")
+    };
+    assert_eq!(ranked[0].addr, "10.0.2.1:1", "the holder decodes");
+    let pd = long.pd.clone().expect("an elastic pool is split");
+    assert_eq!(pd.outcome, PdOutcome::Disaggregated, "{pd:?}");
+    assert_eq!(
+        pd.prefill.map(|p| p.addr).as_deref(),
+        Some("10.0.2.3:1"),
+        "the pod without streams prefills, not the holder nor the other one decoding"
+    );
+    // Where the pod without streams decodes, its own prefill is cheapest: no pod prefills for it.
+    let other = Blocks {
+        hashes: (10_001..=10_500).collect(),
+        affinity_key: 2,
+        prompt_tokens: 8000,
+    };
+    let idle = r.plan(&cfg, "m", &other, Hints::default(), 100);
+    let Decision::Route { ranked, .. } = &idle.decision else {
+        panic!("{idle:?}")
+    };
+    assert_eq!(ranked[0].addr, "10.0.2.3:1");
+    assert_eq!(idle.pd.unwrap().prefill, None);
+    // With an objective the short prompt's stall stays within, it is served whole.
+    let cfg = Config::parse(
+        br#"{"pools":[{"name":"e","role":"both",
+                       "endpoints":["10.0.2.1:1","10.0.2.2:1","10.0.2.3:1"]}],
+             "pd":{"itl_objective_ms":200}}"#,
+    )
+    .unwrap();
+    let short = r.plan(&cfg, "m", &blocks(100), Hints::default(), 100);
+    let pd = short.pd.expect("planned");
+    assert_eq!(pd.outcome, PdOutcome::LocalCheaper, "{pd:?}");
+    assert_eq!(pd.reason, PdReason::WithinObjective);
+}
