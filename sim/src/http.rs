@@ -418,7 +418,8 @@ async fn plan_disaggregation(
         };
     }
     match (&req.kv_transfer, pod.cfg.role) {
-        (Some(kv), Role::Decode | Role::Both) if kv.do_remote_prefill => match &kv.remote_block_ids {
+        (Some(kv), Role::Decode | Role::Both) if kv.do_remote_prefill => match &kv.remote_block_ids
+        {
             Some(ids) if !ids.is_empty() => {
                 pod.counters().disaggregated_decodes += 1;
                 (ids.len() * bs, false, req.max_tokens, pull_source(kv))

@@ -1013,7 +1013,10 @@ async fn both_pods_prefill_for_each_other_decode_each_others_prefills_and_serve_
     .json()
     .await
     .expect("json");
-    assert_eq!(leg["usage"]["completion_tokens"], 1, "a prefill for b: one token");
+    assert_eq!(
+        leg["usage"]["completion_tokens"], 1,
+        "a prefill for b: one token"
+    );
     let kv = leg["kv_transfer_params"].clone();
     assert_eq!(kv["do_remote_prefill"], true);
     let decoded: Value = post(

@@ -337,6 +337,40 @@ fn split_cost_ms(candidate: &Choice, shared: Option<SharedPod>, streams: StreamO
     }
 }
 
+/// Elastic P/D: where even the cheapest prefill candidate keeps the request waiting longer than
+/// its own prefill takes (the pods prefilling for others are falling behind), the `both` pod
+/// decoding the fewest streams that answers sooner is put first, its streams' stall counted once
+/// (one prefill's length, as for a pod without streams): it takes prefills from now on, new
+/// requests avoid its queue, and its streams end without being replaced, so the pool gains a
+/// prefill pod while the load needs it and gives it back when its queue empties. Charging every
+/// stream's stall there instead (the rule for a single choice) let one pod's queue grow to tens of
+/// seconds before a pod with streams was ever taken.
+fn open_another_prefill_pod(priced: &mut Vec<(Choice, f64, bool)>) {
+    let Some((first, _, _)) = priced.first() else {
+        return;
+    };
+    let waits = first.prediction.ttft_ms - first.prediction.own_compute_ms;
+    if waits <= first.prediction.own_compute_ms {
+        return;
+    }
+    let first_ttft = first.prediction.ttft_ms;
+    let opened = priced
+        .iter()
+        .enumerate()
+        .filter(|(_, (c, _, shared))| *shared && !c.guarded && c.prediction.ttft_ms < first_ttft)
+        .min_by(|(_, a), (_, b)| {
+            (a.0.prediction.decoding)
+                .total_cmp(&b.0.prediction.decoding)
+                .then(a.0.prediction.ttft_ms.total_cmp(&b.0.prediction.ttft_ms))
+        })
+        .map(|(i, _)| i);
+    if let Some(i) = opened {
+        let mut choice = priced.remove(i);
+        choice.1 = choice.0.prediction.ttft_ms + choice.0.prediction.own_compute_ms;
+        priced.insert(0, choice);
+    }
+}
+
 /// Whether and where to prefill a request whose decode pod is `decode` (see the module header),
 /// given the prefill candidates' ranking (`Router::route` over the prefill and `both` roles with
 /// [`prefill_hints`], the decode pod left out), the decode pod's learned cost per uncached token,
@@ -383,6 +417,7 @@ pub fn plan_split(
     // (rendezvous among near-ties included) stands.
     if priced.iter().any(|(_, _, shared)| *shared) {
         priced.sort_by(|a, b| a.0.guarded.cmp(&b.0.guarded).then(a.1.total_cmp(&b.1)));
+        open_another_prefill_pod(&mut priced);
     }
     let best = priced.into_iter().next();
     let split_cost = best.as_ref().map(|(_, cost, _)| *cost);
@@ -404,7 +439,12 @@ pub fn plan_split(
             } else {
                 PdReason::WithinObjective
             };
-            (None, PdOutcome::LocalCheaper, reason, probe_worthy.then_some(p))
+            (
+                None,
+                PdOutcome::LocalCheaper,
+                reason,
+                probe_worthy.then_some(p),
+            )
         }
         (None, _) => (None, PdOutcome::NoPrefillPod, PdReason::NoPrefillPod, None),
     };
@@ -495,6 +535,7 @@ mod tests {
             prediction: Prediction {
                 ttft_ms,
                 uncached_tokens: 8000.0,
+                own_compute_ms: 3200.0,
                 decoding,
                 ..Prediction::default()
             },
@@ -529,13 +570,36 @@ mod tests {
             &decode,
             400.0,
             streams,
-            ranking(vec![candidate("b", 3300.0, 12.0), candidate("c", 3400.0, 0.0)]),
+            ranking(vec![
+                candidate("b", 3300.0, 12.0),
+                candidate("c", 3400.0, 0.0),
+            ]),
             shared,
             false,
         );
         assert_eq!(plan.outcome, PdOutcome::Disaggregated);
         assert_eq!(plan.prefill.unwrap().addr, "c");
         assert_eq!(plan.reason, PdReason::Streams);
+        // c's queue now holds the request longer than its own prefill: the pod decoding the
+        // fewest streams among those that answer sooner is opened for prefills (b2, not b).
+        let plan = plan_split(
+            &decode,
+            400.0,
+            streams,
+            ranking(vec![
+                candidate("b", 3300.0, 12.0),
+                candidate("b2", 3500.0, 4.0),
+                candidate("c", 9000.0, 0.0),
+            ]),
+            shared,
+            false,
+        );
+        assert_eq!(plan.prefill.unwrap().addr, "b2");
+        assert_eq!(
+            plan.split_cost_ms,
+            Some(3500.0 + 3200.0),
+            "its streams' stall once"
+        );
         // Every candidate decodes as many streams as the decode pod: moving the stall gains
         // nothing, and no probe is made to time a pod whose cost its own requests teach.
         let plan = plan_split(

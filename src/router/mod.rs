@@ -234,7 +234,10 @@ impl Router {
         hints: Hints,
         now_ms: u64,
     ) -> Plan {
-        let split = config.pools.iter().any(|p| p.role.decodes_remote_prefills());
+        let split = config
+            .pools
+            .iter()
+            .any(|p| p.role.decodes_remote_prefills());
         let roles: &[Role] = if split {
             &[Role::Decode, Role::Both, Role::Aggregated]
         } else {

@@ -59,8 +59,15 @@ pub struct Scenario {
     pub setups: Vec<Setup>,
 }
 
-/// `aggregated` pods against `prefill` + `decode` pods, once per P/D mode.
-pub fn setups(aggregated: usize, prefill: usize, decode: usize, modes: &[PdMode]) -> Vec<Setup> {
+/// `aggregated` pods against `prefill` + `decode` pods, once per P/D mode, and (`elastic`) as many
+/// pods as the split has in one elastic pool, once per mode.
+pub fn setups(
+    aggregated: usize,
+    prefill: usize,
+    decode: usize,
+    modes: &[PdMode],
+    elastic: bool,
+) -> Vec<Setup> {
     let mut out = vec![Setup::plain(Topology::Aggregated { pods: aggregated })];
     out.extend(modes.iter().map(|&mode| {
         Setup::plain(Topology::Disaggregated {
@@ -69,6 +76,14 @@ pub fn setups(aggregated: usize, prefill: usize, decode: usize, modes: &[PdMode]
             mode,
         })
     }));
+    if elastic {
+        out.extend(modes.iter().map(|&mode| {
+            Setup::plain(Topology::Elastic {
+                pods: prefill + decode,
+                mode,
+            })
+        }));
+    }
     out
 }
 

@@ -141,6 +141,18 @@ impl PdStack {
                 let (pool, pre) = (d.pods.clone(), p.pods.clone());
                 (vec![p, d], pool, pre, extra)
             }
+            Topology::Elastic { pods, mode } => {
+                anyhow::ensure!(pods >= 2, "an elastic pool needs at least two pods");
+                let s = sim(pods, "both")?;
+                let mut extra = serde_json::Map::new();
+                extra.insert(
+                    "pools".to_owned(),
+                    json!([{"name": "elastic", "role": "both", "endpoints": s.pods}]),
+                );
+                extra.insert("pd".to_owned(), json!({"mode": mode.as_str()}));
+                let pool = s.pods.clone();
+                (vec![s], pool, Vec::new(), extra)
+            }
             Topology::RoundRobinPd { .. } | Topology::AggregatedRoundRobin { .. } => {
                 bail!("handled above")
             }

@@ -49,6 +49,10 @@ pub enum Topology {
         decode: usize,
         mode: PdMode,
     },
+    /// Elastic P/D: `pods` pods that each prefill, decode, or both (`kvsim --role both`, a pool of
+    /// role `both`), all in Envoy's cluster; kvroute chooses per request which pod prefills and
+    /// which decodes.
+    Elastic { pods: usize, mode: PdMode },
     /// The round-robin P/D baseline: the same pools behind a plain Envoy (`override_host`, no
     /// kvroute); the client round-robins the prefill pod and the decode pod and splits requests as
     /// `split` says (see [`routing`](crate::routing)).
@@ -63,7 +67,9 @@ impl Topology {
     /// Simulated GPUs (pods).
     pub fn gpus(self) -> usize {
         match self {
-            Topology::Aggregated { pods } | Topology::AggregatedRoundRobin { pods } => pods,
+            Topology::Aggregated { pods }
+            | Topology::AggregatedRoundRobin { pods }
+            | Topology::Elastic { pods, .. } => pods,
             Topology::Disaggregated {
                 prefill, decode, ..
             }
@@ -83,6 +89,9 @@ impl Topology {
                 decode,
                 mode,
             } => format!("P/D {} {prefill}P+{decode}D", mode.as_str()),
+            Topology::Elastic { pods, mode } => {
+                format!("elastic P/D {} {pods}×both", mode.as_str())
+            }
             Topology::RoundRobinPd {
                 prefill,
                 decode,
@@ -95,9 +104,20 @@ impl Topology {
         matches!(self, Topology::Aggregated { .. })
     }
 
-    /// kvroute's own P/D (sidecar or inline).
+    /// kvroute's own P/D (sidecar or inline), fixed pools or elastic.
     pub fn is_kvroute_pd(self) -> bool {
-        matches!(self, Topology::Disaggregated { .. })
+        matches!(
+            self,
+            Topology::Disaggregated { .. } | Topology::Elastic { .. }
+        )
+    }
+
+    /// kvroute's elastic P/D, and its mode.
+    pub fn elastic_mode(self) -> Option<PdMode> {
+        match self {
+            Topology::Elastic { mode, .. } => Some(mode),
+            _ => None,
+        }
     }
 
     /// The client-side round-robin P/D baseline.

@@ -208,6 +208,34 @@ pub fn verdicts(scenario: &Scenario, rows: &[PdRow]) -> Vec<Verdict> {
             });
         }
     }
+    // The elastic pool against the fixed split of the same mode on the same number of pods: p90
+    // TTFT ≤ 0.8× the fixed split's (its streams' objective is judged above, against aggregated).
+    for elastic in rows.iter() {
+        let Some(mode) = elastic.setup.topology.elastic_mode() else {
+            continue;
+        };
+        let fixed = rows.iter().filter(|r| {
+            matches!(r.setup.topology, super::Topology::Disaggregated { mode: m, .. } if m == mode)
+                && r.setup.variant.is_none()
+        });
+        for fixed in fixed {
+            let (f, e) = (fixed.figures.ttft_ms.p90, elastic.figures.ttft_ms.p90);
+            let value = ratio(f, e);
+            out.push(Verdict {
+                row: elastic.label.clone(),
+                against: fixed.label.clone(),
+                metric: "p90 TTFT (ms)".to_owned(),
+                aggregated: f,
+                pd: e,
+                value,
+                reads: value.map_or("-".to_owned(), |v| {
+                    format!("{:.2}× the fixed split's", 1.0 / v)
+                }),
+                target: Some("≤ 0.8× the fixed split's".to_owned()),
+                met: value.map(|v| v >= 1.25),
+            });
+        }
+    }
     out
 }
 
@@ -259,5 +287,48 @@ mod tests {
         let text = render_verdicts(&v);
         assert!(text.contains("9.0× lower with P/D"), "{text}");
         assert!(text.contains("NOT MET"), "{text}");
+    }
+
+    #[test]
+    fn an_elastic_pool_is_judged_against_the_fixed_split_of_its_mode() {
+        let first_tokens = |ttft: f64| -> Vec<_> {
+            (0..20)
+                .map(|i| record(&format!("stream-{i}"), 0.0, ttft, &[0.05; 4], 2.0))
+                .collect()
+        };
+        let fixed = |mode| {
+            row(
+                Setup::plain(Topology::Disaggregated {
+                    prefill: 2,
+                    decode: 2,
+                    mode,
+                }),
+                &first_tokens(1.0),
+            )
+        };
+        let elastic = row(
+            Setup::plain(Topology::Elastic {
+                pods: 4,
+                mode: PdMode::Inline,
+            }),
+            &first_tokens(0.7),
+        );
+        assert_eq!(elastic.label, "elastic P/D inline 4×both");
+        let scenario = Scenario {
+            name: "interference".to_owned(),
+            spec: interference_spec(),
+            warmup_s: 0.0,
+            setups: Vec::new(),
+        };
+        let rows = [fixed(PdMode::Sidecar), fixed(PdMode::Inline), elastic];
+        let v = verdicts(&scenario, &rows);
+        let judged: Vec<&Verdict> = v
+            .iter()
+            .filter(|v| v.row.starts_with("elastic") && v.against.starts_with("P/D"))
+            .collect();
+        assert_eq!(judged.len(), 1, "only the inline split: {judged:?}");
+        assert_eq!(judged[0].against, "P/D inline 2P+2D");
+        assert_eq!(judged[0].met, Some(true), "{:?}", judged[0]);
+        assert!(judged[0].reads.starts_with("0.70×"), "{}", judged[0].reads);
     }
 }

@@ -112,6 +112,9 @@ pub(crate) struct ComparePdArgs {
     /// decode pods, splitting every request, or only prompts over 512 words)
     #[arg(long)]
     pub(crate) no_baselines: bool,
+    /// Leave out the elastic P/D rows (as many `both` pods as the split has, one pool)
+    #[arg(long)]
+    pub(crate) no_elastic: bool,
     /// agent: leave out the control row (the aggregated pods with kvroute's prefix scorer weighted
     /// 6 against 1 per load scorer)
     #[arg(long)]
@@ -140,7 +143,8 @@ pub(crate) fn pd_scenarios(args: &ComparePdArgs) -> anyhow::Result<Vec<Scenario>
         })
         .collect();
     anyhow::ensure!(!modes.is_empty(), "no P/D modes given");
-    let setups = |(a, p, d): (usize, usize, usize)| compare_pd::setups(a, p, d, &modes);
+    let setups =
+        |(a, p, d): (usize, usize, usize)| compare_pd::setups(a, p, d, &modes, !args.no_elastic);
     let mut out = Vec::new();
     if matches!(
         args.scenario,
