@@ -122,7 +122,7 @@ pub struct WireConfig {
     /// `vm_config.environment_variables`), so the key need not sit in the plugin configuration.
     pub pod_api_key: Option<String>,
     pub pod_api_key_env: Option<String>,
-    /// Prefill/decode disaggregation, used when a pool has the `decode` role.
+    /// Prefill/decode disaggregation, used when a pool has the `decode` or `both` role.
     pub pd: crate::pd::PdConfig,
     /// Other gateway replicas in front of the same pods, told where this one placed prefixes
     /// (`crate::peers`).

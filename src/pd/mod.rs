@@ -32,6 +32,16 @@
 //! is judged whole (an engine that chunks prefills spreads it over steps, so the bound is
 //! conservative there).
 //!
+//! **Elastic P/D** (pools of role `both`, vLLM's `kv_role: kv_both`): every `both` pod is a decode
+//! candidate as above and, for another pod's request, a prefill candidate; there is no fixed
+//! split. A `both` pod prefilling for another stalls its own streams as a local prefill would, so
+//! its cost is priced the same way ([`SharedPod`]), and the pod without streams prefills. Where even
+//! the cheapest candidate keeps the request waiting longer than its own prefill takes, the `both`
+//! pod decoding the fewest streams is opened for prefills (`open_another_prefill_pod`): the number
+//! of pods prefilling follows the load. What it does not do (measured, docs/results.md): keep a
+//! pod that prefills free of new streams, so the streams' tail gaps are not held as a fixed
+//! split's are.
+//!
 //! Execution (`crate::flow` carries out what is decided here), in either of two modes:
 //! * `sidecar` — the llm-d contract: route to the decode pod with `x-prefiller-host-port`; the
 //!   routing sidecar in the decode pod calls the prefiller, then its local decoder.
