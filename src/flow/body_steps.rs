@@ -242,14 +242,11 @@ impl RequestFlow {
         }
         let (first_byte_timeout_ms, attempt_timeout_ms) = attempt_timeouts(vm, ranked, view);
         if let Some(first) = first_token {
-            let id = vm
-                .router
-                .work
-                .prefill_start(&first, now, first_byte_timeout_ms);
-            if planned.prefill().is_some() {
-                vm.router.work.mark_for_other_pod(id);
-            }
-            let pending = Some(id);
+            let pending = Some(
+                vm.router
+                    .work
+                    .prefill_start(&first, now, first_byte_timeout_ms),
+            );
             self.awaiting = Some(Awaiting {
                 first,
                 pending,

@@ -34,17 +34,13 @@
 //!
 //! **Elastic P/D** (pools of role `both`, vLLM's `kv_role: kv_both`): every `both` pod is a decode
 //! candidate as above and, for another pod's request, a prefill candidate; there is no fixed
-//! split. Three rules make the pool sort itself into pods that prefill and pods that decode, in
-//! the proportion the load needs:
-//! * a `both` pod prefilling for another stalls its own streams as a local prefill would, so it is
-//!   priced the same way ([`SharedPod`]): the pod without streams prefills;
-//! * a pod with a prefill for another pod queued is in prefill mode (the work board carries it, so
-//!   every worker and replica sees it): requests are decoded elsewhere, unless it holds at least
-//!   half of the prompt ([`leave_prefill_mode_pods_to_prefill`]), so its streams end without being
-//!   replaced;
-//! * where even the cheapest candidate keeps the request waiting longer than its own prefill, the
-//!   `both` pod decoding the fewest streams is opened for prefills (`open_another_prefill_pod`);
-//!   its queue empties when the load falls, and it decodes again.
+//! split. A `both` pod prefilling for another stalls its own streams as a local prefill would, so
+//! its cost is priced the same way ([`SharedPod`]), and the pod without streams prefills. Where even
+//! the cheapest candidate keeps the request waiting longer than its own prefill takes, the `both`
+//! pod decoding the fewest streams is opened for prefills (`open_another_prefill_pod`): the number
+//! of pods prefilling follows the load. What it does not do (measured, docs/results.md): keep a
+//! pod that prefills free of new streams, so the streams' tail gaps are not held as a fixed
+//! split's are.
 //!
 //! Execution (`crate::flow` carries out what is decided here), in either of two modes:
 //! * `sidecar` — the llm-d contract: route to the decode pod with `x-prefiller-host-port`; the
@@ -385,26 +381,6 @@ fn open_another_prefill_pod(priced: &mut Vec<(Choice, f64, bool)>) {
     }
 }
 
-/// Elastic P/D: a `both` pod with a prefill for another pod queued (the work board's
-/// `for_other_pods`) is in prefill mode: requests are decoded elsewhere while any other candidate
-/// is left, so its streams end without being replaced and a pod opened for prefills stays one
-/// while the load keeps it busy. Without this, a pod between two prefills took new streams and the
-/// next prefill stalled them (the streams' P99 gap was aggregated pods'). But for a request whose
-/// prompt it holds at least half of (`prompt_blocks`): sent elsewhere, a conversation's context
-/// is recomputed there, a whole prefill the pool did not need (with every such request moved, the
-/// agent scenario completed a sixth fewer requests).
-pub fn leave_prefill_mode_pods_to_prefill(
-    ranked: &mut Vec<Choice>,
-    prompt_blocks: usize,
-    prefilling_for_others: impl Fn(&str) -> bool,
-) {
-    let passed_over =
-        |c: &Choice| prefilling_for_others(&c.addr) && c.matched_blocks * 2 < prompt_blocks.max(1);
-    if ranked.iter().any(|c| !passed_over(c)) {
-        ranked.retain(|c| !passed_over(c));
-    }
-}
-
 /// Whether and where to prefill a request whose decode pod is `decode` (see the module header),
 /// given the prefill candidates' ranking (`Router::route` over the prefill and `both` roles with
 /// [`prefill_hints`], the decode pod left out), the decode pod's learned cost per uncached token,
@@ -658,27 +634,6 @@ mod tests {
         );
         assert_eq!(plan.split_cost_ms, Some(1e9));
         assert_eq!(plan.probe.unwrap().addr, "p");
-    }
-
-    #[test]
-    fn a_pod_prefilling_for_others_decodes_only_what_it_holds_or_what_nobody_else_can() {
-        let prefilling = |addr: &str| addr.starts_with('p');
-        let mut ranked = vec![candidate("p1", 100.0, 0.0), candidate("d1", 900.0, 8.0)];
-        leave_prefill_mode_pods_to_prefill(&mut ranked, 500, prefilling);
-        let addrs: Vec<&str> = ranked.iter().map(|c| c.addr.as_str()).collect();
-        assert_eq!(addrs, ["d1"], "a fresh prompt decodes beside the streams");
-        let mut held = vec![candidate("p1", 100.0, 0.0), candidate("d1", 900.0, 8.0)];
-        held[0].matched_blocks = 250;
-        leave_prefill_mode_pods_to_prefill(&mut held, 500, prefilling);
-        assert_eq!(held[0].addr, "p1", "it holds half the prompt");
-        assert_eq!(held.len(), 2);
-        let mut only = vec![candidate("p1", 100.0, 0.0), candidate("p2", 200.0, 0.0)];
-        leave_prefill_mode_pods_to_prefill(&mut only, 500, prefilling);
-        assert_eq!(
-            only.len(),
-            2,
-            "every pod prefills for others: the ranking stands"
-        );
     }
 
     #[test]

@@ -243,32 +243,9 @@ impl Router {
         } else {
             &[Role::Aggregated]
         };
-        let elastic = self.load.pods.iter().any(|p| p.role == Role::Both);
         let keep = config.max_endpoints_in_header;
-        let ranked_keep = if elastic {
-            crate::common::MAX_PODS
-        } else {
-            keep
-        };
-        let (mut decision, observer_suspect) =
-            self.route_judging_health(config, model, roles, blocks, hints, now_ms, ranked_keep);
-        if let (true, Decision::Route { ranked, .. }) = (elastic, &mut decision) {
-            let prefilling_for_others = |addr: &str| {
-                self.work.of(addr).for_other_pods > 0
-                    && self
-                        .load
-                        .pods
-                        .iter()
-                        .any(|p| p.addr == addr && p.role == Role::Both)
-            };
-            let prompt_blocks = blocks.hashes.len();
-            crate::pd::leave_prefill_mode_pods_to_prefill(
-                ranked,
-                prompt_blocks,
-                prefilling_for_others,
-            );
-            ranked.truncate(keep);
-        }
+        let (decision, observer_suspect) =
+            self.route_judging_health(config, model, roles, blocks, hints, now_ms, keep);
         let decode = match &decision {
             Decision::Route { ranked, .. } if split => ranked.first(),
             _ => None,

@@ -28,13 +28,8 @@
 //! set (a VM's id never has it). Every VM counts them like another VM's row, so the queue term
 //! sees what the other replica queued a pull later instead of a pod poll later, in tokens.
 //!
-//! Prefills for another pod: how many of those prefills are a split's prefill leg, whose pod
-//! decodes for someone else (elastic P/D, `crate::pd`): a `both` pod with one queued is in
-//! prefill mode, and new requests are not decoded there while it is.
-//!
-//! Encoding: a format line `kvroute-board/4`, then one row per line: `<vm id hex> <written ms>
-//! <addr>=<inflight>/<prefill tokens>/<prefill requests>/<head since ms>/<head tokens>/<prefills
-//! for another pod> ...`. A value without the format line (a
+//! Encoding: a format line `kvroute-board/3`, then one row per line: `<vm id hex> <written ms>
+//! <addr>=<inflight>/<prefill tokens>/<prefill requests>/<head since ms>/<head tokens> ...`. A value without the format line (a
 //! module of another version writing the same key during a rolling update) decodes as empty;
 //! decoding skips lines and entries it does not understand, so a foreign or truncated value costs
 //! counts, never a panic. The key stays bounded: one row per live VM, one entry per pod with
@@ -49,7 +44,7 @@ use crate::state::rows::{Entry, RowBoard};
 use hashbrown::HashMap;
 
 /// The format line every board value starts with.
-const FORMAT: &str = "kvroute-board/4";
+const FORMAT: &str = "kvroute-board/3";
 
 /// One VM's unfinished work on one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,8 +59,6 @@ pub struct PodWork {
     /// clock), and its uncached tokens. Zero when there is none.
     pub head_since_ms: u64,
     pub head_tokens: u64,
-    /// Of `prefill_requests`, those prefilled for another pod's decode (a split's prefill leg).
-    pub for_other_pods: u32,
 }
 
 impl PodWork {
@@ -77,7 +70,6 @@ impl PodWork {
         self.inflight = self.inflight.saturating_add(other.inflight);
         self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
         self.prefill_requests = self.prefill_requests.saturating_add(other.prefill_requests);
-        self.for_other_pods = self.for_other_pods.saturating_add(other.for_other_pods);
         self.add_head(other.head_since_ms, other.head_tokens);
     }
 
@@ -101,13 +93,8 @@ impl Entry for WorkEntry {
         let (addr, w) = self;
         let _ = write!(
             out,
-            "{addr}={}/{}/{}/{}/{}/{}",
-            w.inflight,
-            w.prefill_tokens,
-            w.prefill_requests,
-            w.head_since_ms,
-            w.head_tokens,
-            w.for_other_pods
+            "{addr}={}/{}/{}/{}/{}",
+            w.inflight, w.prefill_tokens, w.prefill_requests, w.head_since_ms, w.head_tokens
         );
     }
 
@@ -120,7 +107,6 @@ impl Entry for WorkEntry {
             prefill_requests: parts.next()?.parse().ok()?,
             head_since_ms: parts.next()?.parse().ok()?,
             head_tokens: parts.next()?.parse().ok()?,
-            for_other_pods: parts.next()?.parse().ok()?,
         };
         parts.next().is_none().then(|| (addr.to_string(), work))
     }
@@ -181,7 +167,6 @@ mod tests {
                         prefill_requests: *n,
                         head_since_ms: if *n > 0 { 50 + u64::from(*n) } else { 0 },
                         head_tokens: if *n > 0 { 100 } else { 0 },
-                        for_other_pods: n / 2,
                     },
                 )
             })
@@ -203,13 +188,8 @@ mod tests {
         let others = b.others(3, 200, 3000);
         let a = others.get("10.0.0.1:8000").unwrap();
         assert_eq!(
-            (
-                a.inflight,
-                a.prefill_tokens,
-                a.prefill_requests,
-                a.for_other_pods
-            ),
-            (5, 500, 5, 2)
+            (a.inflight, a.prefill_tokens, a.prefill_requests),
+            (5, 500, 5)
         );
         assert_eq!(
             (a.head_since_ms, a.head_tokens),
@@ -242,19 +222,15 @@ mod tests {
     #[test]
     fn garbage_and_other_formats_decode_to_what_can_be_read() {
         let b = Board::decode(
-            b"kvroute-board/4\nzz nope\n1 5 a:1=2/10/1/3/10/1 b:2=x\n\xff\xfe\n2 6 c:3=1/0/0/0/0/0 d:4=1/2/3/4/5",
+            b"kvroute-board/3\nzz nope\n1 5 a:1=2/10/1/3/10 b:2=x\n\xff\xfe\n2 6 c:3=1/0/0/0/0 d:4=1/2/3/4",
         );
         let others = b.others(0, 6, 100);
         assert_eq!(others.get("a:1").unwrap().prefill_tokens, 10);
-        assert_eq!(others.get("a:1").unwrap().for_other_pods, 1);
         assert_eq!(others.get("c:3").unwrap().inflight, 1);
         assert_eq!(others.len(), 2);
         // Previous module versions' rows (no format line, or board/2) are not misread as work.
         assert!(Board::decode(b"1 5 a:1=2\n").others(0, 6, 100).is_empty());
         assert!(Board::decode(b"kvroute-board/2\n1 5 a:1=2/10/1\n")
-            .others(0, 6, 100)
-            .is_empty());
-        assert!(Board::decode(b"kvroute-board/3\n1 5 a:1=2/10/1/3/10\n")
             .others(0, 6, 100)
             .is_empty());
     }

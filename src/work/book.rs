@@ -49,8 +49,6 @@ struct PendingPrefill {
     /// first byte only at the end, so the predicted first token with margin; a streamed one shows it
     /// at the first token, so only the first-byte timeout (a safety net: `on_done` clears it too).
     until_ms: u64,
-    /// A split's prefill leg: the pod prefills it for another pod's decode.
-    for_other_pod: bool,
 }
 
 /// Before any request was routed, requests a pod reports waiting that the board does not show are
@@ -76,17 +74,9 @@ impl WorkBook {
         for p in self.pending.iter().filter(|p| p.addr == addr) {
             w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
             w.prefill_requests = w.prefill_requests.saturating_add(1);
-            w.for_other_pods = w.for_other_pods.saturating_add(u32::from(p.for_other_pod));
             w.add_head(p.since_ms, p.tokens);
         }
         w
-    }
-
-    /// The prefill `id` is a split's prefill leg: its pod prefills for another pod's decode.
-    pub fn mark_for_other_pod(&mut self, id: u64) {
-        if let Some(p) = self.pending.iter_mut().find(|p| p.id == id) {
-            p.for_other_pod = true;
-        }
     }
 
     /// How many prefills this VM tracks (bounded by [`MAX_PENDING`]).
@@ -137,7 +127,6 @@ impl WorkBook {
             tokens: first.uncached_tokens.max(0.0) as u64,
             since_ms: now_ms,
             until_ms: now_ms.saturating_add(wait),
-            for_other_pod: false,
         });
         self.next_pending_id
     }
@@ -183,7 +172,6 @@ impl WorkBook {
             let w = rows.entry(p.addr.as_str()).or_default();
             w.prefill_tokens = w.prefill_tokens.saturating_add(p.tokens);
             w.prefill_requests = w.prefill_requests.saturating_add(1);
-            w.for_other_pods = w.for_other_pods.saturating_add(u32::from(p.for_other_pod));
             w.add_head(p.since_ms, p.tokens);
         }
         let mut out: Vec<(String, PodWork)> =
