@@ -149,7 +149,7 @@ fn a_rule_between_fields_is_refused_as_the_plugin_refuses_it() {
     );
     assert!(!ok, "{out}");
     assert!(
-        out.contains("field `pools`: a `prefill` pool needs a `decode` pool"),
+        out.contains("field `pools`: a `prefill` pool needs a `decode` or `both` pool"),
         "{out}"
     );
 }
