@@ -32,11 +32,6 @@ impl Role {
     pub fn decodes_remote_prefills(self) -> bool {
         matches!(self, Role::Decode | Role::Both)
     }
-
-    /// Whether a pod of this role prefills for another pod's decode.
-    pub fn prefills_for_others(self) -> bool {
-        matches!(self, Role::Prefill | Role::Both)
-    }
 }
 
 /// How the prompt is cut into blocks for prefix matching.

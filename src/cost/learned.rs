@@ -25,7 +25,7 @@ pub struct Costs {
     listed: Vec<(String, Role)>,
     /// Each listed pod's role (a first byte finds its pod's role in O(1)).
     role_by_addr: HashMap<String, Role>,
-    /// This VM's cost fit per role (aggregated, prefill, decode), learned from its own requests'
+    /// This VM's cost fit per role (aggregated, prefill, decode, both), learned from its own requests'
     /// first bytes on every pod of the role.
     role_fits: [Option<CostFit>; ROLES],
     /// Each pod's speed against its role's fit, from this VM's requests.
@@ -38,7 +38,7 @@ pub struct Costs {
     others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of each pod's inter-token latency, from the streams this VM timed.
     itl_ms: HashMap<String, f64>,
-    /// Per role (aggregated, prefill, decode), the calibration of served predictions to the median.
+    /// Per role, the calibration of served predictions to the median.
     ttft_scale: [MedianScale; ROLES],
     /// Per role, how widely served predictions miss (see [`ErrorBand`]).
     ttft_error: [ErrorBand; ROLES],

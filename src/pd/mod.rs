@@ -350,11 +350,10 @@ fn split_cost_ms(candidate: &Choice, shared: Option<SharedPod>, streams: StreamO
 /// Elastic P/D: where even the cheapest prefill candidate keeps the request waiting longer than
 /// its own prefill takes (the pods prefilling for others are falling behind), the `both` pod
 /// decoding the fewest streams that answers sooner is put first, its streams' stall counted once
-/// (one prefill's length, as for a pod without streams): it takes prefills from now on, new
-/// requests avoid its queue, and its streams end without being replaced, so the pool gains a
-/// prefill pod while the load needs it and gives it back when its queue empties. Charging every
-/// stream's stall there instead (the rule for a single choice) let one pod's queue grow to tens of
-/// seconds before a pod with streams was ever taken.
+/// (one prefill's length, as for a pod without streams), so the pool has one more pod prefilling
+/// while the load needs it. Charging every stream's stall there instead (the rule for a single
+/// choice) let one pod's queue grow to tens of seconds before a pod with streams was ever taken.
+/// The cost (docs/results.md, "Elastic prefill/decode"): each opening stalls that pod's streams.
 fn open_another_prefill_pod(priced: &mut Vec<(Choice, f64, bool)>) {
     let Some((first, _, _)) = priced.first() else {
         return;
