@@ -25,8 +25,8 @@ pub struct Costs {
     listed: Vec<(String, Role)>,
     /// Each listed pod's role (a first byte finds its pod's role in O(1)).
     role_by_addr: HashMap<String, Role>,
-    /// This VM's cost fit per role (aggregated, prefill, decode, both), learned from its own requests'
-    /// first bytes on every pod of the role.
+    /// This VM's cost fit per role (aggregated, prefill, decode, both), learned from its own
+    /// requests' first bytes on every pod of the role.
     role_fits: [Option<CostFit>; ROLES],
     /// Each pod's speed against its role's fit, from this VM's requests.
     speeds: HashMap<String, PodSpeed>,
