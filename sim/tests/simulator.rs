@@ -991,6 +991,22 @@ async fn faults_fail_stall_refuse_and_garble() {
     assert_eq!(r.status(), 400);
 }
 
+/// Asks `pod` to prefill `text` for a remote decoder (NixlConnector's `do_remote_decode`).
+async fn prefill_for_remote_decode(pod: &PodHandle, text: &str) -> Value {
+    post(
+        &completions(pod),
+        json!({
+            "prompt": text, "max_tokens": 50, "stream": false,
+            "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
+                "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null},
+        }),
+    )
+    .await
+    .json()
+    .await
+    .expect("json")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_pods_prefill_for_each_other_decode_each_others_prefills_and_serve_whole() {
     let scale = 0.05;
@@ -1001,18 +1017,7 @@ async fn both_pods_prefill_for_each_other_decode_each_others_prefills_and_serve_
     let a = spawn_pod(both()).await.expect("pod a");
     let b = spawn_pod(both()).await.expect("pod b");
     let text = prompt("e", 3000);
-    let leg: Value = post(
-        &completions(&a),
-        json!({
-            "prompt": text, "max_tokens": 50, "stream": false,
-            "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
-                "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null},
-        }),
-    )
-    .await
-    .json()
-    .await
-    .expect("json");
+    let leg = prefill_for_remote_decode(&a, &text).await;
     assert_eq!(
         leg["usage"]["completion_tokens"], 1,
         "a prefill for b: one token"
@@ -1062,18 +1067,7 @@ async fn prefill_and_decode_pods_speak_kv_transfer_params() {
     .expect("decode pod");
     let text = prompt("p", 7500);
 
-    let r: Value = post(
-        &completions(&prefill),
-        json!({
-            "prompt": text, "max_tokens": 50, "stream": false,
-            "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
-                "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null},
-        }),
-    )
-    .await
-    .json()
-    .await
-    .expect("json");
+    let r = prefill_for_remote_decode(&prefill, &text).await;
     assert_eq!(
         r["usage"]["completion_tokens"], 1,
         "a remote-decode prefill makes one token"

@@ -156,7 +156,7 @@ impl Costs {
     }
 
     /// `addr`'s role in the load table (`None`: not a listed pod).
-    fn role_of(&self, addr: &str) -> Option<Role> {
+    pub fn role_of(&self, addr: &str) -> Option<Role> {
         self.role_by_addr.get(addr).copied()
     }
 

@@ -568,71 +568,49 @@ mod tests {
             decode_itl_ms: Some(25.0),
         };
         let decode = candidate("d", 500.0, 12.0);
-        let shared = |_: &str| {
+        let both = |_: &str| {
             Some(SharedPod {
                 us_per_token: 400.0,
                 itl_ms: Some(25.0),
             })
         };
+        let plan = |candidates: Vec<Choice>, shared: &dyn Fn(&str) -> Option<SharedPod>| {
+            plan_split(&decode, 400.0, streams, ranking(candidates), shared, false)
+        };
         // b answers sooner but decodes 12 streams; c decodes none: c prefills.
-        let plan = plan_split(
-            &decode,
-            400.0,
-            streams,
-            ranking(vec![
-                candidate("b", 3300.0, 12.0),
-                candidate("c", 3400.0, 0.0),
-            ]),
-            shared,
-            false,
+        let p = plan(
+            vec![candidate("b", 3300.0, 12.0), candidate("c", 3400.0, 0.0)],
+            &both,
         );
-        assert_eq!(plan.outcome, PdOutcome::Disaggregated);
-        assert_eq!(plan.prefill.unwrap().addr, "c");
-        assert_eq!(plan.reason, PdReason::Streams);
+        assert_eq!(p.outcome, PdOutcome::Disaggregated);
+        assert_eq!(p.prefill.unwrap().addr, "c");
+        assert_eq!(p.reason, PdReason::Streams);
         // c's queue now holds the request longer than its own prefill: the pod decoding the
         // fewest streams among those that answer sooner is opened for prefills (b2, not b).
-        let plan = plan_split(
-            &decode,
-            400.0,
-            streams,
-            ranking(vec![
+        let p = plan(
+            vec![
                 candidate("b", 3300.0, 12.0),
                 candidate("b2", 3500.0, 4.0),
                 candidate("c", 9000.0, 0.0),
-            ]),
-            shared,
-            false,
+            ],
+            &both,
         );
-        assert_eq!(plan.prefill.unwrap().addr, "b2");
+        assert_eq!(p.prefill.unwrap().addr, "b2");
         assert_eq!(
-            plan.split_cost_ms,
+            p.split_cost_ms,
             Some(3500.0 + 3200.0),
             "its streams' stall once"
         );
         // Every candidate decodes as many streams as the decode pod: moving the stall gains
         // nothing, and no probe is made to time a pod whose cost its own requests teach.
-        let plan = plan_split(
-            &decode,
-            400.0,
-            streams,
-            ranking(vec![candidate("b", 3300.0, 12.0)]),
-            shared,
-            false,
-        );
-        assert_eq!(plan.outcome, PdOutcome::LocalCheaper);
-        assert_eq!(plan.reason, PdReason::PrefillBusier);
-        assert_eq!(plan.probe, None);
+        let p = plan(vec![candidate("b", 3300.0, 12.0)], &both);
+        assert_eq!(p.outcome, PdOutcome::LocalCheaper);
+        assert_eq!(p.reason, PdReason::PrefillBusier);
+        assert_eq!(p.probe, None);
         // A dedicated prefill pod is priced by its first token alone, and can be probed.
-        let plan = plan_split(
-            &decode,
-            400.0,
-            streams,
-            ranking(vec![candidate("p", 1e9, 0.0)]),
-            |_| None,
-            false,
-        );
-        assert_eq!(plan.split_cost_ms, Some(1e9));
-        assert_eq!(plan.probe.unwrap().addr, "p");
+        let p = plan(vec![candidate("p", 1e9, 0.0)], &|_| None);
+        assert_eq!(p.split_cost_ms, Some(1e9));
+        assert_eq!(p.probe.unwrap().addr, "p");
     }
 
     #[test]

@@ -264,7 +264,13 @@ impl Router {
             };
         };
         let prefill_ranking = self.prefill_ranking(config, model, blocks, hints, now_ms, decode);
-        let decode_cost = self.costs.cost_of(&config.costs(), &decode.addr);
+        // The pool's costs once for the decode pod and every `both` candidate.
+        let settings = config.costs();
+        let pool_costs = self.costs.pool_costs();
+        let decode_role = self.costs.role_of(&decode.addr).unwrap_or(Role::Aggregated);
+        let decode_cost = self
+            .costs
+            .cost_in(&settings, &decode.addr, decode_role, &pool_costs);
         let pool_itls = || {
             self.load
                 .pods
@@ -279,15 +285,12 @@ impl Router {
             self.costs.itl_of(&decode.addr),
             pool_itls,
         );
-        let settings = config.costs();
-        let pool_costs = self.costs.pool_costs();
         // A `both` pod prefilling for another stalls its own streams as a local prefill would.
         let shared = |addr: &str| {
-            let pod = self.load.pods.iter().find(|p| p.addr == addr)?;
-            (pod.role == Role::Both).then(|| crate::pd::SharedPod {
+            (self.costs.role_of(addr)? == Role::Both).then(|| crate::pd::SharedPod {
                 us_per_token: self
                     .costs
-                    .cost_in(&settings, addr, pod.role, &pool_costs)
+                    .cost_in(&settings, addr, Role::Both, &pool_costs)
                     .us_per_token,
                 itl_ms: self.costs.itl_of(addr),
             })
@@ -322,7 +325,7 @@ impl Router {
         // header's few before its transfer is counted.
         let topology = &config.pd.topology;
         // So are `both` pods, whose own streams a prefill stalls (`crate::pd::plan_split`).
-        let elastic = self.load.pods.iter().any(|p| p.role == Role::Both);
+        let elastic = config.pools.iter().any(|p| p.role == Role::Both);
         let keep = if topology.enabled() || elastic {
             crate::common::MAX_PODS
         } else {
