@@ -6,7 +6,8 @@
 //!
 //! `cargo run --release --example request_cost --features testing` prints µs per request, the
 //! same prompt each time (`repeat`) and a new one each time (`fresh`; an argument runs one of
-//! them), median of 5 rounds. Built
+//! them), median of 5 rounds; `census` prints the port calls (host calls in Envoy) one request
+//! makes, by kind. Built
 //! for `wasm32-wasip1` it runs under Node (`node --cpu-prof`), whose V8 names the functions the
 //! Envoy build's stripped binary cannot (see the README, "Where the filter's time goes").
 #![allow(
@@ -104,6 +105,18 @@ fn main() {
         .into_bytes()
     };
     let only = std::env::args().nth(1);
+    if only.as_deref() == Some("census") {
+        // The port calls one request makes on the worker (each a Proxy-Wasm host call in Envoy;
+        // the filter's own header, body and property calls are on top, see `src/host/filter.rs`).
+        for (kind, tag) in [("repeat", ""), ("repeat", ""), ("fresh", "census ")] {
+            request(&mut worker, &body(tag));
+            worker.1.advance_ms(1);
+            let census = worker.1.take_census();
+            let total: u64 = census.values().sum();
+            println!("{kind:6} {total:3} port calls: {census:?}");
+        }
+        return;
+    }
     for kind in ["repeat", "fresh"] {
         if only.as_deref().is_some_and(|o| o != kind) {
             continue;

@@ -5,7 +5,7 @@
 use crate::metrics::{Counter, Gauge, Histogram, Labels};
 use crate::port::{Host, HttpCall, WriteRefused};
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 
 #[derive(Debug, Default)]
@@ -31,6 +31,9 @@ pub struct FakeHost {
     pub histograms: HashMap<Series, Vec<u64>>,
     /// The decision fields exported for the proxy's logs, by name: the last value written.
     pub decision: HashMap<String, String>,
+    /// Every port call made through this handle, by kind (`clock`, `shared_get`, …): what the
+    /// same calls would cost as Proxy-Wasm host calls (`examples/request_cost.rs census`).
+    pub census: RefCell<BTreeMap<&'static str, u64>>,
 }
 
 /// One series: the metric's name and its labels, in order.
@@ -59,7 +62,17 @@ impl FakeHost {
             gauges: HashMap::new(),
             histograms: HashMap::new(),
             decision: HashMap::new(),
+            census: RefCell::new(BTreeMap::new()),
         }
+    }
+
+    fn tally(&self, kind: &'static str) {
+        *self.census.borrow_mut().entry(kind).or_default() += 1;
+    }
+
+    /// Takes the census of port calls so far.
+    pub fn take_census(&self) -> BTreeMap<&'static str, u64> {
+        std::mem::take(&mut *self.census.borrow_mut())
     }
 
     pub fn advance_ms(&mut self, ms: u64) {
@@ -123,14 +136,17 @@ impl FakeHost {
 
 impl Host for FakeHost {
     fn now_ms(&self) -> u64 {
+        self.tally("clock");
         self.now_us / 1000
     }
 
     fn now_us(&self) -> u64 {
+        self.tally("clock");
         self.now_us
     }
 
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.tally("shared_get");
         match self.store.borrow().data.get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
             None => (None, None),
@@ -143,6 +159,7 @@ impl Host for FakeHost {
         value: &[u8],
         cas: Option<u32>,
     ) -> Result<(), WriteRefused> {
+        self.tally("shared_set");
         let mut store = self.store.borrow_mut();
         if let Some(expected) = cas {
             if store.lose_cas_races > 0 {
@@ -171,6 +188,7 @@ impl Host for FakeHost {
     }
 
     fn queue_push(&mut self, queue: u32, message: &[u8]) -> bool {
+        self.tally("queue_push");
         match self.store.borrow_mut().queue_items.get_mut(&queue) {
             Some(q) => {
                 q.push_back(message.to_vec());
@@ -181,6 +199,7 @@ impl Host for FakeHost {
     }
 
     fn queue_pop(&mut self, queue: u32) -> Option<Vec<u8>> {
+        self.tally("queue_pop");
         self.store
             .borrow_mut()
             .queue_items
@@ -189,16 +208,19 @@ impl Host for FakeHost {
     }
 
     fn http_call(&mut self, call: &HttpCall) -> Option<u32> {
+        self.tally("http_call");
         self.next_call += 1;
         self.calls.push((self.next_call, call.clone()));
         Some(self.next_call)
     }
 
     fn export_decision_field(&mut self, name: &str, value: &str) {
+        self.tally("filter_state");
         self.decision.insert(name.to_string(), value.to_string());
     }
 
     fn count_in(&mut self, counter: Counter, labels: &Labels<'_>, n: u64) {
+        self.tally("metric");
         check_labels(counter.name(), counter.labels(), labels);
         *self
             .counters
@@ -207,11 +229,13 @@ impl Host for FakeHost {
     }
 
     fn gauge_in(&mut self, gauge: Gauge, labels: &Labels<'_>, value: u64) {
+        self.tally("metric");
         check_labels(gauge.name(), gauge.labels(), labels);
         self.gauges.insert(series(gauge.name(), labels), value);
     }
 
     fn histogram_in(&mut self, histogram: Histogram, labels: &Labels<'_>, value: u64) {
+        self.tally("metric");
         check_labels(histogram.name(), histogram.labels(), labels);
         self.histograms
             .entry(series(histogram.name(), labels))

@@ -30,20 +30,32 @@ pub(super) struct AffinityLeg {
     hashes: Vec<u64>,
 }
 
+/// How a routed request goes out, as far as prefix affinity cares.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RouteShape {
+    /// A prefill pod computes the prompt (P/D).
+    pub split: bool,
+    /// The response will carry `usage` (`RequestView::stream_usage`): only then is it read.
+    pub usage_in_response: bool,
+    /// Envoy may retry on a fallback pod.
+    pub has_fallbacks: bool,
+}
+
 impl AffinityLeg {
     /// The request was routed to `primary`: what the index expects its `usage` to report (taken
     /// before the routing is observed; not for a split request, whose decode pod reports the
-    /// pulled KV as cached too), then the index learns the blocks on `primary`, provisionally.
-    /// The hashes are kept while a fallback may serve it instead.
+    /// pulled KV as cached too, nor for a response without `usage`), then the
+    /// index learns the blocks on `primary`, provisionally. The hashes are kept while a fallback
+    /// may serve it instead.
     pub(super) fn on_routed(
         &mut self,
         vm: &mut Vm,
         host: &mut dyn Host,
         (primary, blocks): (&Choice, &Blocks),
-        (split, has_fallbacks): (bool, bool),
+        shape: RouteShape,
         now: u64,
     ) {
-        if !split {
+        if !shape.split && shape.usage_in_response {
             let affinity = &vm.router.affinity;
             self.cache_check = affinity.expect_cache(&primary.addr, blocks, primary.matched_blocks);
         }
@@ -54,7 +66,7 @@ impl AffinityLeg {
         vm.observe_routing(host, observation, primary.matched_blocks, now);
         self.provisional
             .add(&primary.addr, &blocks.hashes, primary.matched_blocks);
-        if !split && has_fallbacks {
+        if !shape.split && shape.has_fallbacks {
             self.hashes.clone_from(&blocks.hashes);
         }
     }

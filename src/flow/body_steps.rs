@@ -10,6 +10,7 @@
 //!    index's observation, the decision's filter state and debug line).
 //! 5. [`RequestFlow::start_split`]: a P/D split, sidecar or inline.
 
+use super::affinity::RouteShape;
 use super::explain::{self, DecisionFields, PdExport};
 use super::{
     Awaiting, BodyOutcome, ErrorCode, Reply, RequestFlow, Route, RouteLabels, OWNED_BODY_FIELD,
@@ -274,7 +275,13 @@ impl RequestFlow {
         .export(host);
         vm.write_inflight_row_over(host, now, Some(board));
         self.routed_to = Some(primary.addr.clone());
-        let shape = (prefill_pod.is_some(), ranked.len() > 1);
+        // A stream the client did not ask `usage` of carries none: its chunks would be copied
+        // into the VM and scanned for nothing.
+        let shape = RouteShape {
+            split: prefill_pod.is_some(),
+            usage_in_response: !view.stream || view.stream_usage,
+            has_fallbacks: ranked.len() > 1,
+        };
         self.affinity
             .on_routed(vm, host, (primary, blocks), shape, now);
         let destinations = ranked

@@ -147,6 +147,8 @@ pub struct RequestFlow {
     streamed: bool,
     /// The upstream's response arrived whole (its end of stream passed through this filter).
     response_complete: bool,
+    /// The request stopped counting as in flight on its pod (`response::end_inflight`).
+    inflight_ended: bool,
     /// Streamed responses: their chunks, timed (the pod's inter-token latency).
     itl: ItlTimer,
     /// Prefix affinity's part: the index's expectation, what it learned provisionally.

@@ -40,8 +40,9 @@ impl RequestFlow {
                 self.prefill_pod_done(vm, host);
                 self.judge_sidecar_leg(vm, host, false);
             }
-            if end_of_stream || !self.response_ok {
-                self.first_byte(vm, host);
+            if (end_of_stream || !self.response_ok) && self.first_byte(vm, host) {
+                let now = host.now_ms();
+                vm.write_inflight_row(host, now);
             }
         }
         self.debug.take().map(|d| (DEBUG, d))
@@ -80,8 +81,20 @@ impl RequestFlow {
         bytes: Option<&[u8]>,
         end_of_stream: bool,
     ) {
-        if self.awaiting.is_some() && (size > 0 || end_of_stream) {
-            self.first_byte(vm, host);
+        // A whole answer (not streamed) reaches the client only with its end, and its first byte
+        // came after the decode anyway: its prefill's end and the request's end go to the work
+        // board in one write there, before the client can send its next request. A stream's
+        // first byte is its first token: the board hears of it at once.
+        let mut board_changed = false;
+        if self.awaiting.is_some() && (self.streamed && size > 0 || end_of_stream) {
+            board_changed |= self.first_byte(vm, host);
+        }
+        if end_of_stream {
+            board_changed |= self.end_inflight(vm);
+        }
+        if board_changed {
+            let now = host.now_ms();
+            vm.write_inflight_row(host, now);
         }
         self.response_complete |= end_of_stream;
         if let Some(bytes) = bytes {
@@ -129,8 +142,13 @@ impl RequestFlow {
         // and teaches nothing.
         let completed = self.response_ok;
         self.response_ok = false;
-        self.first_byte(vm, host);
+        let mut board_changed = self.first_byte(vm, host);
+        board_changed |= self.end_inflight(vm);
         let Some(addr) = self.routed_to.take() else {
+            if board_changed {
+                let now = host.now_ms();
+                vm.write_inflight_row(host, now);
+            }
             return;
         };
         let end = RequestEnd {
@@ -159,22 +177,39 @@ impl RequestFlow {
         if let Some(itl_ms) = self.itl.itl_ms().filter(|_| completed) {
             vm.router.costs.observe_itl(&addr, itl_ms);
         }
-        vm.router.work.inflight_end(&addr);
-        let now = host.now_ms();
-        vm.write_inflight_row(host, now);
+        if board_changed {
+            let now = host.now_ms();
+            vm.write_inflight_row(host, now);
+        }
+    }
+
+    /// The routed request no longer counts as in flight on its pod (once, at the response's end
+    /// of stream or at the end of the request): whether the work board changed.
+    fn end_inflight(&mut self, vm: &mut Vm) -> bool {
+        if self.inflight_ended {
+            return false;
+        }
+        let Some(addr) = self.routed_to.as_deref() else {
+            return false;
+        };
+        vm.router.work.inflight_end(addr);
+        self.inflight_ended = true;
+        true
     }
 
     /// The first response byte (or the end of a response without one): the prefill is done; a
     /// streamed 2xx teaches the pod's cost model.
     ///
-    /// The work board hears of the prefill's end at once, streamed or not. Leaving a whole
-    /// response's prefill end for `on_done` (one board write fewer) was tried and undone: Envoy
-    /// runs `on_log` after the client may already have the response, so a client's next request,
-    /// taken by another worker, still saw the finished prefill queued on its pod and was sent
-    /// elsewhere (`envoy_routing::tiktoken_mode_routes_like_chars_mode` failed in CI that way).
-    pub(super) fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) {
+    /// Whether the work board changed (the prefill stopped counting): the caller writes the
+    /// board before it returns to the host. Leaving a whole response's prefill end for `on_done`
+    /// was tried and undone: Envoy runs `on_log` after the client may already have the response,
+    /// so a client's next request, taken by another worker, still saw the finished prefill queued
+    /// on its pod and was sent elsewhere (`envoy_routing::tiktoken_mode_routes_like_chars_mode`
+    /// failed in CI that way). The response's end of stream comes before the client has it.
+    #[must_use]
+    pub(super) fn first_byte(&mut self, vm: &mut Vm, host: &mut dyn Host) -> bool {
         let Some(awaiting) = self.awaiting.take() else {
-            return;
+            return false;
         };
         let now = host.now_ms();
         let changed = awaiting
@@ -198,9 +233,7 @@ impl RequestFlow {
                 host.histogram(Histogram::TtftPredictionErrorPct, (error * 100.0) as u64);
             }
         }
-        if changed {
-            vm.write_inflight_row(host, now);
-        }
+        changed
     }
 
     /// A stored Responses answer: reads its id from its opening bytes and notes the pod that

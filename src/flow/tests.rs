@@ -599,21 +599,66 @@ fn the_work_board_hears_of_a_prefill_end_before_the_client_has_the_response() {
         .to_string();
         let (mut flow, _) = send(&mut c, 0, &[], body.as_bytes());
         assert_eq!(seen_by_other(&mut c), (1, 1), "stream {stream}: routed");
+        c.vms[0].1.take_census();
         {
             let (vm, host) = &mut c.vms[0];
             flow.on_response_headers(vm, host, Some("200"), false);
-            flow.on_response_body(vm, host, 100, None, !stream);
+            flow.on_response_body(vm, host, 100, None, false);
         }
-        assert_eq!(seen_by_other(&mut c), (0, 1), "stream {stream}: first byte");
+        // A stream's first byte is its first token; a whole answer is not the client's yet.
+        let first = if stream { (0, 1) } else { (1, 1) };
+        assert_eq!(seen_by_other(&mut c), first, "stream {stream}: first byte");
         {
             let (vm, host) = &mut c.vms[0];
-            if stream {
-                flow.on_response_body(vm, host, 0, None, true);
-            }
+            flow.on_response_body(vm, host, 0, None, true);
+        }
+        assert_eq!(
+            seen_by_other(&mut c),
+            (0, 0),
+            "stream {stream}: end of stream"
+        );
+        // One board write for a whole answer (its prefill and its end together), two for a stream.
+        let writes = c.vms[0].1.take_census().get("shared_set").copied();
+        assert_eq!(writes, Some(if stream { 2 } else { 1 }), "stream {stream}");
+        {
+            let (vm, host) = &mut c.vms[0];
             flow.on_done(vm, host, None, None);
         }
         assert_eq!(seen_by_other(&mut c), (0, 0), "stream {stream}: done");
+        let writes = c.vms[0].1.take_census().get("shared_set").copied();
+        assert_eq!(
+            writes, None,
+            "stream {stream}: nothing left to write at the end"
+        );
     }
+}
+
+#[test]
+fn a_request_reset_before_its_end_of_stream_leaves_the_board_at_its_end() {
+    // No end of stream (the client went away, the pod reset): `on_done` ends both, once.
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    c.ready();
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": distinct("cut")}]})
+        .to_string();
+    let (mut flow, _) = send(&mut c, 0, &[], body.as_bytes());
+    {
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_headers(vm, host, Some("200"), false);
+        flow.on_response_body(vm, host, 100, None, false);
+        flow.on_done(
+            vm,
+            host,
+            None,
+            Some("upstream_reset_after_response_started".into()),
+        );
+    }
+    let (vm, host) = &mut c.vms[1];
+    let now = host.now_ms();
+    let (board, _) = vm.read_inflight_board(host, now);
+    let work = board.others(1, now, crate::work::ROW_TTL_MS);
+    assert_eq!(work.values().map(|w| w.prefill_requests).sum::<u32>(), 0);
+    assert_eq!(work.values().map(|w| w.inflight).sum::<u32>(), 0);
 }
 
 fn with_kv_params(system: &str) -> Vec<u8> {
@@ -1552,4 +1597,48 @@ fn inference_paths_are_recognised_as_the_engines_servers_read_them() {
             "{path}: {outcome:?}"
         );
     }
+}
+
+#[test]
+fn a_stream_is_read_for_its_usage_only_where_it_carries_one() {
+    // The engines put `usage` in a chat stream only when `stream_options` asks: an unasked
+    // stream's chunks are never copied into the VM; a whole answer and an asked stream are read
+    // where the index expects a hit.
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let system = "a system prompt the pod will hold ".repeat(20);
+    let body = |stream: bool, options: serde_json::Value| {
+        json!({"model": "m", "stream": stream, "stream_options": options, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "hi"}]})
+        .to_string()
+    };
+    let wants = |c: &mut Cluster, body: String| {
+        let (mut flow, outcome) = send(c, 0, &[], body.as_bytes());
+        assert!(matches!(outcome, BodyOutcome::Route(_)), "{outcome:?}");
+        let (vm, host) = &mut c.vms[0];
+        flow.on_response_headers(vm, host, Some("200"), false);
+        let wanted = flow.wants_response_bytes();
+        flow.on_response_body(vm, host, 0, None, true);
+        flow.on_done(vm, host, None, None);
+        wanted
+    };
+    wants(&mut c, body(false, json!(null))); // the pod now holds the prompt
+    assert!(wants(&mut c, body(false, json!(null))), "a whole answer");
+    assert!(
+        !wants(&mut c, body(true, json!(null))),
+        "a stream, nothing asked"
+    );
+    assert!(
+        !wants(&mut c, body(true, json!({"include_usage": false}))),
+        "a stream, usage refused"
+    );
+    assert!(
+        wants(&mut c, body(true, json!({"include_usage": true}))),
+        "a stream with usage"
+    );
+    assert!(
+        wants(&mut c, body(true, json!({"continuous_usage_stats": true}))),
+        "usage in every chunk (vLLM)"
+    );
 }

@@ -92,6 +92,17 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// Whether a streamed response carries `usage` (what the pod's cache served): the
+    /// OpenAI-style completions send it only when `stream_options` asks (`asked`; vLLM, SGLang,
+    /// llama.cpp alike); the Responses API (`response.completed`), Messages (`message_start`)
+    /// and the generate APIs (`meta_info`, the final output) always do.
+    pub fn stream_reports_usage(self, asked: bool) -> bool {
+        match self {
+            Endpoint::Completions | Endpoint::ChatCompletions => asked,
+            _ => true,
+        }
+    }
+
     /// Matches the path as the engines' servers may read it (`super::path::normalize`: no query,
     /// percent-decoded, no empty or dot segments), without `prefix` (the configured
     /// `api_path_prefix`, `""` for none) where it starts with it.
@@ -138,6 +149,8 @@ pub struct RequestView {
     /// [`Endpoint::Generate`]): any pod of the pool may serve it.
     pub model: String,
     pub stream: bool,
+    /// The response carries `usage` even when streamed ([`Endpoint::stream_reports_usage`]).
+    pub stream_usage: bool,
     /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` for the Responses API,
     /// `sampling_params.max_new_tokens` for SGLang's `/generate`, `sampling_params.max_tokens` for
     /// vLLM's token-in API).
@@ -233,6 +246,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
             Ok(RequestView {
                 model: model.into_owned(),
                 stream: top.stream.unwrap_or(false),
+                stream_usage: endpoint.stream_reports_usage(top.stream_usage),
                 max_tokens: match top.max_completion_tokens {
                     Some(max) => max,
                     None => top.max_tokens,
@@ -253,6 +267,37 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], budget: usize) -> Parsed {
 #[allow(clippy::too_many_lines)] // tests: the size limits are for production code
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_stream_reports_usage_where_its_api_always_does_or_the_client_asked() {
+        let stream = |endpoint, body: serde_json::Value| {
+            parse(endpoint, body.to_string().as_bytes())
+                .map(|v| v.stream_usage)
+                .unwrap_or_else(|e| panic!("{e:?}"))
+        };
+        let chat = |options| {
+            json!({"model": "m", "stream": true, "stream_options": options,
+                   "messages": [{"role": "user", "content": "hi"}]})
+        };
+        let ep = Endpoint::ChatCompletions;
+        assert!(!stream(ep, chat(json!(null))));
+        assert!(!stream(ep, chat(json!({"include_usage": "yes"}))));
+        assert!(!stream(ep, chat(json!({"include_usage": false}))));
+        assert!(stream(ep, chat(json!({"include_usage": true}))));
+        assert!(stream(ep, chat(json!({"continuous_usage_stats": true}))));
+        let completion = json!({"model": "m", "prompt": "p", "stream": true,
+                                "stream_options": {"include_usage": true}});
+        assert!(stream(Endpoint::Completions, completion));
+        let responses = json!({"model": "m", "input": "hi", "stream": true});
+        assert!(
+            stream(Endpoint::Responses, responses),
+            "response.completed carries it"
+        );
+        // A malformed member is refused as any other.
+        let bad = br#"{"model":"m","stream_options":{"include_usage":tru},"prompt":"p"}"#;
+        assert!(parse(Endpoint::Completions, bad).is_err());
+    }
 
     #[test]
     fn paths() {

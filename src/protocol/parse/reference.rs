@@ -64,9 +64,18 @@ fn view_of(
         Endpoint::Completions => render_completion_prompt(obj.get("prompt"), &mut prompt)?,
         _ => render_chat_prompt(obj, &mut prompt)?,
     }
+    let asked = obj
+        .get("stream_options")
+        .and_then(Value::as_object)
+        .is_some_and(|o| {
+            ["include_usage", "continuous_usage_stats"]
+                .iter()
+                .any(|k| o.get(*k).and_then(Value::as_bool) == Some(true))
+        });
     Ok(RequestView {
         model,
         stream,
+        stream_usage: endpoint.stream_reports_usage(asked),
         max_tokens,
         cache_salt,
         previous_response_id,

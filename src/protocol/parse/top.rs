@@ -24,6 +24,9 @@ pub struct Top<'de> {
     pub object: bool,
     pub model: Option<Cow<'de, str>>,
     pub stream: Option<bool>,
+    /// `stream_options.include_usage` or `.continuous_usage_stats` is true: the stream is to
+    /// carry `usage` (the OpenAI-style APIs send it only then).
+    pub stream_usage: bool,
     /// `max_completion_tokens` (or the Responses API's `max_output_tokens`): present, and its
     /// value when an unsigned integer. It wins over `max_tokens` whenever present.
     pub max_completion_tokens: Option<Option<u64>>,
@@ -42,6 +45,7 @@ pub struct Top<'de> {
 enum Field {
     Model,
     Stream,
+    StreamOptions,
     MaxTokens,
     MaxCompletionTokens,
     CacheSalt,
@@ -85,6 +89,7 @@ fn classify(endpoint: Endpoint, key: &str) -> Field {
     match (endpoint, key) {
         (_, "model") => Field::Model,
         (_, "stream") => Field::Stream,
+        (Completions | ChatCompletions, "stream_options") => Field::StreamOptions,
         (_, "cache_salt") => Field::CacheSalt,
         (_, "kv_transfer_params") => Field::KvTransferParams,
         (Completions | ChatCompletions | Messages, "max_tokens") => Field::MaxTokens,
@@ -224,6 +229,22 @@ fn sampling_max_tokens(
     }
 }
 
+/// Whether `stream_options` asks for `usage` in the stream (vLLM: `include_usage`, or
+/// `continuous_usage_stats` in every chunk).
+fn asks_stream_usage(options: &RawValue, depth: usize) -> Result<bool, serde_json::Error> {
+    validate_raw(options, depth)?;
+    const KEYS: [&str; 2] = ["include_usage", "continuous_usage_stats"];
+    let found = scan(options, depth, &[], &KEYS)?;
+    for key in KEYS {
+        if let Some(raw) = found.raw(key) {
+            if sub_parse(raw, BoolOrNone)? == Some(true) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Where each prompt-bearing member was rendered (the last of its key; `None`: absent or null).
 #[derive(Default)]
 struct Regions {
@@ -255,6 +276,11 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 Field::Model => top.model = map.next_value_seed(StringOrNone { depth })?,
                 Field::CacheSalt => top.cache_salt = map.next_value_seed(StringOrNone { depth })?,
                 Field::Stream => top.stream = map.next_value_seed(BoolOrNone)?,
+                Field::StreamOptions => {
+                    let options: &'de RawValue = map.next_value()?;
+                    top.stream_usage =
+                        asks_stream_usage(options, depth).map_err(de::Error::custom)?;
+                }
                 Field::PreviousResponseId => {
                     top.previous_response_id = map.next_value_seed(StringOrNone { depth })?
                 }
