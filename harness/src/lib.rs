@@ -279,6 +279,9 @@ pub struct EnvoyOptions {
     pub admin_port: u16,
     /// The plugin module; `None` = [`wasm_path`].
     pub wasm: Option<PathBuf>,
+    /// The pool cluster keeps Envoy's default circuit breakers instead of the shipped limits
+    /// ([`pool_circuit_breakers`]).
+    pub envoy_default_limits: bool,
 }
 
 impl EnvoyOptions {
@@ -295,6 +298,7 @@ impl EnvoyOptions {
             listen_port: 0,
             admin_port: 0,
             wasm: None,
+            envoy_default_limits: false,
         }
     }
 }
@@ -334,7 +338,10 @@ fn typed_policy(name: &str, type_url: &str) -> Value {
     json!({"policies": [{"typed_extension_config": {"name": name, "typed_config": {"@type": type_url}}}]})
 }
 
-fn no_circuit_breaking() -> Value {
+/// The limits every shipped Envoy configuration (`envoy/*.yaml`) sets on its pool cluster, in
+/// place of Envoy's defaults for short RPCs (1,024 requests, 3 retries in flight); the YAML says
+/// why, `e2e/tests/envoy_configs.rs` checks the two agree and what the defaults would cost.
+pub fn pool_circuit_breakers() -> Value {
     json!({"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 1000}]})
 }
 
@@ -402,14 +409,19 @@ pub fn clusters(opts: &EnvoyOptions, admin_port: u16) -> Vec<Value> {
     let original_dst = |name: &str| {
         json!({"name": name, "type": "ORIGINAL_DST", "connect_timeout": "0.25s", "lb_policy": "CLUSTER_PROVIDED",
                "original_dst_lb_config": {"use_http_header": true, "http_header_name": "x-gateway-destination-endpoint"},
-               "circuit_breakers": no_circuit_breaking()})
+               "circuit_breakers": pool_circuit_breakers()})
     };
     let mut pool = match opts.lb {
         Lb::OriginalDst => original_dst("pool"),
         _ => json!({"name": "pool", "type": "STATIC", "connect_timeout": "0.5s",
-                    "circuit_breakers": no_circuit_breaking(),
+                    "circuit_breakers": pool_circuit_breakers(),
                     "load_assignment": load_assignment("pool", &opts.pods)}),
     };
+    if opts.envoy_default_limits {
+        if let Some(pool) = pool.as_object_mut() {
+            pool.remove("circuit_breakers");
+        }
+    }
     match opts.lb {
         Lb::OverrideHost => {
             let mut policy = typed_policy(
