@@ -6,10 +6,11 @@
 //!
 //! `cargo run --release --example request_cost --features testing` prints µs per request, the
 //! same prompt each time (`repeat`) and a new one each time (`fresh`; an argument runs one of
-//! them), median of 5 rounds; `census` prints the port calls (host calls in Envoy) one request
-//! makes, by kind. Built
-//! for `wasm32-wasip1` it runs under Node (`node --cpu-prof`), whose V8 names the functions the
-//! Envoy build's stripped binary cannot (see the README, "Where the filter's time goes").
+//! them, a second sets the requests per round, 400 by default), median of 5 rounds; `census`
+//! prints the port calls (host calls in Envoy) one request makes, by kind. Built for
+//! `wasm32-wasip1` it runs under Node (`tools/phase_profile/node_profile.mjs`, `node --cpu-prof`),
+//! whose V8 names the functions the Envoy build's stripped binary cannot (see the README, "Where
+//! the filter's time goes").
 #![allow(
     clippy::expect_used,
     clippy::indexing_slicing,
@@ -105,6 +106,11 @@ fn main() {
         .into_bytes()
     };
     let only = std::env::args().nth(1);
+    // Requests per round (a second argument; more for a profile with enough samples).
+    let per_round: usize = std::env::args()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(400);
     if only.as_deref() == Some("census") {
         // The port calls one request makes on the worker (each a Proxy-Wasm host call in Envoy;
         // the filter's own header, body and property calls are on top, see `src/host/filter.rs`).
@@ -123,7 +129,7 @@ fn main() {
         }
         let mut rounds = Vec::new();
         for round in 0..5 {
-            let n = 400;
+            let n = per_round;
             let bodies: Vec<Vec<u8>> = (0..n)
                 .map(|i| {
                     body(&if kind == "fresh" {
