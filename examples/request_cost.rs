@@ -9,8 +9,8 @@
 //! them, a second sets the requests per round, 400 by default), median of 5 rounds; `census`
 //! prints the port calls (host calls in Envoy) one request makes, by kind. Built for
 //! `wasm32-wasip1` it runs under Node (`tools/phase_profile/node_profile.mjs`, `node --cpu-prof`),
-//! whose V8 names the functions the Envoy build's stripped binary cannot (see the README, "Where
-//! the filter's time goes").
+//! whose V8 names the functions the Envoy build's stripped binary cannot (see docs/results.md,
+//! "Where the filter's time goes").
 #![allow(
     clippy::expect_used,
     clippy::indexing_slicing,
