@@ -255,6 +255,20 @@ struct Regions {
     prompt: Option<(usize, usize)>,
 }
 
+impl Regions {
+    /// Where a `tools` or template member was rendered.
+    fn record(&mut self, field: Field, region: Option<(usize, usize)>) {
+        match field {
+            Field::Template(i) => {
+                if let Some(slot) = self.template.get_mut(i) {
+                    *slot = region;
+                }
+            }
+            _ => self.tools = region,
+        }
+    }
+}
+
 impl<'de> Visitor<'de> for TopSeed<'_> {
     type Value = Top<'de>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -304,20 +318,12 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                         (at, sink.len())
                     });
                 }
-                Field::Tools | Field::Template(_) => {
+                field @ (Field::Tools | Field::Template(_)) => {
                     let null = map.next_value_seed(Canonical::json(&mut *sink, depth))?;
-                    let region = (!null).then(|| (at, sink.len()));
                     if null {
                         sink.truncate(at);
                     }
-                    match classify(self.endpoint, &key) {
-                        Field::Template(i) => {
-                            if let Some(slot) = regions.template.get_mut(i) {
-                                *slot = region;
-                            }
-                        }
-                        _ => regions.tools = region,
-                    }
+                    regions.record(field, (!null).then(|| (at, sink.len())));
                 }
                 Field::SamplingParams => {
                     let params: &'de RawValue = map.next_value()?;
