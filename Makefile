@@ -361,7 +361,7 @@ bench-pd: build build-tools
 # which question): `make bench-cost` lists them, `make bench-cost WHAT=<name>` runs one (the same as
 # `make bench-cost-<name>`). Each instrument's own knobs pass through as variables (N=800, PODS=,
 # KVROUTE_WASM=…); COST_ARGS: arguments of the native examples (plan, scale, request).
-COST_INSTRUMENTS := overhead phases polling cpu-split plan scale request
+COST_INSTRUMENTS := overhead phases polling cpu-split native plan scale request
 COST_ARGS ?=
 .PHONY: bench-cost $(addprefix bench-cost-,$(COST_INSTRUMENTS))
 bench-cost:
@@ -406,6 +406,11 @@ bench-cost-polling: build build-tools
 # sampled with perf (needs `perf`).
 bench-cost-cpu-split: build build-tools
 	tools/phase_profile/cpu_split.sh
+
+# What a native filter's mere presence costs beside a Proxy-Wasm one's: a do-nothing Envoy
+# dynamic module (built with gcc), kvroute with no pools and kvroute routing, on one Envoy.
+bench-cost-native: build build-tools
+	tools/native_presence/run.sh
 
 # The core's cost natively, on the fake host (no Envoy): one decision (plan_cost), the pool's size
 # (scale_cost), one request's whole path (request_cost).
