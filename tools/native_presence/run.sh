@@ -2,7 +2,8 @@
 # What a native filter's mere presence costs a request, beside a Proxy-Wasm filter's: one Envoy
 # (2 workers), four listeners on the same 4 zero-latency kvsim pods: plain, `native` (a do-nothing
 # dynamic module, noop_module.c, built here with gcc), `presence` (kvroute with no pools: every
-# callback enters V8, nothing is routed) and `kvroute` (routing). ROUNDS rounds of N sequential
+# callback enters V8, nothing is routed) and `kvroute` (routing, `phase_timing` on as in
+# tools/phase_profile/run.sh). ROUNDS rounds of N sequential
 # 16 KB chat requests to each, the order rotating; prints each one's p50 over plain's.
 # Every process is stopped by PID on exit; ports are chosen free at start.
 set -euo pipefail
