@@ -279,7 +279,7 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "== matrix: {} cells × {seeds} seed{} (p90 TTFT in simulated s and hit% from the pods' counters: median [min–max] over the seeds; pred err = kvroute's median |predicted − observed| / observed TTFT) ==",
+        "== matrix: {} cells × {seeds} seed{} (p90 TTFT in simulated s and hit% from the pods' counters: median [min–max] over the seeds; pred err = kvroute's median |predicted − observed| / observed TTFT, bias = its median (predicted − observed) / observed) ==",
         results.len(),
         if seeds == 1 { "" } else { "s" }
     );
@@ -287,7 +287,7 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
     let resets = results
         .iter()
         .any(|r| r.summaries.iter().any(|s| s.resets > 0));
-    let mut head = vec!["cell", "policy", "p90 TTFT s", "hit%", "pred err"];
+    let mut head = vec!["cell", "policy", "p90 TTFT s", "hit%", "pred err, bias"];
     if resets {
         head.push("back after reset");
     }
@@ -300,11 +300,7 @@ pub fn render(results: &[CellResult], seeds: usize, previous: &str) -> String {
         }
         for (i, s) in r.summaries.iter().enumerate() {
             let pred = if s.label == Policy::Kvroute.label() {
-                if s.prediction_error.n == 0 {
-                    "n/a".to_owned()
-                } else {
-                    format!("{}%", s.prediction_error.render(0, 100.0))
-                }
+                crate::summary::render_prediction(s).unwrap_or_else(|| "n/a".to_owned())
             } else {
                 String::new()
             };

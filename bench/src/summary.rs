@@ -72,6 +72,9 @@ pub struct PolicySummary {
     pub output_tokens_per_s: Spread,
     /// Per run, the median |predicted − observed| / observed TTFT (kvroute's `predicted_ttft_ms`).
     pub prediction_error: Spread,
+    /// Per run, the median (predicted − observed) / observed: an error with a bias near it is an
+    /// offset (the prediction low or high throughout), one with a bias near 0 a spread.
+    pub prediction_bias: Spread,
     /// Runs with a cache reset (`--reset-caches-at`).
     pub resets: usize,
     /// Of those, simulated seconds until the hit ratio was back within 0.05 of its steady level
@@ -112,6 +115,7 @@ pub fn summarize(runs: &[Vec<(String, RunReport)>]) -> Vec<PolicySummary> {
                 success_rate: of(&|r| r.success_rate),
                 output_tokens_per_s: of(&|r| Some(r.output_tokens_per_s)),
                 prediction_error: of(&|r| r.prediction.median_abs_rel_error),
+                prediction_bias: of(&|r| r.prediction.median_rel_bias),
                 resets: reports.iter().filter(|r| r.cache_reset.is_some()).count(),
                 recovered_after_s: of(&|r| r.cache_reset.as_ref()?.recovered_after_s),
                 not_recovered: reports
@@ -516,6 +520,18 @@ pub fn verdict_brief(v: &Verdict) -> String {
 }
 
 /// The multi-seed table of one workload, the checks and the verdict line.
+/// A policy's prediction error and bias in percent (`25 [24–30]%, bias -5%`), `None` without
+/// predictions.
+pub fn render_prediction(s: &PolicySummary) -> Option<String> {
+    (s.prediction_error.n > 0).then(|| {
+        format!(
+            "{}%, bias {}%",
+            s.prediction_error.render(0, 100.0),
+            s.prediction_bias.render(0, 100.0)
+        )
+    })
+}
+
 pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Verdict) -> String {
     let seeds: Vec<String> = summaries
         .first()
@@ -524,12 +540,20 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "== {workload}: median [min–max] over seeds {} (simulated ms; hit% from pod counters; pred err = median |predicted − observed| / observed TTFT, wall clock: kvroute's predicted_ttft_ms, the bound's chosen-pod estimate) ==",
+        "== {workload}: median [min–max] over seeds {} (simulated ms; hit% from pod counters; pred err = median |predicted − observed| / observed TTFT, bias = median (predicted − observed) / observed, wall clock: kvroute's predicted_ttft_ms, the bound's chosen-pod estimate) ==",
         seeds.join(", ")
     );
     let resets = summaries.iter().any(|s| s.resets > 0);
     let mut head = vec![
-        "policy", "TTFT p50", "TTFT p90", "TTFT p99", "hit%", "tok/s", "success%", "ok", "pred err",
+        "policy",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "hit%",
+        "tok/s",
+        "success%",
+        "ok",
+        "pred err, bias",
     ];
     if resets {
         head.push("back after reset");
@@ -545,7 +569,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
             s.output_tokens_per_s.render(0, 1.0),
             s.success_rate.render(1, 100.0),
             s.ok.render(0, 1.0),
-            if s.prediction_error.n == 0 {
+            render_prediction(s).unwrap_or_else(|| {
                 if s.label.starts_with(Policy::Kvroute.label())
                     || s.label.starts_with(Policy::Oracle.label())
                 {
@@ -553,9 +577,7 @@ pub fn render_summary(workload: &str, summaries: &[PolicySummary], verdict: &Ver
                 } else {
                     "-".to_owned()
                 }
-            } else {
-                format!("{}%", s.prediction_error.render(0, 100.0))
-            },
+            }),
         ];
         if resets {
             row.push(match (s.resets, s.not_recovered) {
@@ -739,7 +761,10 @@ mod tests {
         // Only seed 1 carried predictions, 10% high.
         assert_eq!(s[0].prediction_error.n, 1);
         assert!((s[0].prediction_error.median.expect("one") - 0.1).abs() < 1e-9);
+        assert!((s[0].prediction_bias.median.expect("one") - 0.1).abs() < 1e-9);
+        assert_eq!(render_prediction(&s[0]).as_deref(), Some("10%, bias 10%"));
         assert_eq!(s[1].prediction_error.n, 0);
+        assert_eq!(render_prediction(&s[1]), None);
         let v = verdict("multi-tenant", &runs, &s);
         let whats: Vec<&str> = v.checks.iter().map(|c| c.what.as_str()).collect();
         assert_eq!(
