@@ -687,12 +687,14 @@ async fn lora_adapters_are_listed_served_and_cached_apart_as_vllm_does() {
     assert_eq!(newest.0, "", "nothing in flight now: {sets:?}");
     assert!(m.contains("max_lora=\"1\""), "vLLM's default --max-loras");
     // While a stream for an adapter runs, the newest set names it running; a request for the
-    // other adapter waits (one slot) and is named waiting.
+    // other adapter waits (one slot) and is named waiting. The stream lasts ~3 s of wall time
+    // (20,000 tokens at this time scale), so the window in which both show outlasts the polls
+    // below on a loaded machine (with 400 tokens it was ~12 ms, and `make test` missed it once).
     let url = completions(&pod);
     let running = tokio::spawn(async move {
         post(
             &url,
-            json!({"model": "chat-lora", "prompt": "x", "max_tokens": 400, "stream": true}),
+            json!({"model": "chat-lora", "prompt": "x", "max_tokens": 20000, "stream": true}),
         )
         .await
         .text()
