@@ -1,13 +1,14 @@
 """Rounds of N sequential 16 KB chat requests (max_tokens 1) to each listener in turn, one request
 to each per step (the order rotating), over one connection each; per round, each listener's p50
 minus the plain listener's p50 (µs). Then the median over the rounds."""
-import http.client, json, os, statistics, sys, time
+import http.client, os, statistics, sys
+
+sys.path.insert(0, f"{sys.path[0]}/../phase_profile")
+from chat16k import body as chat_body, timed_post  # noqa: E402
 
 ports = dict(arg.split("=") for arg in sys.argv[1:])
 n, warm, rounds = int(os.environ.get("N", "600")), 100, int(os.environ.get("ROUNDS", "3"))
-system = ("You are a careful assistant. " * 600)[:16384]
-body = json.dumps({"model": "sim-model", "max_tokens": 1, "messages": [
-    {"role": "system", "content": system}, {"role": "user", "content": "hi"}]})
+body = chat_body()
 conns = {name: http.client.HTTPConnection("127.0.0.1", int(p)) for name, p in ports.items()}
 names = list(conns)
 added = {name: [] for name in names}
@@ -16,15 +17,9 @@ for r in range(rounds):
     for i in range(n + warm):
         k = i % len(names)
         for name in names[k:] + names[:k]:
-            c = conns[name]
-            t = time.perf_counter()
-            c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-            resp = c.getresponse()
-            resp.read()
-            if resp.status != 200:
-                sys.exit(f"{name}: status {resp.status}")
+            us = timed_post(conns[name], body, name)
             if i >= warm:
-                times[name].append((time.perf_counter() - t) * 1e6)
+                times[name].append(us)
     base = statistics.median(times["plain"])
     line = [f"round {r + 1}: plain p50 {base:.0f}"]
     for name in names:
