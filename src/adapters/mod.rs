@@ -5,9 +5,10 @@
 //! `/v1/models`, or names it in `vllm:lora_requests_info`) costs a pod that does not hold it one
 //! adapter load before its prefill can start, and the load runs inside the engine's step, so the
 //! requests queued behind it wait for it too (vLLM loads adapters in the model runner, as part of
-//! the step that first needs them). The predictor adds [`Adapters::load_ms_on`] to that pod's
-//! first token and to the work the request puts on it (`crate::scheduler::predict`); a pod holding
-//! the adapter pays nothing. So an adapter's requests stay where it is loaded, and a hot adapter is
+//! the step that first needs them). The predictor adds the load ([`Adapters::load_ms_on`]) to that
+//! pod's first token and to the work the request puts on it (`crate::scheduler::predict`); where
+//! every slot holds another adapter, the reload of the one evicted goes to the pool's cost, not to
+//! the request's first token; a pod holding the adapter pays nothing. So an adapter's requests stay where it is loaded, and a hot adapter is
 //! loaded on a second pod only when the holder's queue makes loading elsewhere sooner. The work a
 //! load adds is the pod's own queue's wait, not the pool's (`predict::with_added_wait`): a load is
 //! paid once, and the next arrivals there find the adapter loaded.
@@ -106,6 +107,20 @@ impl AdapterConfig {
     }
 }
 
+/// What sending a request for an adapter to a pod costs in loads, milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AdapterLoad {
+    /// Loading the request's adapter before its prefill: this request's first token waits for it.
+    pub load_ms: f64,
+    /// Loading again the adapter this load evicts, which its next request pays: a cost to the
+    /// pool, not to this request's first token (priced in `crate::scheduler::predict`'s added
+    /// wait, as before). Served inside the request's own prediction, it put the predicted first
+    /// token of a request loading its adapter a whole load late wherever the slots were full: on
+    /// `make bench`'s many-adapters those requests (30%) were predicted a median +129% too late,
+    /// +39–50% with the reload left out (three seeds each).
+    pub reload_ms: f64,
+}
+
 /// What a load costs, as learned, and the adapters the pods name.
 #[derive(Debug, Default)]
 pub struct Adapters {
@@ -135,31 +150,35 @@ impl Adapters {
         self.names.contains_key(model)
     }
 
-    /// What loading `adapter` on `pod` costs, in milliseconds: 0 where it holds it (see the
-    /// module header), where there is no adapter, or with pricing off; one load where a slot is
-    /// free; two where every slot holds another adapter, since the one evicted is loaded again by
-    /// its next request (so two adapters do not take turns in one slot while a pod with a free
-    /// slot is near). `stamp_of` gives when the index last saw a block on the pod.
+    /// What loading `adapter` on `pod` costs, in milliseconds (see [`AdapterLoad`]): nothing
+    /// where it holds it (see the module header), where there is no adapter, or with pricing
+    /// off; one load where a slot is free; one load and another adapter's reload where every slot
+    /// holds another adapter, since the one evicted is loaded again by its next request (so two
+    /// adapters do not take turns in one slot while a pod with a free slot is near). `stamp_of`
+    /// gives when the index last saw a block on the pod.
     pub fn load_ms_on(
         &self,
         config: &AdapterConfig,
         pod: &PodLoad,
         adapter: Option<&str>,
         stamp_of: impl Fn(u64) -> Option<u64>,
-    ) -> f64 {
+    ) -> AdapterLoad {
         let Some(adapter) = adapter.filter(|_| config.price_loads) else {
-            return 0.0;
+            return AdapterLoad::default();
         };
         let held = self.held_by(config, pod, stamp_of);
         if held.contains(&adapter) {
-            return 0.0;
+            return AdapterLoad::default();
         }
-        let loads = if held.len() >= slots_of(config, pod) {
-            2.0
-        } else {
-            1.0
-        };
-        loads * self.load_ms(config)
+        let load_ms = self.load_ms(config);
+        AdapterLoad {
+            load_ms,
+            reload_ms: if held.len() >= slots_of(config, pod) {
+                load_ms
+            } else {
+                0.0
+            },
+        }
     }
 
     /// The adapters `pod` is known to hold: those it runs, and of the others the ones most

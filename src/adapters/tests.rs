@@ -55,35 +55,45 @@ fn a_pod_holds_what_it_runs_and_what_was_routed_to_it_last_within_its_slots() {
     for name in ["tiny", "math"] {
         adapters.names.insert(name.into(), adapter_block(name));
     }
-    let cost =
-        |order: &[&str], adapter| adapters.load_ms_on(&config, &a, Some(adapter), routed(order));
-    assert_eq!(cost(&[], "chat-lora"), 0.0, "running: loaded");
-    assert_eq!(cost(&[], "sql-lora"), DEFAULT_LOAD_MS, "a slot is free");
-    assert_eq!(cost(&["sql-lora"], "sql-lora"), 0.0, "routed here: loaded");
+    // (this request's load, the evicted adapter's reload)
+    let split = |l: AdapterLoad| (l.load_ms, l.reload_ms);
+    let cost = |order: &[&str], adapter| {
+        split(adapters.load_ms_on(&config, &a, Some(adapter), routed(order)))
+    };
+    let load = DEFAULT_LOAD_MS;
+    assert_eq!(cost(&[], "chat-lora"), (0.0, 0.0), "running: loaded");
+    assert_eq!(cost(&[], "sql-lora"), (load, 0.0), "a slot is free");
+    assert_eq!(
+        cost(&["sql-lora"], "sql-lora"),
+        (0.0, 0.0),
+        "routed here: loaded"
+    );
     // Two slots, one taken by the running chat-lora: of those routed, the latest holds the other.
     let order = ["tiny", "sql-lora", "math"];
-    assert_eq!(cost(&order, "math"), 0.0);
-    // Evicted; and every slot holds another adapter: loading it costs the evicted one's reload.
-    assert_eq!(cost(&order, "sql-lora"), 2.0 * DEFAULT_LOAD_MS, "evicted");
-    assert_eq!(cost(&order, "tiny"), 2.0 * DEFAULT_LOAD_MS);
+    assert_eq!(cost(&order, "math"), (0.0, 0.0));
+    // Evicted; and every slot holds another adapter: loading it costs the evicted one's reload,
+    // which the request itself does not wait for.
+    assert_eq!(cost(&order, "sql-lora"), (load, load), "evicted");
+    assert_eq!(cost(&order, "tiny"), (load, load));
     // A pod that does not report its slots has the configured number (vLLM's default: one).
     let b = pod("b:1", &[], None);
-    let on_b =
-        |order: &[&str], adapter| adapters.load_ms_on(&config, &b, Some(adapter), routed(order));
-    assert_eq!(on_b(&["sql-lora", "math"], "math"), 0.0);
-    assert_eq!(
-        on_b(&["sql-lora", "math"], "sql-lora"),
-        2.0 * DEFAULT_LOAD_MS
-    );
+    let on_b = |order: &[&str], adapter| {
+        split(adapters.load_ms_on(&config, &b, Some(adapter), routed(order)))
+    };
+    assert_eq!(on_b(&["sql-lora", "math"], "math"), (0.0, 0.0));
+    assert_eq!(on_b(&["sql-lora", "math"], "sql-lora"), (load, load));
     // No adapter, or loads not priced: nothing.
-    assert_eq!(adapters.load_ms_on(&config, &b, None, routed(&[])), 0.0);
+    assert_eq!(
+        adapters.load_ms_on(&config, &b, None, routed(&[])),
+        AdapterLoad::default()
+    );
     let unpriced = AdapterConfig {
         price_loads: false,
         ..AdapterConfig::default()
     };
     assert_eq!(
         adapters.load_ms_on(&unpriced, &b, Some("sql-lora"), routed(&[])),
-        0.0
+        AdapterLoad::default()
     );
 }
 

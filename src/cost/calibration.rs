@@ -14,22 +14,46 @@
 /// and fitting relative error instead of absolute (flattened slopes, so queues looked cheap: agent,
 /// multi-turn and unequal-pool p90 up 3–13%). An additive shift per role did as well on
 /// shared-agent but moved short requests' predictions by a larger share.
+///
+/// The step grows with a run of first bytes on the same side: beyond [`FREE_RUN`] in a row, each
+/// further one adds a [`MEDIAN_STEP`] (up to a run of [`MAX_RUN`]), so a factor far from the
+/// median comes back in tens of first bytes, not hundreds. A fixed 1% step took ~125 first bytes
+/// to undo the ×3.5 a cold start leaves behind (whole 6,000-token prefills queued on pods 25×
+/// slower than the prior while the fits were still learning): served predictions stayed 1.5–4×
+/// too high for the first 50 simulated seconds of `make bench-matrix`'s tenants-stall cell, a
+/// median error of 23% in a run where the settled part's was 8%. At the median the sides alternate
+/// as a coin's do, runs stay short and the two sides' steps grow alike, so where it settles does
+/// not move. Replayed (a ×3.5 factor, then first bytes missing log-uniformly within ±20%, 20
+/// seeds): back within 10% after 23 [max 27] first bytes against 120 [132]; settled, the factor's
+/// wander (median, 99th percentile) 2% and 8% either way; with bursts of six first bytes twice as
+/// slow (one burst per twenty), 4% either way and 28% against 15%. Accelerating from a run of four
+/// came back in 18 but wandered 51% in bursts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MedianScale {
     factor: f64,
+    /// First bytes in a row on the same side: positive slower than predicted, negative faster.
+    run: i32,
 }
 
 impl Default for MedianScale {
     fn default() -> Self {
-        MedianScale { factor: 1.0 }
+        MedianScale {
+            factor: 1.0,
+            run: 0,
+        }
     }
 }
 
-/// Each first byte moves the factor by this fraction. Replaying the learning over traced
-/// decisions of every `make bench` workload (seed 1, kvroute's own decisions), the median relative
-/// error without it and with steps of 0.5% / 1% / 2%: shared-agent 26% → 7 / 6 / 7%, unequal-pool
-/// 19% → 11 / 11 / 11%, agent 18% → 12 / 13 / 13%, the other four 6–9% throughout.
+/// Each first byte moves the factor by this fraction (more at the end of a long run, see
+/// [`MedianScale`]). Replaying the learning over traced decisions of every `make bench` workload
+/// (seed 1, kvroute's own decisions), the median relative error without it and with steps of
+/// 0.5% / 1% / 2%: shared-agent 26% → 7 / 6 / 7%, unequal-pool 19% → 11 / 11 / 11%, agent 18% →
+/// 12 / 13 / 13%, the other four 6–9% throughout.
 const MEDIAN_STEP: f64 = 0.01;
+/// Runs this long keep the plain step: a coin gives one longer once in 128 tosses.
+const FREE_RUN: i32 = 7;
+/// The longest run that still lengthens the step: at most a 9% move per first byte.
+const MAX_RUN: i32 = 16;
 /// The factor stays within [1/F, F]: beyond that the fits themselves are wrong, not skewed.
 pub(super) const MAX_SCALE: f64 = 4.0;
 
@@ -44,12 +68,17 @@ impl MedianScale {
         if !(predicted_ms.is_finite() && observed_ms.is_finite()) || observed_ms == predicted_ms {
             return;
         }
-        let step = if observed_ms > predicted_ms {
-            1.0 + MEDIAN_STEP
-        } else {
-            1.0 - MEDIAN_STEP
+        let slower = observed_ms > predicted_ms;
+        self.run = match (slower, self.run) {
+            (true, run) if run > 0 => (run + 1).min(MAX_RUN),
+            (true, _) => 1,
+            (false, run) if run < 0 => (run - 1).max(-MAX_RUN),
+            (false, _) => -1,
         };
-        self.factor = (self.factor * step).clamp(1.0 / MAX_SCALE, MAX_SCALE);
+        let steps = (self.run.abs() - FREE_RUN).max(1) * self.run.signum();
+        // In log units, so a run up and a run down of the same length cancel.
+        let step = MEDIAN_STEP * f64::from(steps);
+        self.factor = (self.factor * step.exp()).clamp(1.0 / MAX_SCALE, MAX_SCALE);
     }
 }
 

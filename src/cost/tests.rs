@@ -105,6 +105,41 @@ fn the_calibration_settles_on_the_median_not_the_mean() {
 }
 
 #[test]
+fn the_calibration_comes_back_from_a_cold_start_in_tens_of_first_bytes_and_then_holds_still() {
+    // A cold start leaves the factor ×3.5 (the fits were still learning); once they are right,
+    // it must find 1 again within tens of first bytes, not the ~125 a fixed 1% step takes.
+    let mut x = 11u64;
+    let mut noise = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Log-uniform in ±20%, as settled first bytes miss (make bench-matrix's chat cell).
+        (((x >> 11) as f64 / (1u64 << 53) as f64) * 0.4 - 0.2).exp()
+    };
+    let mut scale = MedianScale::default();
+    for _ in 0..200 {
+        scale.observe(10.0 * scale.factor(), 35.0 * noise());
+    }
+    assert!((scale.factor() / 3.5).ln().abs() < 0.1, "{scale:?}");
+    let mut back = None;
+    for i in 0..200 {
+        scale.observe(10.0 * scale.factor(), 10.0 * noise());
+        if back.is_none() && scale.factor().ln().abs() < 0.1 {
+            back = Some(i + 1);
+        }
+    }
+    let back = back.unwrap_or(usize::MAX);
+    assert!(back <= 30, "back within 10% after {back} first bytes");
+    // Settled: its wander stays well inside the noise it calibrates.
+    let mut widest: f64 = 0.0;
+    for _ in 0..2_000 {
+        scale.observe(10.0 * scale.factor(), 10.0 * noise());
+        widest = widest.max(scale.factor().ln().abs());
+    }
+    assert!(widest < 0.15, "settled factor wandered to {widest} (log)");
+}
+
+#[test]
 fn one_outlier_moves_a_settled_fit_a_bounded_amount() {
     let cfg = CostConfig::default();
     let mut fit = CostFit::new(&cfg);

@@ -160,6 +160,11 @@ impl Router {
                 let work = self.work.of(&p.addr);
                 let matched = self.affinity.matched_of(&lengths, &p.addr);
                 let cost = self.costs.cost_in(&settings, &p.addr, p.role, &pool_costs);
+                let adapter_load =
+                    self.adapters
+                        .load_ms_on(&config.adapters, p, adapter, |block| {
+                            self.affinity.stamp_of(&p.addr, block)
+                        });
                 // A stale pod's figures are as old as its last answer: routed on the board alone,
                 // unless every pod is stale (then all are equally old, and better than nothing).
                 let polled = if health == Health::Stale && !observer_suspect {
@@ -194,12 +199,8 @@ impl Router {
                             config.block.tokens_per_block,
                         )
                         .load_ms,
-                    adapter_load_ms: self.adapters.load_ms_on(
-                        &config.adapters,
-                        p,
-                        adapter,
-                        |block| self.affinity.stamp_of(&p.addr, block),
-                    ),
+                    adapter_load_ms: adapter_load.load_ms,
+                    adapter_reload_ms: adapter_load.reload_ms,
                 }
             })
             .collect();

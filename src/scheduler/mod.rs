@@ -71,6 +71,10 @@ pub struct PodView<'a> {
     /// Milliseconds the pod would spend loading the request's LoRA adapter first (0: it holds
     /// it, or the request names none; `crate::adapters`).
     pub adapter_load_ms: f64,
+    /// Milliseconds another adapter's next request there would spend loading it again, evicted by
+    /// this request's load (every slot holds another adapter): what the pool pays, not this
+    /// request (`crate::adapters::AdapterLoad`).
+    pub adapter_reload_ms: f64,
 }
 
 impl PodView<'_> {

@@ -123,8 +123,9 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
 }
 
 /// `prediction` with the wait it adds behind it: its prefill × the longer of the pod's queue and
-/// `pool_queue`, the candidates' mean (see the module header), and its adapter load × the pod's
-/// own queue. A load is paid once: the pod then holds the adapter, and the next arrivals there
+/// `pool_queue`, the candidates' mean (see the module header), its adapter load × the pod's
+/// own queue, and the reload of an adapter it evicts, paid once by that adapter's next request
+/// and once by each request queued behind it. A load is paid once: the pod then holds the adapter, and the next arrivals there
 /// do not pay it again, where every request moved off a prefix's holder recomputes. Priced by
 /// the pool's queue, a load never looked cheaper than the holder's queue however long that grew,
 /// and a hot adapter stayed on one pod while another sat idle.
@@ -138,8 +139,13 @@ pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f6
     };
     let load = prediction.adapter_load_ms;
     let prefill = prediction.own_compute_ms - load;
+    // An evicted adapter's reload is a load like this one, paid by its next request and by
+    // whoever queues behind that.
+    let reload = pod.adapter_reload_ms.max(0.0);
     Prediction {
-        added_wait_ms: prefill * waiters(pod.queue().max(pool_queue)) + load * waiters(pod.queue()),
+        added_wait_ms: prefill * waiters(pod.queue().max(pool_queue))
+            + (load + reload) * waiters(pod.queue())
+            + reload,
         ..prediction
     }
 }

@@ -21,6 +21,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         models: &[],
         matched_blocks: 0,
         adapter_load_ms: 0.0,
+        adapter_reload_ms: 0.0,
         warm_load_ms: 0.0,
     }
 }
@@ -322,6 +323,27 @@ fn in_flight_work_steers_before_metrics_catch_up() {
     assert_ne!(
         primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
         first
+    );
+}
+
+#[test]
+fn an_evicted_adapters_reload_is_the_pools_cost_not_this_requests_first_token() {
+    let hashes: Vec<u64> = (1..=10).collect();
+    let r = request(&hashes);
+    let mut p = pod(ADDRS[0]);
+    p.matched_blocks = 10;
+    p.waiting = 3.0;
+    p.adapter_load_ms = 40.0;
+    let free_slot = predict::with_added_wait(predict::predict(&p, &r), &p, 0.0);
+    p.adapter_reload_ms = 40.0;
+    let full = predict::with_added_wait(predict::predict(&p, &r), &p, 0.0);
+    // The request waits for its own load either way.
+    assert_eq!(full.ttft_ms, free_slot.ttft_ms);
+    assert_eq!(full.adapter_load_ms, 40.0);
+    // The reload is paid by the evicted adapter's next request and the three queued behind it.
+    assert_eq!(
+        full.pool_cost_ms() - free_slot.pool_cost_ms(),
+        40.0 * (1.0 + 3.0)
     );
 }
 
