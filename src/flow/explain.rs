@@ -132,15 +132,19 @@ fn write_ranking(line: &mut String, ranked: &[Choice]) {
     }
 }
 
-/// The chosen pod's loads beside its prefill, where some candidate has one: an adapter it lacks,
-/// prompt blocks in a KV tier beyond the GPU.
+/// The chosen pod's loads beside its prefill, where some candidate has one: an adapter it lacks
+/// (and the reload of the one it evicts), prompt blocks in a KV tier beyond the GPU.
 fn write_loads(line: &mut String, ranked: &[Choice]) {
     use std::fmt::Write as _;
     let Some(p) = ranked.first().map(|c| &c.prediction) else {
         return;
     };
     if ranked.iter().any(|c| c.prediction.adapter_load_ms > 0.0) {
-        let _ = write!(line, "; adapter_load_ms={:.1}", p.adapter_load_ms);
+        let _ = write!(
+            line,
+            "; adapter_load_ms={:.1}; adapter_reload_ms={:.1}",
+            p.adapter_load_ms, p.adapter_reload_ms
+        );
     }
     if ranked.iter().any(|c| c.prediction.warm_load_ms > 0.0) {
         let _ = write!(line, "; warm_load_ms={:.1}", p.warm_load_ms);

@@ -66,6 +66,9 @@ pub struct Prediction {
     pub added_wait_ms: f64,
     /// Of `ttft_ms`, the time to load the request's adapter (see the module header).
     pub adapter_load_ms: f64,
+    /// The reload of the adapter that load evicts, which another request pays (in
+    /// `added_wait_ms`, not in `ttft_ms`).
+    pub adapter_reload_ms: f64,
     /// Of `ttft_ms`, the time to load its cached blocks from tiers beyond the GPU.
     pub warm_load_ms: f64,
 }
@@ -118,6 +121,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         own_compute_ms,
         added_wait_ms: 0.0,
         adapter_load_ms,
+        adapter_reload_ms: pod.adapter_reload_ms.max(0.0),
         warm_load_ms,
     }
 }
@@ -141,7 +145,7 @@ pub fn with_added_wait(prediction: Prediction, pod: &PodView<'_>, pool_queue: f6
     let prefill = prediction.own_compute_ms - load;
     // An evicted adapter's reload is a load like this one, paid by its next request and by
     // whoever queues behind that.
-    let reload = pod.adapter_reload_ms.max(0.0);
+    let reload = prediction.adapter_reload_ms;
     Prediction {
         added_wait_ms: prefill * waiters(pod.queue().max(pool_queue))
             + (load + reload) * waiters(pod.queue())
