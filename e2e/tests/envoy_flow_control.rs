@@ -1,8 +1,9 @@
 //! Flow control through the real Envoy with kvroute.wasm: while every pod is full, requests wait
 //! at the gateway (paused after their body) and are released in priority order to the pod that
 //! frees first; the queue is bounded, a held request times out with a 429 and `Retry-After`, and
-//! a client that gives up leaves the queue at once. One worker, so one queue sees every request,
-//! except in the last test: two workers, each holding its own requests, in one order.
+//! a client that gives up leaves the queue at once; a latency objective counts the hold. One
+//! worker, so one queue sees every request, except in the two-worker test: each worker holds its
+//! own requests, in one order.
 
 mod common;
 
@@ -250,4 +251,40 @@ async fn requests_held_by_two_workers_are_released_in_one_priority_order() {
          high {high:?}, low {low:?}"
     );
     assert_eq!(envoy.stat(RELEASED).await, 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_requests_first_token_objective_counts_its_hold() {
+    const MISSED: &str = "wasmcustom.kvroute.slo.ttft_missed_total";
+    let (_sim, envoy) =
+        held_stack(json!({"enabled": true, "queue_depth": 1, "ttl_ms": 20000})).await;
+    let url = envoy.url("/v1/chat/completions");
+    // Two long prefills (about a second and a half each) fill both pods.
+    let fill = [
+        spawn_chat(&url, "fill-a-", 3000, &[]),
+        spawn_chat(&url, "fill-b-", 3000, &[]),
+    ];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Held until a pod frees, then prefilled in a tenth of a second: late for a 400 ms objective
+    // counted from when the client sent it, on time for one of a minute.
+    let tight = spawn_chat(&url, "tight-", 200, &[("x-slo-ttft-ms", "400")]);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let loose = spawn_chat(&url, "loose-", 200, &[("x-slo-ttft-ms", "60000")]);
+    let sent = Instant::now();
+    let (tight, tight_at, _) = tight.await.unwrap();
+    let (loose, _, _) = loose.await.unwrap();
+    for f in fill {
+        assert_eq!(f.await.unwrap().0.status, 200);
+    }
+    assert_eq!((tight.status, loose.status), (200, 200), "{}", tight.body);
+    assert_eq!(envoy.stat(HELD).await, 2, "both waited at the gateway");
+    assert!(
+        tight_at.duration_since(sent) > Duration::from_millis(400),
+        "the hold alone outlasted the objective"
+    );
+    assert_eq!(
+        envoy.stat(MISSED).await,
+        1,
+        "the tight objective missed, counted from the client's request, not from its release"
+    );
 }

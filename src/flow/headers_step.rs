@@ -66,6 +66,7 @@ impl RequestFlow {
         endpoint: Endpoint,
         path: &str,
     ) -> HeadersOutcome {
+        self.arrived_us = host.now_us();
         match read_hints(vm, header) {
             Ok(hints) => self.hints = hints,
             Err((code, counter, message)) => {

@@ -128,3 +128,62 @@ fn past_its_bound_the_queue_answers_429_at_once_and_off_nothing_is_held() {
         ));
     }
 }
+
+#[test]
+fn a_held_requests_first_token_objective_counts_its_hold() {
+    let cfg = config(ON);
+    let mut c = Cluster::new(&cfg, 1);
+    c.ready();
+    let body = |tag: &str| chat_body("m", &format!("{tag} {}", "words ".repeat(300)));
+    let (mut first, _) = send(&mut c, 1, &[], &body("a"));
+    let (_second, _) = send(&mut c, 2, &[], &body("b"));
+    // An objective of 100 ms that the hold alone uses up; a sheddable one just as tight.
+    let (mut held, outcome) = send(&mut c, 3, &[("x-slo-ttft-ms", "100")], &body("c"));
+    assert_eq!(outcome, BodyOutcome::Hold);
+    let (mut shed, outcome) = send(
+        &mut c,
+        4,
+        &[("x-slo-ttft-ms", "100"), ("x-kvroute-priority", "-1")],
+        &body("d"),
+    );
+    assert_eq!(outcome, BodyOutcome::Hold);
+    let (vm, host) = &mut c.vms[0];
+    host.advance_ms(150);
+    first.on_response_headers(vm, host, Some("200"), false);
+    first.on_response_body(vm, host, 40, None, false);
+    assert_eq!(due(vm, host), Some(Release::Plan(3)));
+    let released = held.on_request_body(vm, host, Some(&body("c")));
+    assert!(matches!(released, BodyOutcome::Route(_)), "{released:?}");
+    // Its first byte 10 ms after the release: 160 ms after the client sent it.
+    host.advance_ms(10);
+    held.on_response_headers(vm, host, Some("200"), false);
+    held.on_response_body(vm, host, 40, None, false);
+    assert_eq!(
+        host.counter(Counter::SloTtftMissed),
+        1,
+        "the client waited 160 ms for a 100 ms objective"
+    );
+    assert_eq!(
+        host.histogram_samples(Histogram::TtftMs),
+        vec![150, 10],
+        "the histogram stays decision to first byte, beside the prediction"
+    );
+    // The sheddable one's objective passed while it waited: no pod can meet it now.
+    let mut refused = None;
+    for _ in 0..3 {
+        if let Some(Release::Plan(4)) = due(vm, host) {
+            refused = Some(shed.on_request_body(vm, host, Some(&body("d"))));
+            break;
+        }
+        host.advance_ms(20);
+    }
+    match refused {
+        Some(BodyOutcome::Reply(reply)) => {
+            assert_eq!(reply.status, 429);
+            assert!(reply
+                .headers
+                .contains(&("x-kvroute-error", "slo_unattainable".to_string())));
+        }
+        other => panic!("a sheddable request past its objective is refused, got {other:?}"),
+    }
+}

@@ -134,6 +134,9 @@ pub struct RequestFlow {
     endpoint: Option<Endpoint>,
     path: String,
     hints: Hints,
+    /// When the request's headers reached this filter: the start of the client's first-token
+    /// objective (a request held by flow control waits after this, before it is routed).
+    arrived_us: u64,
     routed_to: Option<String>,
     /// The client asked for the debug header and may have it (`debug_header`).
     debug_wanted: bool,
@@ -356,7 +359,12 @@ impl RequestFlow {
         now: u64,
         decode_only: bool,
     ) -> Plan {
-        let mut plan = vm.router.plan(&vm.config, model, blocks, self.hints, now);
+        let waited_ms = now.saturating_sub(self.arrived_us / 1000) as f64;
+        let hints = Hints {
+            slo: self.hints.slo.after(waited_ms),
+            ..self.hints
+        };
+        let mut plan = vm.router.plan(&vm.config, model, blocks, hints, now);
         self.split.probing = false;
         if let Some(pd) = plan.pd.as_mut() {
             if decode_only {

@@ -225,7 +225,14 @@ impl RequestFlow {
                 &labels,
                 awaiting.first.predicted_ms.max(0.0) as u64,
             );
-            if self.hints.slo.ttft_ms.is_some_and(|slo| observed_ms > slo) {
+            // The objective is the client's: from its request's arrival, a hold included.
+            let since_arrival_ms = host.now_us().saturating_sub(self.arrived_us) as f64 / 1e3;
+            if self
+                .hints
+                .slo
+                .ttft_ms
+                .is_some_and(|slo| since_arrival_ms > slo)
+            {
                 host.count(Counter::SloTtftMissed, 1);
             }
             if observed_ms > 0.0 {

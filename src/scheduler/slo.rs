@@ -60,6 +60,17 @@ impl Slo {
         self.ttft_ms.is_some() || self.tpot_ms.is_some()
     }
 
+    /// What is left of the objectives `waited_ms` after the request arrived: the first-token
+    /// objective is the client's, from its request's headers, so a request held at the gateway
+    /// (flow control) or slow to upload its body is planned against what remains of it (none left:
+    /// no pod meets it).
+    pub fn after(self, waited_ms: f64) -> Slo {
+        Slo {
+            ttft_ms: self.ttft_ms.map(|slo| (slo - waited_ms.max(0.0)).max(0.0)),
+            ..self
+        }
+    }
+
     /// Whether a pod predicted at `ttft_ms`, observed at `itl_ms` per token, meets both.
     pub fn met_by(&self, ttft_ms: f64, itl_ms: Option<f64>) -> bool {
         let ttft_ok = self.ttft_ms.is_none_or(|slo| ttft_ms <= slo);
