@@ -494,6 +494,7 @@ mod tests {
             served: Vec::new(),
             serves: Vec::new(),
             locality: None,
+            restarts: 0,
         };
         assert_eq!(health_of(&pod, 5000, 2000), Health::Unknown);
         pod.late = true;

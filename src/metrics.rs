@@ -254,6 +254,9 @@ pub enum Counter {
     /// cached than prompt tokens or a prompt longer than any model takes (ignored), a `/metrics`
     /// sample beyond what an engine holds (clamped to that bound).
     PodReportedImplausible,
+    /// Restarts the leader saw in a pod's polls (its process start time changed, or its metrics
+    /// came back after polls that failed outright): its prefix entries were dropped.
+    PodRestarts,
     /// Requests flow control held at the gateway because every pod was full.
     FlowHeld,
     /// Held requests released (routed, or answered or passed on as they would have been).
@@ -326,7 +329,7 @@ pub enum Histogram {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 39] = [
+    pub const ALL: [Counter; 40] = [
         Counter::RequestsRouted,
         Counter::Passthrough,
         Counter::NoEndpoint,
@@ -363,6 +366,7 @@ impl Counter {
         Counter::PeerBlocksLearned,
         Counter::PeerSyncFailures,
         Counter::PodReportedImplausible,
+        Counter::PodRestarts,
         Counter::FlowHeld,
         Counter::FlowReleased,
         Counter::FlowDropped,
@@ -407,6 +411,7 @@ impl Counter {
             Counter::PeerBlocksLearned => "kvroute.replicas.blocks_learned_total",
             Counter::PeerSyncFailures => "kvroute.replicas.sync_failures_total",
             Counter::PodReportedImplausible => "kvroute.pod.reported_implausible_total",
+            Counter::PodRestarts => "kvroute.pod.restarts_total",
             Counter::FlowHeld => "kvroute.flow.held_total",
             Counter::FlowReleased => "kvroute.flow.released_total",
             Counter::FlowDropped => "kvroute.flow.dropped_total",
@@ -422,7 +427,7 @@ impl Counter {
             Counter::RequestFailures
             | Counter::CachePredictedTokens
             | Counter::CacheReportedTokens => POOL_ROLE_MODEL,
-            Counter::PodReportedImplausible => &[POOL, ROLE, POD],
+            Counter::PodReportedImplausible | Counter::PodRestarts => &[POOL, ROLE, POD],
             Counter::FlowDropped => &[REASON],
             _ => &[],
         }

@@ -426,3 +426,69 @@ async fn a_pod_that_evicted_a_prefix_stops_attracting_what_it_lost() {
     }
     drop(sim);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_pods_prefixes_are_forgotten_at_its_next_poll() {
+    let (sim, envoy) = stack(2, &[], json!({})).await;
+    let url = envoy.url("/v1/chat/completions");
+    let tenant = system_prompt("restarted-tenant-", 800);
+    let first = post(&fresh_client(), &url, &chat(&tenant, "q", 2, false), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.pod.clone().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // every VM has the pages
+    let hit = post(
+        &fresh_client(),
+        &url,
+        &chat(&tenant, "again", 2, false),
+        &[],
+    )
+    .await;
+    assert_eq!(hit.pod.as_deref(), Some(holder.as_str()), "{:?}", hit.debug);
+    assert_eq!(hit.debug_field("reason").as_deref(), Some("prefix"));
+
+    // The holder restarts between two polls: nothing failed, its process start time moved.
+    let restart = reqwest::Client::new()
+        .post(format!("http://{holder}/sim/restart"))
+        .send()
+        .await
+        .unwrap();
+    assert!(restart.status().is_success());
+    harness::wait_for(Duration::from_secs(5), "the restart counted", || async {
+        envoy
+            .stat_where("wasmcustom.kvroute.pod.restarts_total", "pod", &holder)
+            .await
+            == 1
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // every VM has read the table
+                                                          // Before any response reported the loss, no pod is believed to hold the prompt any more.
+    let after = post(
+        &fresh_client(),
+        &url,
+        &chat(&tenant, "after", 2, false),
+        &[],
+    )
+    .await;
+    assert_eq!(after.status, 200, "{}", after.body);
+    assert_eq!(
+        after.debug_field("longest").as_deref(),
+        Some(""),
+        "{:?}",
+        after.debug
+    );
+    assert_eq!(after.debug_field("reason").as_deref(), Some("load"));
+    assert_eq!(
+        after.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0,
+        "it was not held anywhere"
+    );
+    // The other pod never restarted.
+    let other = sim.pods.iter().find(|p| **p != holder).unwrap();
+    assert_eq!(
+        envoy
+            .stat_where("wasmcustom.kvroute.pod.restarts_total", "pod", other)
+            .await,
+        0
+    );
+}

@@ -370,6 +370,8 @@ fn gen_metrics(g: &mut Gen) -> PodMetrics {
             prefilling: g.number(1e3),
             inflight: g.number(1e3),
         },
+        // The leader's alone: never in a table (`serde(skip)`).
+        started_at: None,
     }
 }
 
@@ -394,6 +396,7 @@ fn gen_table(g: &mut Gen) -> LoadTable {
                 .collect(),
             serves: (0..g.len(3)).map(|_| g.string(12)).collect(),
             locality: None,
+            restarts: u32::from(g.u8() & 3),
         })
         .collect();
     LoadTable {

@@ -66,6 +66,7 @@ pub(crate) fn router(pod: Arc<Pod>) -> Router {
         .route("/sim/stats", get(sim_stats))
         .route("/sim/fault", post(sim_fault))
         .route("/sim/reset", post(sim_reset))
+        .route("/sim/restart", post(sim_restart))
         .route("/sim/kv-pulled", post(sim_kv_pulled))
         .route("/sim/probe", post(super::probe::sim_probe));
     let routes = match pod.cfg.root_path.as_deref() {
@@ -996,8 +997,12 @@ async fn metrics_text(State(pod): State<Arc<Pod>>) -> Response {
         GARBAGE_METRICS.to_string()
     } else {
         let snapshot = pod.engine.snapshot();
-        let mut text = metrics::render(&pod.config_now(), &snapshot);
+        let cfg = pod.config_now();
+        let mut text = metrics::render(&cfg, &snapshot);
         text.push_str(&pod.lora_metrics(&snapshot));
+        if cfg.engine == crate::EngineKind::Vllm {
+            text.push_str(&pod.process_metrics());
+        }
         lie(text, &faults.metrics_lie)
     };
     (
@@ -1166,6 +1171,33 @@ async fn sim_reset(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     target.apply_faults(Faults::default(), None).await;
     target.engine.reset_cache();
     control_reply(json!({"pod": target.id, "reset": true}))
+}
+
+/// A restart of the addressed pod (or `{"pod": "ip:port"}`, a sibling): see `Pod::restart`.
+async fn sim_restart(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ResetRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    &format!("invalid restart request: {e}"),
+                )
+            }
+        }
+    };
+    let Some(target) = pod.resolve(req.pod.as_deref()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            "no such pod in this simulator process",
+        );
+    };
+    target.restart().await;
+    control_reply(json!({"pod": target.id, "restarted": true}))
 }
 
 /// NIXL's read notification: a decode pod has pulled the KV this pod held under the first of

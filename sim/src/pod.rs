@@ -153,6 +153,16 @@ pub(crate) struct Pod {
     lora: Mutex<LoraActivity>,
     /// Responses API answers this pod stored (`super::responses::Stored`).
     pub stored: super::responses::Stored,
+    /// When the pod's process started (Unix seconds), `process_start_time_seconds`; moved by a
+    /// restart (`POST /sim/restart`).
+    started_at: Mutex<f64>,
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Bound on the label sets `vllm:lora_requests_info` keeps (prometheus_client keeps every one).
@@ -225,6 +235,7 @@ impl Pod {
                 .unwrap_or(0),
             lora: Mutex::new(LoraActivity::default()),
             stored: Default::default(),
+            started_at: Mutex::new(unix_now()),
         });
         lock(&pod.lora).stamp(String::new(), String::new());
         lock(&pod.siblings).insert(pod.id.clone(), Arc::downgrade(&pod));
@@ -338,6 +349,31 @@ impl Pod {
         if headers.contains_key(PREFILLER_HEADER) {
             c.seen_prefiller += 1;
         }
+    }
+
+    /// A restart quicker than a poll interval: the process starts again (a later
+    /// `process_start_time_seconds`, at least a second on) with an empty prefix cache and host
+    /// tier and no faults. The pod's counters carry on (vLLM's would start from zero; the
+    /// benchmarks read them as deltas).
+    pub async fn restart(self: &Arc<Self>) {
+        self.apply_faults(Faults::default(), None).await;
+        self.engine.reset_cache();
+        let mut started = lock(&self.started_at);
+        *started = unix_now().max(*started + 1.0);
+    }
+
+    /// The process collector's start time as Python's `prometheus_client` renders it on vLLM's
+    /// page (`process_start_time_seconds 1.74262400557e+09`, vllm-project/production-stack#318).
+    pub fn process_metrics(&self) -> String {
+        let started = *lock(&self.started_at);
+        let exp = started.abs().log10().floor().max(0.0) as i32;
+        let mantissa = started / 10f64.powi(exp);
+        format!(
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n\
+             # TYPE process_start_time_seconds gauge\n\
+             process_start_time_seconds {}e+{exp:02}\n",
+            format!("{mantissa:.11}").trim_end_matches('0')
+        )
     }
 
     /// `vllm:lora_requests_info` as vLLM exposes it when LoRA is enabled (empty otherwise):

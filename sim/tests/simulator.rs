@@ -371,12 +371,18 @@ async fn queue_and_running_metrics_follow_load() {
     assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), Some(0.0));
     assert_eq!(metric(&m, "vllm:generation_tokens_total"), Some(360.0));
     assert!(m.contains("vllm:request_success_total{model_name=\"sim-model\",engine=\"0\",finished_reason=\"length\"} 6.0"));
-    for line in m.lines().filter(|l| !l.starts_with('#')) {
+    // The process collector's samples carry no labels, as prometheus_client renders them.
+    for line in m
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("process_"))
+    {
         assert!(
             line.contains("model_name=\"sim-model\""),
             "unlabelled sample: {line}"
         );
     }
+    let started = metric(&m, "process_start_time_seconds").expect("the process's start");
+    assert!(started > 1.7e9, "{started}");
     assert!(m.contains("# TYPE vllm:inter_token_latency_seconds histogram"));
     assert!(m.contains("vllm:cache_config_info{"));
     assert!(m.contains("block_size=\"16\""));

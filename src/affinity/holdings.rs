@@ -32,6 +32,8 @@ pub struct IndexSizes {
 pub struct Affinity {
     index: PrefixIndex,
     slot_of: HashMap<String, usize>,
+    /// Each listed pod's restart count as last listed (`PodLoad::restarts`).
+    restarts: HashMap<String, u32>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
 }
@@ -133,6 +135,18 @@ impl Affinity {
         for addr in removed {
             if let Some(slot) = self.slot_of.remove(&addr) {
                 self.index.clear_slot(slot);
+            }
+            self.restarts.remove(&addr);
+        }
+        // A restarted pod's cache is empty: what the index held there is dropped at once, not
+        // one response report at a time (each a whole recompute later), and routing relearns it.
+        // Every VM sees the table and drops it alike; a VM's first table only sets the count.
+        for pod in &table.pods {
+            let before = self.restarts.insert(pod.addr.clone(), pod.restarts);
+            if before.is_some_and(|n| n != pod.restarts) {
+                if let Some(&slot) = self.slot_of.get(&pod.addr) {
+                    self.index.clear_slot(slot);
+                }
             }
         }
         // Linear in the pool: a search of the used slots per new pod was quadratic (512 pods

@@ -35,6 +35,14 @@ pub struct PodLoad {
     /// Where the pod is, as Envoy reported it with the pool cluster's members (`crate::pd::topology`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<crate::pod::locality::Locality>,
+    /// Restarts the leader has seen (`crate::vm::leader`): each emptied the pod's KV cache, so a
+    /// worker that sees it change drops the pod's prefix entries at once.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub restarts: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -116,6 +124,7 @@ mod tests {
             served: Vec::new(),
             serves: Vec::new(),
             locality: None,
+            restarts: 0,
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));

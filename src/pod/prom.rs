@@ -62,6 +62,11 @@ pub struct PodMetrics {
     /// poll, the most of `waiting` and `running` that can be ours (see [`GatewayShare`]).
     #[serde(default, skip_serializing_if = "GatewayShare::is_none")]
     pub ours: GatewayShare,
+    /// The engine process's start (`process_start_time_seconds`, Unix seconds; Python engines'
+    /// standard process collector: vLLM, SGLang): another value means a restart, an empty cache.
+    /// The leader's alone (`crate::vm::leader`); not in the load table.
+    #[serde(skip)]
+    pub started_at: Option<f64>,
 }
 
 /// This gateway's requests on a pod when its poll was sent (every worker VM's, from the work
@@ -145,6 +150,7 @@ enum Signal {
     KvUsage,
     CacheInfo,
     LoraInfo,
+    StartTime,
 }
 
 fn signal(name: &str) -> Option<Signal> {
@@ -166,6 +172,7 @@ fn signal(name: &str) -> Option<Signal> {
         | "llamacpp:kv_cache_usage_ratio" => Signal::KvUsage,
         "vllm:cache_config_info" | "sglang:cache_config_info" => Signal::CacheInfo,
         "vllm:lora_requests_info" => Signal::LoraInfo,
+        "process_start_time_seconds" => Signal::StartTime,
         _ => return None,
     })
 }
@@ -210,7 +217,7 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         let bound = match sig {
             Signal::Waiting | Signal::Running => MAX_POD_REQUESTS,
             Signal::KvUsage => 1.0,
-            Signal::CacheInfo | Signal::LoraInfo => f64::INFINITY,
+            Signal::CacheInfo | Signal::LoraInfo | Signal::StartTime => f64::INFINITY,
         };
         if value > bound {
             implausible = implausible.saturating_add(1);
@@ -246,6 +253,7 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
                     .filter(|v| *v > 0);
             }
             Signal::LoraInfo => {}
+            Signal::StartTime => m.started_at = Some(value),
         }
     }
     judge(
@@ -573,7 +581,14 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-l
         let page = "# HELP python_gc_objects_collected_total Objects collected during gc\n# TYPE python_gc_objects_collected_total counter\npython_gc_objects_collected_total{generation=\"0\"} 1234.0\nprocess_cpu_seconds_total 1.5e+01\nprocess_start_time_seconds 1.71234567e+09\nmy_engine_busy_slots{slot=\"a}b\"} 3 1712345678000\nweird_value NaN\n\n";
         let read_page = read(page.as_bytes()).unwrap();
         assert_eq!(read_page.figures, Figures::Unknown);
-        assert_eq!(read_page.metrics, PodMetrics::default());
+        assert_eq!(
+            read_page.metrics,
+            PodMetrics {
+                started_at: Some(1.71234567e9),
+                ..PodMetrics::default()
+            },
+            "nothing but the process's start (a restart's witness)"
+        );
         let only_types = "# HELP my_queue Requests queued\n# TYPE my_queue gauge\n";
         assert_eq!(
             read(only_types.as_bytes()).map(|p| p.figures),

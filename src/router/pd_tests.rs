@@ -46,6 +46,7 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
                 served: Vec::new(),
                 serves: Vec::new(),
                 locality: None,
+                restarts: 0,
                 late: false,
                 ejected_until_ms: 0,
             });

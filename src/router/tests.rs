@@ -30,6 +30,7 @@ fn table(addrs: &[&str], now: u64) -> LoadTable {
                 served: Vec::new(),
                 serves: Vec::new(),
                 locality: None,
+                restarts: 0,
                 late: false,
                 ejected_until_ms: 0,
             })
@@ -388,6 +389,40 @@ fn a_reported_miss_trims_what_the_pod_evidently_lost() {
         r.affinity.index().blocks_held(slot),
         older.hashes.len() + newer.hashes.len()
     );
+}
+
+#[test]
+fn a_restarted_pods_prefix_entries_are_dropped_when_the_table_says_so() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    let prompt = Blocks::of(&cfg.block, &chat(&"tenant ".repeat(200), "q"), None);
+    for addr in ["a:1", "b:1"] {
+        r.affinity.observe(&Observation {
+            addr: addr.into(),
+            hashes: prompt.hashes.clone(),
+        });
+    }
+    let held = |r: &Router, addr: &str| {
+        let slot = r.affinity.slot_of(addr).unwrap();
+        r.affinity.index().match_lengths(&prompt.hashes, 64)[slot]
+    };
+    let whole = prompt.hashes.len();
+    // The same count again: nothing dropped.
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 200));
+    assert_eq!((held(&r, "a:1"), held(&r, "b:1")), (whole, whole));
+    // a restarted: its entries go at once, b's stay.
+    let mut restarted = table(&["a:1", "b:1"], 300);
+    restarted.pods[0].restarts = 1;
+    r.apply_load_table(&cfg, restarted.clone());
+    assert_eq!((held(&r, "a:1"), held(&r, "b:1")), (0, whole));
+    // Relearned by routing, and kept while the count stays.
+    r.affinity.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: prompt.hashes.clone(),
+    });
+    r.apply_load_table(&cfg, restarted);
+    assert_eq!(held(&r, "a:1"), whole);
 }
 
 #[test]

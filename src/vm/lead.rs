@@ -361,14 +361,7 @@ impl Vm {
             };
             let late = matches!(result, PollResult::TimedOut);
             let fresh = st.book.on_poll(&addr, result, ours, now);
-            if let Some((pool, role, n)) = st.book.implausible(&addr) {
-                let labels = [
-                    (metrics::POOL, pool),
-                    (metrics::ROLE, metrics::role_label(role)),
-                    (metrics::POD, addr.as_str()),
-                ];
-                host.count_in(Counter::PodReportedImplausible, &labels, u64::from(n));
-            }
+            count_poll_findings(host, &st.book, &addr);
             if late {
                 host.count(Counter::PollsLate, 1);
                 log::debug!("kvroute: poll of {addr} timed out: its figures are stale");
@@ -377,5 +370,27 @@ impl Vm {
                 log::debug!("kvroute: poll of {addr} failed (status {status})");
             }
         }
+    }
+}
+
+/// Counts what a pod's last poll showed beyond its load, per pod: a restart, samples that cannot
+/// be true.
+fn count_poll_findings(host: &mut dyn Host, book: &Leader, addr: &str) {
+    let labels = |pool, role| {
+        [
+            (metrics::POOL, pool),
+            (metrics::ROLE, metrics::role_label(role)),
+            (metrics::POD, addr),
+        ]
+    };
+    if let Some((pool, role)) = book.restarted(addr) {
+        host.count_in(Counter::PodRestarts, &labels(pool, role), 1);
+    }
+    if let Some((pool, role, n)) = book.implausible(addr) {
+        host.count_in(
+            Counter::PodReportedImplausible,
+            &labels(pool, role),
+            u64::from(n),
+        );
     }
 }

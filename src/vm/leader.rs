@@ -26,6 +26,10 @@ struct PodRecord {
     models_asked_ms: u64,
     /// Samples of its last page that could not be true (`prom::Page::implausible`).
     implausible: u32,
+    /// Restarts seen ([`restarted`]), published as `PodLoad::restarts`.
+    restarts: u32,
+    /// The last poll saw a restart (the caller counts it: `kvroute.pod.restarts`).
+    just_restarted: bool,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +97,8 @@ impl Leader {
                 served: Vec::new(),
                 models_asked_ms: 0,
                 implausible: 0,
+                restarts: 0,
+                just_restarted: false,
             });
             record.role = role;
             if record.pool != *pool {
@@ -184,9 +190,20 @@ impl Leader {
         };
         record.late = false;
         record.implausible = 0;
+        record.just_restarted = false;
         match read {
             Some(Ok(page)) => {
                 record.implausible = page.implausible;
+                if restarted(record, &page.metrics) {
+                    record.restarts = record.restarts.wrapping_add(1);
+                    record.just_restarted = true;
+                    log::info!(
+                        "kvroute: pod {addr} restarted (process start {:?} after {:?}, polls failing before: {}): its KV cache is empty, its prefix entries are dropped",
+                        page.metrics.started_at,
+                        record.metrics.started_at,
+                        record.failing
+                    );
+                }
                 if page.figures == Figures::Unknown && record.figures != Some(Figures::Unknown) {
                     log::info!(
                         "kvroute: pod {addr}'s /metrics names no load gauge kvroute reads (vLLM, SGLang, TRT-LLM, llama.cpp, TGI): routed on this gateway's own count of its requests"
@@ -222,6 +239,15 @@ impl Leader {
                 false
             }
         }
+    }
+
+    /// The pod's pool and role when its last poll saw it restarted (the caller counts it:
+    /// `kvroute.pod.restarts`).
+    pub fn restarted(&self, addr: &str) -> Option<(&str, Role)> {
+        let record = self.pods.get(addr)?;
+        record
+            .just_restarted
+            .then_some((record.pool.as_str(), record.role))
     }
 
     /// The pod's pool and role and how many samples of its last page could not be true, when
@@ -303,6 +329,7 @@ impl Leader {
                 served: r.served.clone(),
                 serves: served_names(&r.metrics, &r.served),
                 locality: self.localities.get(addr).cloned(),
+                restarts: r.restarts,
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -312,6 +339,23 @@ impl Leader {
             published_ms: now_ms,
             pods,
         }
+    }
+}
+
+/// Whether a page read after `record`'s last shows the pod restarted, its KV cache emptied: a
+/// process start time other than the last page's (vLLM and SGLang export it), or, where the pod
+/// exports none, a page after polls that failed outright (refused, reset, non-200: the server was
+/// down, as an engine is while it loads its weights). A poll that only timed out is a busy pod,
+/// not a restart; a pod that reports its start time is never judged by its failed polls (a
+/// network fault is not a restart). The first page of a pod is no restart: nothing was routed.
+fn restarted(record: &PodRecord, page: &PodMetrics) -> bool {
+    if record.metrics_at_ms == 0 {
+        return false;
+    }
+    match (record.metrics.started_at, page.started_at) {
+        // Exporters print the start with sub-second digits; a second's slack for rounding.
+        (Some(before), Some(now)) => (now - before).abs() >= 1.0,
+        _ => record.failing,
     }
 }
 
@@ -340,6 +384,93 @@ mod tests {
 
     fn config(json: &str) -> Config {
         Config::parse(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_restart_is_seen_by_its_process_start_or_by_a_page_after_failed_polls() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1","10.0.0.2:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        let started = |at: f64| {
+            format!(
+                "process_start_time_seconds {at:e}\n{}",
+                String::from_utf8_lossy(PAGE)
+            )
+        };
+        let poll = |l: &mut Leader, addr: &str, result: PollResult<'_>, now: u64| {
+            l.on_poll(addr, result, GatewayShare::default(), now);
+            (
+                l.restarted(addr).is_some(),
+                l.table(now)
+                    .pods
+                    .iter()
+                    .find(|p| p.addr == addr)
+                    .unwrap()
+                    .restarts,
+            )
+        };
+        let (a, b) = ("10.0.0.1:1", "10.0.0.2:1");
+        let first = started(1.712345678e9);
+        // A pod's first page is no restart; the same start again, after a timeout or failed
+        // polls (a network fault), neither.
+        assert_eq!(
+            poll(&mut l, a, PollResult::Answered(200, first.as_bytes()), 1000),
+            (false, 0)
+        );
+        assert_eq!(poll(&mut l, a, PollResult::TimedOut, 1100), (false, 0));
+        assert_eq!(
+            poll(&mut l, a, PollResult::Answered(200, first.as_bytes()), 1200),
+            (false, 0)
+        );
+        assert_eq!(poll(&mut l, a, PollResult::Failed, 1300), (false, 0));
+        assert_eq!(
+            poll(&mut l, a, PollResult::Answered(200, first.as_bytes()), 1400),
+            (false, 0)
+        );
+        // A later start, even without a failed poll between (a restart quicker than a poll): one
+        // restart, counted once.
+        let second = started(1.712345999e9);
+        assert_eq!(
+            poll(
+                &mut l,
+                a,
+                PollResult::Answered(200, second.as_bytes()),
+                1500
+            ),
+            (true, 1)
+        );
+        assert_eq!(
+            poll(
+                &mut l,
+                a,
+                PollResult::Answered(200, second.as_bytes()),
+                1600
+            ),
+            (false, 1)
+        );
+        // A pod that exports no start (llama.cpp): back after polls that failed outright is a
+        // restart; after a late one, not.
+        assert_eq!(
+            poll(&mut l, b, PollResult::Answered(200, PAGE), 1000),
+            (false, 0)
+        );
+        assert_eq!(poll(&mut l, b, PollResult::TimedOut, 1100), (false, 0));
+        assert_eq!(
+            poll(&mut l, b, PollResult::Answered(200, PAGE), 1200),
+            (false, 0)
+        );
+        assert_eq!(poll(&mut l, b, PollResult::Failed, 1300), (false, 0));
+        assert_eq!(
+            poll(&mut l, b, PollResult::Answered(503, b""), 1400),
+            (false, 0)
+        );
+        assert_eq!(
+            poll(&mut l, b, PollResult::Answered(200, PAGE), 1500),
+            (true, 1)
+        );
+        assert_eq!(
+            poll(&mut l, b, PollResult::Answered(200, PAGE), 1600),
+            (false, 1)
+        );
     }
 
     #[test]
