@@ -665,11 +665,13 @@ pub async fn run_after_warmup_with(
             metrics::scrape_all(&client, &pods, SCRAPE_TIMEOUT).await
         })
     };
+    let restart = drive.reset_as_restart;
     let reset = drive.reset_caches_at_s.map(|at| {
-        let (client, pods) = (client.clone(), pods.to_vec());
+        let reset_pods = drive.reset_pods.unwrap_or(pods.len()).min(pods.len());
+        let (client, pods) = (client.clone(), pods[..reset_pods].to_vec());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs_f64(at * time_scale)).await;
-            reset_caches(&client, &pods).await
+            reset_caches(&client, &pods, restart).await
         })
     });
     let out = driver::drive_with(target, spec, time_scale, drive).await?;
@@ -710,9 +712,15 @@ pub async fn run_after_warmup_with(
     Ok(report)
 }
 
-/// Empties every pod's prefix cache (`POST /sim/reset` with an empty body: the pod addressed),
-/// all pods at once. Returns the pods reset and, for the others, why not.
-pub async fn reset_caches(client: &reqwest::Client, pods: &[String]) -> (usize, Vec<String>) {
+/// Empties every pod's prefix cache (`POST /sim/reset` with an empty body: the pod addressed;
+/// `POST /sim/restart` where `restart`, a restart the pods' metrics show), all pods at once.
+/// Returns the pods reset and, for the others, why not.
+pub async fn reset_caches(
+    client: &reqwest::Client,
+    pods: &[String],
+    restart: bool,
+) -> (usize, Vec<String>) {
+    let path = if restart { "sim/restart" } else { "sim/reset" };
     let calls = pods.iter().map(|pod| async move {
         let base = if pod.starts_with("http://") || pod.starts_with("https://") {
             pod.trim_end_matches('/').to_owned()
@@ -720,7 +728,7 @@ pub async fn reset_caches(client: &reqwest::Client, pods: &[String]) -> (usize, 
             format!("http://{pod}")
         };
         let resp = client
-            .post(format!("{base}/sim/reset"))
+            .post(format!("{base}/{path}"))
             .timeout(SCRAPE_TIMEOUT)
             .send()
             .await
@@ -794,6 +802,10 @@ pub struct CompareOptions {
     /// Empty every pod's cache this many simulated seconds into each run
     /// ([`driver::DriveOptions::reset_caches_at_s`]).
     pub reset_caches_at_s: Option<f64>,
+    /// The reset restarts the pods ([`driver::DriveOptions::reset_as_restart`]).
+    pub reset_as_restart: bool,
+    /// Only the first this many pods are reset ([`driver::DriveOptions::reset_pods`]).
+    pub reset_pods: Option<usize>,
     /// A policy that fails (its router not installed, its stack not starting) is reported in
     /// [`Compared::failed`] and the others still run, rather than the whole comparison failing.
     pub keep_going: bool,
@@ -904,6 +916,8 @@ async fn compare_one(
         router: router.map(Arc::new),
         other_gateways: stack.other_urls(),
         reset_caches_at_s: extra.reset_caches_at_s,
+        reset_as_restart: extra.reset_as_restart,
+        reset_pods: extra.reset_pods,
     };
     let report = run_after_warmup_with(
         &stack.url(),

@@ -59,6 +59,11 @@ pub struct DriveOptions {
     /// [`run_after_warmup_with`](super::compare::run_after_warmup_with), which knows the pods;
     /// the driver itself only sends.
     pub reset_caches_at_s: Option<f64>,
+    /// The reset is a restart of every pod (`POST /sim/restart`: its `process_start_time_seconds`
+    /// moves), which a router reading it can see at its next poll.
+    pub reset_as_restart: bool,
+    /// Only the first this many pods are reset (all when `None`).
+    pub reset_pods: Option<usize>,
 }
 
 /// Longest wall-clock wait the driver will schedule (30 days).

@@ -145,6 +145,13 @@ pub(crate) struct CompareArgs {
     /// before the reset
     #[arg(long, value_name = "SECONDS")]
     pub(crate) reset_caches_at: Option<f64>,
+    /// The cache reset is a restart of every pod (POST /sim/restart: a later
+    /// process_start_time_seconds, the cache emptied), not vLLM's reset_prefix_cache
+    #[arg(long, requires = "reset_caches_at")]
+    pub(crate) reset_as_restart: bool,
+    /// Reset (or restart) only the first N pods, not every one (one pod's crash, not the pool's)
+    #[arg(long, value_name = "N", requires = "reset_caches_at")]
+    pub(crate) reset_pods: Option<usize>,
     /// A policy that fails to start or run is reported and left out (its checks "not measured")
     /// instead of ending the comparison
     #[arg(long)]
@@ -314,6 +321,8 @@ pub(crate) async fn compare_cases(
     }
     let extra = compare::CompareOptions {
         reset_caches_at_s: args.reset_caches_at,
+        reset_as_restart: args.reset_as_restart,
+        reset_pods: args.reset_pods,
         keep_going: args.keep_going,
     };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
@@ -416,6 +425,8 @@ pub(crate) async fn compare_cases(
                 "poll_interval_ms": args.poll_interval_ms,
                 "kvroute_config": plugin_extra,
                 "reset_caches_at_s": args.reset_caches_at,
+                "reset_as_restart": args.reset_as_restart,
+                "reset_pods": args.reset_pods,
                 "seeds": seeds,
                 "warmup_s": warmup,
                 "policies": summaries,

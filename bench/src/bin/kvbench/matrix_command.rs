@@ -249,6 +249,10 @@ mod tests {
         assert_eq!(by_name("tenants-stall-ts0.05").time_scale, 0.05);
         assert_eq!(by_name("tenants-stall-poll500").poll_interval_ms, 500);
         assert_eq!(by_name("tenants-stall-reset").reset_caches_at, Some(120.0));
+        assert!(!by_name("tenants-stall-reset").reset_as_restart);
+        assert!(by_name("tenants-stall-restart").reset_as_restart);
+        assert_eq!(by_name("tenants-stall-restart").reset_pods, None);
+        assert_eq!(by_name("tenants-stall-restart-one").reset_pods, Some(1));
         assert_eq!(by_name("tenants-64-skewed").spec.zipf, 1.0);
         let short = matrix_args(&["--cells", "short", "--seeds", "1", "--time-scale", "0.2"]);
         let cells = matrix::select(&short.cells).expect("known");
