@@ -353,8 +353,10 @@ fn restarted(record: &PodRecord, page: &PodMetrics) -> bool {
         return false;
     }
     match (record.metrics.started_at, page.started_at) {
-        // Exporters print the start with sub-second digits; a second's slack for rounding.
-        (Some(before), Some(now)) => (now - before).abs() >= 1.0,
+        // The same process prints the same start every time (prometheus_client: ten
+        // significant digits, 10 ms at today's epoch); half a second is far beyond any rounding
+        // and far below any engine's restart (it loads its weights).
+        (Some(before), Some(now)) => (now - before).abs() >= 0.5,
         _ => record.failing,
     }
 }
