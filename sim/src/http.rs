@@ -1146,55 +1146,44 @@ async fn sim_fault(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
     control_reply(json!({"pod": target.id, "faults": faults}))
 }
 
-async fn sim_reset(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+/// The pod a reset or restart addresses: this one (an empty body) or `{"pod": "ip:port"}`, a
+/// sibling in this process; `what` names the request in its error.
+fn addressed_pod(pod: &Arc<Pod>, body: &[u8], what: &str) -> Result<Arc<Pod>, Box<Response>> {
     let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
         ResetRequest::default()
     } else {
-        match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequestError",
-                    &format!("invalid reset request: {e}"),
-                )
-            }
-        }
+        serde_json::from_slice(body).map_err(|e| {
+            Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &format!("invalid {what} request: {e}"),
+            ))
+        })?
     };
-    let Some(target) = pod.resolve(req.pod.as_deref()) else {
-        return error(
+    pod.resolve(req.pod.as_deref()).ok_or_else(|| {
+        Box::new(error(
             StatusCode::NOT_FOUND,
             "NotFoundError",
             "no such pod in this simulator process",
-        );
+        ))
+    })
+}
+
+async fn sim_reset(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
+    let target = match addressed_pod(&pod, &body, "reset") {
+        Ok(target) => target,
+        Err(reply) => return *reply,
     };
     target.apply_faults(Faults::default(), None).await;
     target.engine.reset_cache();
     control_reply(json!({"pod": target.id, "reset": true}))
 }
 
-/// A restart of the addressed pod (or `{"pod": "ip:port"}`, a sibling): see `Pod::restart`.
+/// A restart of the addressed pod: see `Pod::restart`.
 async fn sim_restart(State(pod): State<Arc<Pod>>, body: Bytes) -> Response {
-    let req: ResetRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        ResetRequest::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequestError",
-                    &format!("invalid restart request: {e}"),
-                )
-            }
-        }
-    };
-    let Some(target) = pod.resolve(req.pod.as_deref()) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "NotFoundError",
-            "no such pod in this simulator process",
-        );
+    let target = match addressed_pod(&pod, &body, "restart") {
+        Ok(target) => target,
+        Err(reply) => return *reply,
     };
     target.restart().await;
     control_reply(json!({"pod": target.id, "restarted": true}))
