@@ -235,7 +235,13 @@ impl Costs {
         let fit = slot.get_or_insert_with(|| CostFit::for_role(&learning));
         // The pod is compared with the role's fit as it stood before this sample.
         let role_ms = fit.coefficients().predict_ms(first.tokens, first.decoding);
-        fit.observe(&learning, first.tokens, first.decoding, observed_ms);
+        fit.observe_behind(
+            &learning,
+            first.uncached_tokens,
+            first.tokens - first.uncached_tokens,
+            first.decoding,
+            observed_ms,
+        );
         let speed = self.speeds.entry_ref(first.addr.as_str()).or_default();
         let listed = self.role_by_addr.contains_key(first.addr.as_str());
         let i = role_index(role);

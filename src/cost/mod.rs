@@ -9,12 +9,15 @@
 //! ([`PodSpeed`], which says why one factor per pod rather than a fit per pod), so a pool mixing
 //! GPU generations is ranked by what each pod actually does.
 //!
-//! The fit is a ridge regression with exponential forgetting: decayed sums of the features'
-//! outer products (a 3×3 matrix and a 3-vector, 12 numbers per fit whatever the traffic), solved on
-//! every sample, regularised toward a configured prior worth `prior_samples` samples at a typical
-//! request, so a role with no history predicts by the prior and one with history by its
-//! observations. Old samples fade with `1/ROLE_FORGET_SAMPLES` per new one, and a pod's speed with
-//! `1/FORGET_SAMPLES`, so a pod that slows down (thermal throttling, a noisy neighbour) is
+//! The fit is a weighted ridge regression with directional forgetting: decayed sums of the
+//! features' outer products (a 3×3 matrix and a 3-vector, 12 numbers per fit whatever the
+//! traffic), solved on every sample, regularised toward a configured prior worth `prior_samples`
+//! samples at a typical request, so a role with no history predicts by the prior and one with
+//! history by its observations. A sample counts by how much of its prefill the gateway knows
+//! exactly (its own uncached tokens against the queue the board estimates ahead of it), and fades
+//! old information only along its own features (`1/ROLE_FORGET_SAMPLES` per new sample), so a
+//! run of hits does not unlearn what recomputes showed of the cost per token; a pod's speed fades
+//! with `1/FORGET_SAMPLES`, so a pod that slows down (thermal throttling, a noisy neighbour) is
 //! re-learned within tens of requests. Robust to outliers: once a fit has `ROBUST_AFTER` samples,
 //! an observation is clamped to within `OUTLIER_FACTOR` of the current prediction before it is
 //! added (a winsorised update), so one request that waited on a pod-side hiccup moves the fit by a

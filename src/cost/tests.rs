@@ -2,6 +2,17 @@ use super::calibration::*;
 use super::fit::*;
 use super::speed::*;
 
+/// Draws uniform in [0, 1) from a seeded LCG: reproducible noise without a crate.
+fn uniform_draws(seed: u64) -> impl FnMut() -> f64 {
+    let mut x = seed;
+    move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 fn truth(tokens: f64, decoding: f64) -> f64 {
     // A pod at 20 µs per token, 3 ms overhead, 0.5 ms per decoding sequence.
     3.0 + 0.020 * tokens + 0.5 * decoding
@@ -308,4 +319,77 @@ fn a_pod_speed_follows_the_pod_and_ignores_garbage() {
         speed.observe(role_ms, observed);
         assert_eq!(speed, kept);
     }
+}
+
+#[test]
+fn a_run_of_hits_keeps_what_recomputes_taught_about_the_cost_per_token() {
+    // The tenants' cold start: whole 6,000-token prompts recomputed behind queues of others
+    // (100 µs a token at time scale 0.1, 3 ms overhead). Then an hour of hits, 60-400 uncached
+    // tokens each, observed within ±20% (the poll's age, the client's hop). A restart's first
+    // recompute must still be predicted from the cold start's slope: hits say little about it,
+    // so they must not make the fit forget what the recomputes said.
+    let truth = |tokens: f64, decoding: f64| 3.0 + 0.1 * tokens + 0.05 * decoding;
+    let cfg = CostConfig::default();
+    let mut fit = CostFit::for_role(&cfg);
+    let mut next = uniform_draws(23);
+    for _ in 0..60 {
+        let tokens = 6000.0 * (1.0 + (next() * 4.0).floor());
+        fit.observe(&cfg, tokens, 8.0, truth(tokens, 8.0) * (0.9 + 0.2 * next()));
+    }
+    let recompute = truth(6000.0, 8.0);
+    let learned = fit.coefficients().predict_ms(6000.0, 8.0);
+    assert!(
+        (learned / recompute).ln().abs() < 0.1,
+        "{learned} vs {recompute}"
+    );
+    for _ in 0..6000 {
+        let tokens = 60.0 + (next() * 340.0).floor();
+        let decoding = 4.0 + (next() * 12.0).floor();
+        let noise = (next() * 0.4 - 0.2).exp();
+        fit.observe(&cfg, tokens, decoding, truth(tokens, decoding) * noise);
+    }
+    let c = fit.coefficients();
+    let after = c.predict_ms(6000.0, 8.0);
+    assert!(
+        (after / recompute).ln().abs() < 0.2,
+        "after the hits: {after} ms predicted for a {recompute} ms recompute, {c:?}"
+    );
+    let hit = c.predict_ms(200.0, 8.0);
+    assert!(
+        (hit / truth(200.0, 8.0)).ln().abs() < 0.1,
+        "hits: {hit} vs {}",
+        truth(200.0, 8.0)
+    );
+}
+
+#[test]
+fn a_misjudged_queue_ahead_does_not_flatten_the_cost_per_token() {
+    // The queue ahead of a request is the work board's estimate: during a cold start of whole
+    // prefills it is off by a factor of two either way (a head that looked done, a queued prompt
+    // another request already computed). Regressed on as if exact, that error flattens the slope
+    // and lifts the overhead (errors in variables): on a tenants cold start the fit came out at
+    // 40 µs a token and 60 ms of overhead against 80 µs and 7 ms. The request's own uncached
+    // tokens are known exactly, so a sample counts by the share of its tokens that are its own.
+    let truth = |tokens: f64| 7.0 + 0.08 * tokens;
+    let cfg = CostConfig::default();
+    let mut fit = CostFit::for_role(&cfg);
+    let mut next = uniform_draws(5);
+    for i in 0..400 {
+        let (own, ahead) = match i % 10 {
+            0 => (7600.0, 0.0),
+            1..=3 => (60.0 + next() * 300.0, next() * 15_000.0),
+            4 => (7600.0, next() * 15_000.0),
+            _ => (60.0 + next() * 300.0, 0.0),
+        };
+        let believed = ahead * (next() * 2.0 - 1.0).exp();
+        fit.observe_behind(&cfg, own, believed, 2.0, truth(own + ahead));
+    }
+    let c = fit.coefficients();
+    assert!((c.us_per_token / 80.0).ln().abs() < 0.15, "{c:?}");
+    let p = c.predict_ms(7600.0, 2.0);
+    assert!(
+        (p / truth(7600.0)).ln().abs() < 0.15,
+        "a recompute on an idle pod: {p} ms predicted, {} ms taken, {c:?}",
+        truth(7600.0)
+    );
 }

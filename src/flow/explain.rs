@@ -132,6 +132,22 @@ fn write_ranking(line: &mut String, ranked: &[Choice]) {
     }
 }
 
+/// The chosen pod's learned model (its role's fit times its speed) and the role's median
+/// calibration: what a prediction that looks wrong was computed from.
+fn write_model(line: &mut String, vm: &Vm, addr: &str) {
+    use std::fmt::Write as _;
+    let costs = &vm.router.costs;
+    let model = costs.cost_of(&vm.config.costs(), addr);
+    let scale = costs
+        .role_of(addr)
+        .map_or(1.0, |role| costs.ttft_scale_of(role).factor());
+    let _ = write!(
+        line,
+        "; model_overhead_ms={:.1}; model_us_per_token={:.1}; model_us_per_decoding={:.1}; ttft_scale={:.2}",
+        model.overhead_ms, model.us_per_token, model.us_per_decoding, scale
+    );
+}
+
 /// The chosen pod's loads beside its prefill, where some candidate has one: an adapter it lacks
 /// (and the reload of the one it evicts), prompt blocks in a KV tier beyond the GPU.
 fn write_loads(line: &mut String, ranked: &[Choice]) {
@@ -192,6 +208,7 @@ pub fn debug_line(
             .unwrap_or_default(),
     );
     write_ranking(&mut line, ranked);
+    write_model(&mut line, vm, &primary.addr);
     write_loads(&mut line, ranked);
     if let Some(slo) = primary.meets_slo {
         let _ = write!(line, "; meets_slo={slo}");
