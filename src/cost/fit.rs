@@ -195,8 +195,8 @@ impl CostFit {
     /// Forgetting is directional (Kulhavý's): a sample fades the fit's information only along its
     /// own features, so a run of hits (tens of uncached tokens each) renews what the fit knows
     /// about hits and leaves what recomputes taught about the cost per token. With plain
-    /// exponential forgetting an hour of hits left the per-token cost to the prior and the hits'
-    /// noise, and a restart's recomputes were predicted from a sixth to three times their time.
+    /// exponential forgetting, 6,000 hits after the recomputes left the per-token cost to the
+    /// prior and the hits' noise: a recompute predicted at 0.75× its time (`cost::tests`).
     pub fn observe_behind(
         &mut self,
         config: &CostConfig,

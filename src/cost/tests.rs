@@ -369,7 +369,7 @@ fn a_misjudged_queue_ahead_does_not_flatten_the_cost_per_token() {
     // another request already computed). Regressed on as if exact, that error flattens the slope
     // and lifts the overhead (errors in variables): on a tenants cold start the fit came out at
     // 40 µs a token and 60 ms of overhead against 80 µs and 7 ms. The request's own uncached
-    // tokens are known exactly, so a sample counts by the share of its tokens that are its own.
+    // tokens are known exactly, so a sample counts by the square of the share that is its own.
     let truth = |tokens: f64| 7.0 + 0.08 * tokens;
     let cfg = CostConfig::default();
     let mut fit = CostFit::for_role(&cfg);
