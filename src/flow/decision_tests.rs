@@ -63,6 +63,24 @@ fn a_routed_request_exports_its_decision_and_a_repeat_expects_its_prefix_cached(
     );
     let cached_ms: f64 = field(&c, PREDICTED_TTFT_MS).unwrap().parse().unwrap();
     assert!(cached_ms < first_ms, "{cached_ms} < {first_ms}");
+    // The line carries the model the prediction was computed from, and it adds up.
+    let number = |key: &str| -> f64 {
+        debug
+            .split("; ")
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {debug}"))
+    };
+    let tokens = number("tokens_ahead") + number("uncached_tokens");
+    let recomputed = (number("model_overhead_ms")
+        + number("model_us_per_token") * tokens / 1e3
+        + number("model_us_per_decoding") * number("decoding") / 1e3)
+        * number("ttft_scale");
+    let predicted = number("predicted_ttft_ms");
+    assert!(
+        (recomputed - predicted).abs() <= 0.2 + 0.02 * predicted,
+        "{recomputed} from the model against {predicted} predicted: {debug}"
+    );
 }
 
 #[test]
