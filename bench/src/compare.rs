@@ -639,7 +639,7 @@ pub async fn run_after_warmup_with(
     if warmup_s == 0.0
         && drive.router.is_none()
         && drive.other_gateways.is_empty()
-        && drive.reset_caches_at_s.is_none()
+        && drive.pod_reset.is_none()
     {
         return run(target, pods, spec, time_scale).await;
     }
@@ -648,7 +648,7 @@ pub async fn run_after_warmup_with(
         "warm-up ({warmup_s} s) must be shorter than the duration ({} s)",
         spec.duration_s
     );
-    if let Some(at) = drive.reset_caches_at_s {
+    if let Some(at) = drive.pod_reset.map(|r| r.at_s) {
         anyhow::ensure!(
             at.is_finite() && at > 0.0 && at < spec.duration_s,
             "the cache reset ({at} s) must fall inside the run (0–{} s)",
@@ -665,20 +665,20 @@ pub async fn run_after_warmup_with(
             metrics::scrape_all(&client, &pods, SCRAPE_TIMEOUT).await
         })
     };
-    let restart = drive.reset_as_restart;
-    let reset = drive.reset_caches_at_s.map(|at| {
-        let reset_pods = drive.reset_pods.unwrap_or(pods.len()).min(pods.len());
+    let reset = drive.pod_reset.map(|r| {
+        let reset_pods = r.pods.unwrap_or(pods.len()).min(pods.len());
         let (client, pods) = (client.clone(), pods[..reset_pods].to_vec());
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs_f64(at * time_scale)).await;
-            reset_caches(&client, &pods, restart).await
-        })
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs_f64(r.at_s * time_scale)).await;
+            reset_caches(&client, &pods, r.restart).await
+        });
+        (task, r.at_s)
     });
     let out = driver::drive_with(target, spec, time_scale, drive).await?;
     let before = scrape.await.context("the warm-up scrape task failed")?;
     let after = metrics::scrape_all(&client, pods, SCRAPE_TIMEOUT).await;
-    let cache_reset = match (reset, drive.reset_caches_at_s) {
-        (Some(task), Some(at)) => {
+    let cache_reset = match reset {
+        Some((task, at)) => {
             let (done, errors) = task.await.context("the cache reset task failed")?;
             Some(CacheReset::of(
                 &out.records,
@@ -689,7 +689,7 @@ pub async fn run_after_warmup_with(
                 errors,
             ))
         }
-        _ => None,
+        None => None,
     };
     let records: Vec<driver::RequestRecord> = out
         .records
@@ -799,13 +799,8 @@ pub async fn compare(
 /// What [`compare_with`] does beyond [`compare`].
 #[derive(Clone, Debug, Default)]
 pub struct CompareOptions {
-    /// Empty every pod's cache this many simulated seconds into each run
-    /// ([`driver::DriveOptions::reset_caches_at_s`]).
-    pub reset_caches_at_s: Option<f64>,
-    /// The reset restarts the pods ([`driver::DriveOptions::reset_as_restart`]).
-    pub reset_as_restart: bool,
-    /// Only the first this many pods are reset ([`driver::DriveOptions::reset_pods`]).
-    pub reset_pods: Option<usize>,
+    /// Empty the pods' caches during each run ([`driver::DriveOptions::pod_reset`]).
+    pub pod_reset: Option<driver::PodReset>,
     /// A policy that fails (its router not installed, its stack not starting) is reported in
     /// [`Compared::failed`] and the others still run, rather than the whole comparison failing.
     pub keep_going: bool,
@@ -915,9 +910,7 @@ async fn compare_one(
     let drive = driver::DriveOptions {
         router: router.map(Arc::new),
         other_gateways: stack.other_urls(),
-        reset_caches_at_s: extra.reset_caches_at_s,
-        reset_as_restart: extra.reset_as_restart,
-        reset_pods: extra.reset_pods,
+        pod_reset: extra.pod_reset,
     };
     let report = run_after_warmup_with(
         &stack.url(),

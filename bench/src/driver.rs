@@ -53,17 +53,23 @@ pub struct DriveOptions {
     /// of gateways, as clients behind a layer-4 balancer would spread (a session's turns land on
     /// different replicas).
     pub other_gateways: Vec<String>,
-    /// Simulated seconds into the run at which every pod's prefix cache is emptied
-    /// (`POST /sim/reset`); the report then has the hit ratio around it
+    /// The pods' caches emptied mid-run; the report then has the hit ratio around it
     /// ([`CacheReset`](super::report::CacheReset)). Done by
     /// [`run_after_warmup_with`](super::compare::run_after_warmup_with), which knows the pods;
     /// the driver itself only sends.
-    pub reset_caches_at_s: Option<f64>,
-    /// The reset is a restart of every pod (`POST /sim/restart`: its `process_start_time_seconds`
-    /// moves), which a router reading it can see at its next poll.
-    pub reset_as_restart: bool,
-    /// Only the first this many pods are reset (all when `None`).
-    pub reset_pods: Option<usize>,
+    pub pod_reset: Option<PodReset>,
+}
+
+/// Pods whose prefix cache is emptied during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PodReset {
+    /// Simulated seconds into the run (warm-up included).
+    pub at_s: f64,
+    /// A restart of each pod (`POST /sim/restart`: its `process_start_time_seconds` moves, which a
+    /// router reading it can see at its next poll), not vLLM's reset_prefix_cache (`/sim/reset`).
+    pub restart: bool,
+    /// Only the first this many pods (all when `None`).
+    pub pods: Option<usize>,
 }
 
 /// Longest wall-clock wait the driver will schedule (30 days).

@@ -7,7 +7,7 @@ use clap::{ArgGroup, Args, ValueEnum};
 use kvbench::compare::{self, Policy, StackOptions};
 use kvbench::compare_plots::ComparePlots;
 use kvbench::peers::{PeerPolicy, PeerRouter};
-use kvbench::{overload, summary};
+use kvbench::{driver, overload, summary};
 
 use crate::*;
 
@@ -320,9 +320,11 @@ pub(crate) async fn compare_cases(
         }
     }
     let extra = compare::CompareOptions {
-        reset_caches_at_s: args.reset_caches_at,
-        reset_as_restart: args.reset_as_restart,
-        reset_pods: args.reset_pods,
+        pod_reset: args.reset_caches_at.map(|at_s| driver::PodReset {
+            at_s,
+            restart: args.reset_as_restart,
+            pods: args.reset_pods,
+        }),
         keep_going: args.keep_going,
     };
     let plots = args.out.as_ref().map(|_| ComparePlots::new());
