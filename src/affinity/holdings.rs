@@ -139,13 +139,14 @@ impl Affinity {
             self.restarts.remove(&addr);
         }
         // A restarted pod's cache is empty: what the index held there is dropped at once, not
-        // one response report at a time (each a whole recompute later), and routing relearns it.
+        // one response report at a time (each a whole recompute later), and routing relearns it;
+        // where each prompt lived stays as the pod's former blocks (`super::index`).
         // Every VM sees the table and drops it alike; a VM's first table only sets the count.
         for pod in &table.pods {
             let before = self.restarts.insert(pod.addr.clone(), pod.restarts);
             if before.is_some_and(|n| n != pod.restarts) {
                 if let Some(&slot) = self.slot_of.get(&pod.addr) {
-                    self.index.clear_slot(slot);
+                    self.index.empty_slot(slot);
                 }
             }
         }
@@ -192,6 +193,12 @@ impl Affinity {
     /// How many leading blocks of `hashes` each slot holds (see [`Self::matched_of`]).
     pub fn match_lengths(&self, hashes: &[u64]) -> Vec<usize> {
         self.index.match_lengths(hashes, MAX_SLOTS)
+    }
+
+    /// How many leading blocks of `hashes` each slot held before its cache emptied (or holds
+    /// since), where it has former blocks; read with [`Self::matched_of`].
+    pub fn former_lengths(&self, hashes: &[u64]) -> Vec<usize> {
+        self.index.former_lengths(hashes, MAX_SLOTS)
     }
 
     /// `addr`'s entry of [`Self::match_lengths`] (0 for a pod without a slot).

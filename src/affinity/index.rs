@@ -15,6 +15,13 @@
 //! count, so `touches now − stamp` bounds how many blocks are newer than a block on that pod: with
 //! KV tiers beyond the GPU (`super::tiers`) the index holds every tier and this bound tells which
 //! tier a block has aged into, in one lookup.
+//!
+//! A pod whose cache was emptied (a restart) keeps what it held as
+//! its *former* blocks until it has touched a cache's worth of new ones: not a hit (they are gone),
+//! but where those prompts lived, which the picker uses as the affinity floor's benefit of the
+//! doubt (`crate::scheduler::picker`). Without it a restart of the whole pool re-placed every
+//! prompt as new under the restart's queues, and the pool's partition of prompts was lost with
+//! the caches (docs/results.md, "Where each prompt lived").
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
@@ -42,6 +49,10 @@ struct PodLru {
     queue: VecDeque<(u64, u64)>,
     /// Touches ever made here: how many blocks at most became newer than one touched earlier.
     touches: u64,
+    /// Blocks the pod held before it restarted (at most `capacity`), kept until
+    /// `touches` reaches `former_until`: by then the pod has refilled its cache.
+    former: hashbrown::HashSet<u64>,
+    former_until: u64,
 }
 
 impl PodLru {
@@ -52,6 +63,9 @@ impl PodLru {
     /// Returns the hashes evicted to stay within capacity.
     fn touch(&mut self, hash: u64, evicted: &mut Vec<u64>) {
         self.touches += 1;
+        if self.touches >= self.former_until && !self.former.is_empty() {
+            self.former = hashbrown::HashSet::new();
+        }
         let stamp = self.touches;
         self.latest.insert(hash, stamp);
         self.queue.push_back((hash, stamp));
@@ -142,7 +156,10 @@ impl PrefixIndex {
         }
     }
 
-    /// Forgets that the pod in `slot` holds `hashes` (it evicted them).
+    /// Forgets that the pod in `slot` holds `hashes` (a report showed them lost). Unlike a
+    /// restart's, they are not kept as former blocks: that would make every ordinary LRU eviction
+    /// sticky too, and on the reset cell, the one place it could help, it moved nothing beyond the
+    /// seeds' noise (docs/results.md, "Where each prompt lived").
     pub fn forget(&mut self, slot: usize, hashes: &[u64]) {
         let Some(pod) = self.pods.get_mut(slot) else {
             return;
@@ -169,15 +186,46 @@ impl PrefixIndex {
             .collect()
     }
 
-    /// Forgets everything about a slot (the pod left the pool or restarted).
+    /// Forgets everything about a slot (the pod left the pool, or a snapshot replaces it).
     pub fn clear_slot(&mut self, slot: usize) {
+        self.empty_slot(slot);
+        if let Some(pod) = self.pods.get_mut(slot) {
+            pod.former = hashbrown::HashSet::new();
+        }
+    }
+
+    /// The pod in `slot` lost its whole cache (it restarted): what it held becomes its former
+    /// blocks, replacing any older ones.
+    pub fn empty_slot(&mut self, slot: usize) {
         let Some(pod) = self.pods.get_mut(slot) else {
             return;
         };
         let hashes: Vec<u64> = pod.latest.keys().copied().collect();
         pod.latest.clear();
         pod.queue.clear();
+        pod.former = hashes.iter().copied().collect();
+        pod.former_until = pod.touches + pod.capacity as u64;
         self.unmark(slot, &hashes);
+    }
+
+    /// Leading blocks of `hashes` each of the first `slots` slots held or holds, where it has
+    /// former blocks (0 elsewhere): a block counts if it is held now or was before the cache
+    /// emptied, so a prompt whose opening another prompt has brought back still counts whole.
+    pub fn former_lengths(&self, hashes: &[u64], slots: usize) -> Vec<usize> {
+        let slots = slots.min(MAX_SLOTS).min(self.pods.len());
+        self.pods
+            .iter()
+            .take(slots)
+            .map(|pod| {
+                if pod.former.is_empty() {
+                    return 0;
+                }
+                hashes
+                    .iter()
+                    .take_while(|h| pod.former.contains(*h) || pod.latest.contains_key(*h))
+                    .count()
+            })
+            .collect()
     }
 
     /// Leading blocks of `hashes` held by each of the first `slots` slots that exist: `result[slot]`.
@@ -356,6 +404,29 @@ mod tests {
         idx.clear_slot(1);
         assert_eq!(idx.match_lengths(&[1, 2, 3], 2), vec![1, 0]);
         assert_eq!(idx.entries(), 1);
+    }
+
+    #[test]
+    fn an_emptied_pod_keeps_where_its_prompts_lived_until_it_refills() {
+        let mut idx = index(2, 4);
+        idx.observe(0, &[1, 2, 3]);
+        idx.observe(1, &[1, 9]);
+        idx.empty_slot(0);
+        assert_eq!(idx.match_lengths(&[1, 2, 3], 2), vec![0, 1], "not a hit");
+        assert_eq!(idx.former_lengths(&[1, 2, 3], 2), vec![3, 0]);
+        // The opening brought back by another prompt still counts with the former rest.
+        idx.observe(0, &[1]);
+        assert_eq!(idx.former_lengths(&[1, 2, 3, 4], 2), vec![3, 0]);
+        // A cache's worth of touches (4) after it emptied, the former blocks are gone.
+        idx.observe(0, &[5, 6, 7]);
+        assert_eq!(idx.former_lengths(&[1, 2, 3], 2), vec![0, 0]);
+        // Blocks a report showed lost are not; a pod leaving keeps none.
+        idx.forget(1, &[9]);
+        assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 0]);
+        idx.empty_slot(1);
+        assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 1]);
+        idx.clear_slot(1);
+        assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 0]);
     }
 
     #[test]

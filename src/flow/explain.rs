@@ -181,7 +181,7 @@ pub fn debug_line(
     let fallbacks: Vec<&str> = ranked.iter().skip(1).map(|c| c.addr.as_str()).collect();
     let p = &primary.prediction;
     let mut line = format!(
-        "pod={}; reason={}; matched_blocks={}/{}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; stale={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
+        "pod={}; reason={}; matched_blocks={}/{}; former_blocks={}; predicted_ttft_ms={:.1}; uncached_tokens={:.0}; tokens_ahead={:.0}; decoding={:.0}; guarded={}; stale={}; fallbacks={}; vm={:x}; page={}; pods={}; entries={}; longest={}",
         primary.addr,
         match reason {
             RouteReason::PrefixHit => "prefix",
@@ -191,6 +191,7 @@ pub fn debug_line(
         },
         primary.matched_blocks,
         blocks.hashes.len(),
+        primary.former_blocks,
         p.ttft_ms,
         p.uncached_tokens,
         p.tokens_ahead,
@@ -265,6 +266,7 @@ mod tests {
         Choice {
             addr: addr.to_string(),
             matched_blocks,
+            former_blocks: 0,
             prediction: Prediction {
                 ttft_ms,
                 ..Prediction::default()

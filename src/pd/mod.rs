@@ -541,6 +541,7 @@ mod tests {
         Choice {
             addr: addr.into(),
             matched_blocks: 0,
+            former_blocks: 0,
             prediction: Prediction {
                 ttft_ms,
                 uncached_tokens: 8000.0,

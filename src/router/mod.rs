@@ -142,6 +142,7 @@ impl Router {
         keep: usize,
     ) -> (Decision, bool) {
         let lengths = self.affinity.match_lengths(&blocks.hashes);
+        let former = self.affinity.former_lengths(&blocks.hashes);
         let of_role: Vec<(&PodLoad, Health)> = self
             .load
             .pods
@@ -189,16 +190,8 @@ impl Router {
                     itl_ms: self.costs.itl_of(&p.addr),
                     models: &p.serves,
                     matched_blocks: matched,
-                    warm_load_ms: self
-                        .affinity
-                        .tier_split(
-                            &config.kv_tiers,
-                            &p.addr,
-                            &blocks.hashes,
-                            matched,
-                            config.block.tokens_per_block,
-                        )
-                        .load_ms,
+                    former_blocks: self.affinity.matched_of(&former, &p.addr),
+                    warm_load_ms: self.warm_load_ms(config, &p.addr, blocks, matched),
                     adapter_load_ms: adapter_load.load_ms,
                     adapter_reload_ms: adapter_load.reload_ms,
                 }
@@ -223,6 +216,20 @@ impl Router {
             },
         );
         (decision, observer_suspect)
+    }
+
+    /// Milliseconds `addr` would spend loading those of its `matched` leading blocks of the
+    /// request that lie in a tier beyond the GPU.
+    fn warm_load_ms(&self, config: &Config, addr: &str, blocks: &Blocks, matched: usize) -> f64 {
+        self.affinity
+            .tier_split(
+                &config.kv_tiers,
+                addr,
+                &blocks.hashes,
+                matched,
+                config.block.tokens_per_block,
+            )
+            .load_ms
     }
 
     /// The full decision for a request: the decode (or aggregated) pod with fallbacks, and, where

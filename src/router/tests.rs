@@ -425,6 +425,73 @@ fn a_restarted_pods_prefix_entries_are_dropped_when_the_table_says_so() {
     assert_eq!(held(&r, "a:1"), whole);
 }
 
+/// Restarting every pod empties every cache, not the pool's partition of prompts: each prompt
+/// goes back to the pod that held it (a recompute there as anywhere, not a hit), where without
+/// the restarted pods' former blocks it went wherever a new prompt would.
+#[test]
+fn after_the_whole_pool_restarts_each_prompt_is_recomputed_at_its_old_home() {
+    let cfg = Config::default();
+    let addrs = ["a:1", "b:1", "c:1"];
+    let fresh = {
+        let mut r = Router::new();
+        r.apply_load_table(&cfg, table(&addrs, 100));
+        r
+    };
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&addrs, 100));
+    let prompts: Vec<Blocks> = (0..12)
+        .map(|t| {
+            Blocks::of(
+                &cfg.block,
+                &chat(&format!("tenant {t} ").repeat(200), "q"),
+                None,
+            )
+        })
+        .collect();
+    let route = |r: &Router, prompt: &Blocks, now: u64| {
+        r.route(
+            &cfg,
+            "m",
+            &[Role::Aggregated],
+            prompt,
+            Hints::default(),
+            now,
+        )
+    };
+    // Each prompt lives on a pod other than the one a new prompt would go to.
+    let mut homes = Vec::new();
+    for prompt in &prompts {
+        let new_home = primary(&route(&fresh, prompt, 100));
+        let home = addrs.iter().find(|a| **a != new_home).unwrap().to_string();
+        r.affinity.observe(&Observation {
+            addr: home.clone(),
+            hashes: prompt.hashes.clone(),
+        });
+        homes.push((home, new_home));
+    }
+    let mut restarted = table(&addrs, 200);
+    for pod in &mut restarted.pods {
+        pod.restarts = 1;
+    }
+    r.apply_load_table(&cfg, restarted);
+    for (prompt, (home, new_home)) in prompts.iter().zip(&homes) {
+        let d = route(&r, prompt, 200);
+        let Decision::Route { ranked, .. } = &d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(&ranked[0].addr, home, "not {new_home}: {d:?}");
+        assert_eq!(ranked[0].matched_blocks, 0, "a recompute, not a hit");
+        assert_eq!(ranked[0].former_blocks, prompt.hashes.len());
+    }
+    // Without them (the same index, its pods left and listed again) each goes where a new one
+    // would.
+    r.apply_load_table(&cfg, table(&[], 300));
+    r.apply_load_table(&cfg, table(&addrs, 300));
+    for (prompt, (_, new_home)) in prompts.iter().zip(&homes) {
+        assert_eq!(&primary(&route(&r, prompt, 300)), new_home);
+    }
+}
+
 #[test]
 fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
     let cfg = Config::default();

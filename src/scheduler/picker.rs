@@ -10,6 +10,12 @@
 //!   holds a few leading blocks of a long prompt gets a few percent of the band, not all of it; pods
 //!   holding the same share keep their order. A holder that truly cannot keep up still spills: its
 //!   queue grows until the band is crossed, or the overload guard below ranks it last.
+//!   A restarted pod counts the prompt's blocks it held before as held here, until it has
+//!   refilled ([`PodView::former_blocks`]): the prediction still prices a recompute everywhere,
+//!   but the move off the prompt's old home must win by the band, as a move off a holder must.
+//!   Without it a restart of every pod re-placed every prompt as new under the restart's queues:
+//!   in one run 7 of 12 tenants moved and the 3/3/3/3 partition became 4/3/4/2, where
+//!   vllm-router, keeping its stale tree, kept its partition.
 //! * **Ties.** Pods whose cost is within `prediction.tie_band` (relative) of the best, and
 //!   whose load is within `rendezvous_load_slack` requests of the least loaded among them, are
 //!   equal; they are ordered by rendezvous (highest-random-weight) hashing of the request's first
@@ -71,6 +77,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub struct Choice {
     pub addr: String,
     pub matched_blocks: usize,
+    /// [`PodView::former_blocks`].
+    pub former_blocks: usize,
     pub prediction: Prediction,
     /// Ranked behind the others by the overload guard.
     pub guarded: bool,
@@ -131,7 +139,8 @@ pub fn overloaded(config: &SelectionConfig<'_>, pod: &PodView<'_>, min_queue: f6
 /// What `pod` is ranked by: the request's cost to the pool there, less the affinity floor's
 /// benefit of the doubt for the share of the prompt it holds (see the module header).
 pub fn ranking_cost(pod: &PodView<'_>, prediction: &Prediction, request: &RouteRequest<'_>) -> f64 {
-    let held_tokens = pod.matched_blocks as f64 * f64::from(request.tokens_per_block);
+    let held_blocks = pod.matched_blocks.max(pod.former_blocks);
+    let held_tokens = held_blocks as f64 * f64::from(request.tokens_per_block);
     let held = if request.prompt_tokens == 0 {
         0.0
     } else {
@@ -209,6 +218,7 @@ pub fn pick(
             Some(Choice {
                 addr: pod.addr.to_string(),
                 matched_blocks: pod.matched_blocks,
+                former_blocks: pod.former_blocks,
                 prediction: predictions.get(e.index).copied().unwrap_or_default(),
                 guarded: e.guarded,
                 meets_slo: slo.is_set().then_some(e.meets_slo),

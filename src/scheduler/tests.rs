@@ -20,6 +20,7 @@ fn pod(addr: &'static str) -> PodView<'static> {
         itl_ms: None,
         models: &[],
         matched_blocks: 0,
+        former_blocks: 0,
         adapter_load_ms: 0.0,
         adapter_reload_ms: 0.0,
         warm_load_ms: 0.0,
@@ -860,5 +861,37 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
     };
     assert!((ranked[1].prediction.ttft_ms - 82.0).abs() < 0.01, "{d:?}");
     assert_eq!(ranked[1].prediction.added_wait_ms, 0.0);
+    assert_eq!(primary(&d), ADDRS[1], "{d:?}");
+}
+
+/// A pod whose cache emptied keeps the affinity floor for the prompts it held: the prediction
+/// prices the recompute there as anywhere, but the prompt moves off its old home only for a gain
+/// wider than the band, so a restart of the pool does not reshuffle which pod serves what.
+#[test]
+fn a_prompts_old_home_keeps_it_after_its_cache_empties_unless_another_pod_is_clearly_sooner() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens, held nowhere now
+    let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
+    for p in &mut pods {
+        p.error_band = 0.2;
+    }
+    // The old home: 10 + 0.04 × (200 ahead + 1,600) = 82 ms; the other pod 74 ms (10% sooner).
+    pods[0].queued_tokens = 200.0;
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
+    assert_eq!(primary(&d), ADDRS[1], "without a former home: {d:?}");
+    pods[0].former_blocks = 100;
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
+    assert_eq!(primary(&d), ADDRS[0], "82 × e^-0.2 = 67 against 74: {d:?}");
+    let Decision::Route { ranked, reason } = &d else {
+        panic!()
+    };
+    assert_eq!(*reason, RouteReason::Load, "not a hit");
+    assert_eq!(
+        ranked[0].prediction.uncached_tokens, 1600.0,
+        "priced as a recompute"
+    );
+    // Twice as far behind (146 ms against 74): beyond the band, it moves.
+    pods[0].queued_tokens = 1800.0;
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_eq!(primary(&d), ADDRS[1], "{d:?}");
 }
