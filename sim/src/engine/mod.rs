@@ -12,7 +12,9 @@
 //!
 //! KV blocks follow vLLM's block pool (`vllm/v1/core/kv_cache_manager.py`, `block_pool.py`): a
 //! request holds the blocks of the tokens it has computed or is computing; full prompt blocks live
-//! in the shared prefix cache (counted once however many requests use them); blocks nobody uses stay
+//! in the shared prefix cache (counted once however many requests use them) from the moment the
+//! step computing them is scheduled, as `allocate_slots` caches them, so a request admitted after
+//! them in the same step hits them (`Seq::reserve`); blocks nobody uses stay
 //! cached but count as free and are evicted least recently used first. A waiting request is admitted
 //! only if its new blocks (plus cached blocks it revives) fit in the free ones; a running request
 //! that needs a block when none is free preempts the lowest-priority running request (the last

@@ -87,6 +87,7 @@ impl State {
         s.release(&mut self.cache);
         let freed = before - self.cache.pinned_len() + s.private_blocks(cfg);
         s.pinned = 0;
+        s.written = 0;
         s.alloc = 0;
         s.computed = 0;
         s.prefill_remaining = 0;
@@ -236,6 +237,7 @@ impl State {
                 s.sched_decode = true;
             } else {
                 s.sched_prefill = want;
+                s.reserve(&mut self.cache, (s.computed + want) / bs);
             }
             if !decoding || counts_decodes {
                 budget -= want;
@@ -342,6 +344,7 @@ impl State {
                 self.cache.pin(*h);
             }
             s.pinned = hit;
+            s.written = hit;
             s.computed = computed;
             s.loading = loaded;
             s.prefill_remaining = prefill_remaining;
@@ -371,6 +374,7 @@ impl State {
                 }
                 if prefill_remaining > 0 {
                     s.sched_prefill = want;
+                    s.reserve(&mut self.cache, (s.computed + want) / bs);
                     budget -= want;
                 } else {
                     s.sched_decode = true;

@@ -76,8 +76,11 @@ pub(super) struct Seq {
     pub(super) computed: usize,
     pub(super) prefill_remaining: usize,
     pub(super) generated: usize,
-    /// How many leading prompt blocks this sequence holds pinned in the cache.
+    /// How many leading prompt blocks this sequence holds pinned in the cache: those computed and
+    /// those the step being run computes (cached when scheduled, see [`Seq::reserve`]).
     pub(super) pinned: usize,
+    /// How many leading prompt blocks were computed and written through to the host tier.
+    pub(super) written: usize,
     /// Tokens this sequence holds KV slots for (its blocks: `blocks_for(alloc)`).
     pub(super) alloc: usize,
     /// Simulated seconds of exclusive link time its pull still needs (shared link only).
@@ -114,6 +117,7 @@ impl Seq {
             prefill_remaining: 0,
             generated: 0,
             pinned: 0,
+            written: 0,
             alloc: 0,
             xfer_left: 0.0,
             ready_at: arrival,
@@ -134,26 +138,39 @@ impl Seq {
     }
 
     /// Pins (and so caches) every full prompt block whose KV now exists. Returns whether that
-    /// added any (their KV is then written through to the host tier, if the pod has one).
+    /// computed any new one (their KV is then written through to the host tier, if the pod has
+    /// one).
     pub(super) fn cover(&mut self, cache: &mut PrefixCache, block_size: usize) -> bool {
         let full = (self.computed / block_size).min(self.spec.block_hashes.len());
-        let new = self
-            .spec
-            .block_hashes
-            .get(self.pinned..full)
-            .unwrap_or_default();
-        for h in new {
-            cache.pin(*h);
-        }
-        self.pinned = self.pinned.max(full);
-        !new.is_empty()
+        self.reserve(cache, full);
+        let computed_more = full > self.written;
+        self.written = self.written.max(full);
+        computed_more
     }
 
-    /// The prompt blocks whose KV is on the GPU for this sequence, in chain order.
+    /// Pins (and so caches) the first `blocks` prompt blocks when the step that computes them is
+    /// scheduled, before it runs, as vLLM V1 does: `KVCacheManager.allocate_slots` caches a
+    /// request's full blocks up to `num_computed_tokens + num_new_tokens` as it allocates them, so
+    /// a request scheduled after it, in the same step or a later one, hits them instead of
+    /// computing the same prefix again (both read it once the forward pass has written it).
+    pub(super) fn reserve(&mut self, cache: &mut PrefixCache, blocks: usize) {
+        let blocks = blocks.min(self.spec.block_hashes.len());
+        for h in self
+            .spec
+            .block_hashes
+            .get(self.pinned..blocks)
+            .unwrap_or_default()
+        {
+            cache.pin(*h);
+        }
+        self.pinned = self.pinned.max(blocks);
+    }
+
+    /// The prompt blocks whose KV is computed on the GPU for this sequence, in chain order.
     pub(super) fn covered(&self) -> &[u64] {
         self.spec
             .block_hashes
-            .get(..self.pinned)
+            .get(..self.written)
             .unwrap_or_default()
     }
 

@@ -588,3 +588,25 @@ fn the_probe_counts_host_hits_as_a_load_not_a_prefill() {
         }
     }
 }
+
+/// vLLM V1 caches a request's blocks when it schedules them, so requests for the same prompt
+/// admitted in one step compute it once: the first the whole prompt, the others only what no
+/// full block covers (a restart's queue of one tenant's requests is one recompute, not four).
+#[test]
+fn requests_for_a_prompt_admitted_together_compute_it_once() {
+    let cfg = SimConfig::default();
+    assert_eq!(cfg.chunked_prefill_tokens, 0, "whole prompts, one step");
+    let eng = Engine::new(cfg.clone());
+    let t0 = Instant::now();
+    let mut rx: Vec<_> = (0..3).map(|_| push(&eng, spec(1, 160, 1), t0)).collect();
+    // 160 tokens for the first; 9 of the others' 10 blocks hit (the last token is always
+    // computed, so its block cannot), 16 tokens each.
+    let (_, prefill, _) = step(&eng, t0);
+    assert_eq!(prefill, 160 + 16 + 16);
+    let cached: Vec<usize> = rx
+        .iter_mut()
+        .map(|r| finished(r).expect("finished").cached_tokens)
+        .collect();
+    assert_eq!(cached, vec![0, 144, 144]);
+    assert_eq!(eng.lock().counters.prefix_hits, 288);
+}
