@@ -16,12 +16,12 @@
 //! KV tiers beyond the GPU (`super::tiers`) the index holds every tier and this bound tells which
 //! tier a block has aged into, in one lookup.
 //!
-//! A pod whose cache was emptied (a restart) keeps what it held as
-//! its *former* blocks until it has touched a cache's worth of new ones: not a hit (they are gone),
-//! but where those prompts lived, which the picker uses as the affinity floor's benefit of the
-//! doubt (`crate::scheduler::picker`). Without it a restart of the whole pool re-placed every
-//! prompt as new under the restart's queues, and the pool's partition of prompts was lost with
-//! the caches (docs/results.md, "Where each prompt lived").
+//! A restarted pod keeps what it held as its *former* blocks until it has touched a cache's worth
+//! of new ones: not a hit (they are gone), but where those prompts lived, which the picker uses as
+//! the affinity floor's benefit of the doubt (`crate::scheduler::picker`). Without it a restart of
+//! the whole pool re-placed every prompt as new under the restart's queues, and the pool's
+//! partition of prompts was lost with the caches (docs/results.md, "Where each prompt lived"). A
+//! VM that loads a snapshot starts without them (a snapshot carries what pods hold, not held).
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
