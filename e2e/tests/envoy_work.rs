@@ -483,6 +483,18 @@ async fn a_restarted_pods_prefixes_are_forgotten_at_its_next_poll() {
         0,
         "it was not held anywhere"
     );
+    // Not a hit, but its old home: the prompt is recomputed where it lived, not moved.
+    assert_eq!(
+        after.pod.as_deref(),
+        Some(holder.as_str()),
+        "{:?}",
+        after.debug
+    );
+    let former: usize = after
+        .debug_field("former_blocks")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(former > 0, "{:?}", after.debug);
     // The other pod never restarted.
     let other = sim.pods.iter().find(|p| **p != holder).unwrap();
     assert_eq!(
