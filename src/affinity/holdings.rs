@@ -195,8 +195,8 @@ impl Affinity {
         self.index.match_lengths(hashes, MAX_SLOTS)
     }
 
-    /// How many leading blocks of `hashes` each slot held before its cache emptied (or holds
-    /// since), where it has former blocks; read with [`Self::matched_of`].
+    /// How many leading blocks of `hashes` each slot held before it restarted (or holds since),
+    /// where it has former blocks; read with [`Self::matched_of`].
     pub fn former_lengths(&self, hashes: &[u64]) -> Vec<usize> {
         self.index.former_lengths(hashes, MAX_SLOTS)
     }

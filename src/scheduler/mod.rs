@@ -65,8 +65,8 @@ pub struct PodView<'a> {
     pub models: &'a [String],
     /// Leading blocks of the request that the index believes the pod holds, in any KV tier.
     pub matched_blocks: usize,
-    /// Leading blocks of the request the pod held before it restarted, until it has refilled: not a hit, but where the prompt lived, which the
-    /// affinity floor counts as held (`picker`).
+    /// Leading blocks of the request the pod held before it restarted, until it has refilled:
+    /// not a hit, but where the prompt lived, which the affinity floor counts as held (`picker`).
     pub former_blocks: usize,
     /// Milliseconds to load those of them that are in a tier beyond the GPU
     /// (`crate::affinity::tiers`).

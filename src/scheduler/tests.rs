@@ -864,11 +864,11 @@ fn a_holder_is_left_only_for_a_gain_wider_than_the_prediction_error() {
     assert_eq!(primary(&d), ADDRS[1], "{d:?}");
 }
 
-/// A pod whose cache emptied keeps the affinity floor for the prompts it held: the prediction
+/// A restarted pod keeps the affinity floor for the prompts it held: the prediction
 /// prices the recompute there as anywhere, but the prompt moves off its old home only for a gain
 /// wider than the band, so a restart of the pool does not reshuffle which pod serves what.
 #[test]
-fn a_prompts_old_home_keeps_it_after_its_cache_empties_unless_another_pod_is_clearly_sooner() {
+fn a_prompts_old_home_keeps_it_after_a_restart_unless_another_pod_is_clearly_sooner() {
     let cfg = Config::default();
     let hashes: Vec<u64> = (1..=100).collect(); // 1,600 tokens, held nowhere now
     let mut pods: Vec<PodView> = ADDRS.iter().take(2).map(|a| pod(a)).collect();
