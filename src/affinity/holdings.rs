@@ -196,8 +196,12 @@ impl Affinity {
     }
 
     /// How many leading blocks of `hashes` each slot held before it restarted (or holds since),
-    /// where it has former blocks; read with [`Self::matched_of`].
+    /// where it has former blocks; read with [`Self::matched_of`]. Empty (0 for every pod)
+    /// where no pod has any, as on almost every request: no per-request vector then.
     pub fn former_lengths(&self, hashes: &[u64]) -> Vec<usize> {
+        if !self.index.has_former() {
+            return Vec::new();
+        }
         self.index.former_lengths(hashes, MAX_SLOTS)
     }
 

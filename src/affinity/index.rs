@@ -208,6 +208,11 @@ impl PrefixIndex {
         self.unmark(slot, &hashes);
     }
 
+    /// Whether any slot has former blocks (a pod restarted and has not refilled).
+    pub fn has_former(&self) -> bool {
+        self.pods.iter().any(|pod| !pod.former.is_empty())
+    }
+
     /// Leading blocks of `hashes` each of the first `slots` slots held or holds, where it has
     /// former blocks (0 elsewhere): a block counts if it is held now or was before the cache
     /// emptied, so a prompt whose opening another prompt has brought back still counts whole.

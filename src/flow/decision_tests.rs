@@ -18,11 +18,16 @@ fn primary(outcome: &BodyOutcome) -> String {
     route.destinations.split(',').next().unwrap().to_string()
 }
 
-/// The `matched_blocks=N/M` of a debug line, as N.
-fn matched_blocks(debug: &str) -> u64 {
+/// The value of `key=` in a debug line.
+fn debug_value<'a>(debug: &'a str, key: &str) -> Option<&'a str> {
     debug
         .split("; ")
-        .find_map(|kv| kv.strip_prefix("matched_blocks="))
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The `matched_blocks=N/M` of a debug line, as N.
+fn matched_blocks(debug: &str) -> u64 {
+    debug_value(debug, "matched_blocks")
         .and_then(|m| m.split('/').next())
         .and_then(|n| n.parse().ok())
         .unwrap()
@@ -65,9 +70,7 @@ fn a_routed_request_exports_its_decision_and_a_repeat_expects_its_prefix_cached(
     assert!(cached_ms < first_ms, "{cached_ms} < {first_ms}");
     // The line carries the model the prediction was computed from, and it adds up.
     let number = |key: &str| -> f64 {
-        debug
-            .split("; ")
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        debug_value(&debug, key)
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{key} in {debug}"))
     };
