@@ -83,6 +83,12 @@ impl PrefixCache {
         }
     }
 
+    /// Drops every block, in use or not: the process that held them is gone.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.lru.clear();
+    }
+
     pub fn block_count(&self) -> usize {
         self.entries.len()
     }

@@ -352,12 +352,13 @@ impl Pod {
     }
 
     /// A restart quicker than a poll interval: the process starts again (a later
-    /// `process_start_time_seconds`, at least a second on) with an empty prefix cache and host
-    /// tier and no faults. The pod's counters carry on (vLLM's would start from zero; the
+    /// `process_start_time_seconds`, at least a second on) with nothing of the old one: the
+    /// requests in flight end with an error, the caches are empty, no faults remain
+    /// (`Engine::restart`). The pod's counters carry on (vLLM's would start from zero; the
     /// benchmarks read them as deltas).
     pub async fn restart(self: &Arc<Self>) {
         self.apply_faults(Faults::default(), None).await;
-        self.engine.reset_cache();
+        self.engine.restart();
         let mut started = lock(&self.started_at);
         *started = unix_now().max(*started + 1.0);
     }

@@ -76,6 +76,7 @@ mod tests;
 mod transfer;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -155,6 +156,10 @@ pub struct Engine {
     state: Mutex<State>,
     wake: Notify,
     pull_hook: Mutex<Option<PullHook>>,
+    /// Bumped by `restart`; a step planned before it is never finished.
+    restarts: AtomicU64,
+    /// Wakes a step in progress when the engine restarts.
+    restarted: Notify,
 }
 
 impl Engine {
@@ -183,6 +188,8 @@ impl Engine {
             }),
             wake: Notify::new(),
             pull_hook: Mutex::new(None),
+            restarts: AtomicU64::new(0),
+            restarted: Notify::new(),
         })
     }
 
@@ -254,6 +261,27 @@ impl Engine {
         st.host.clear();
     }
 
+    /// The process ends and starts again: every request in flight ends without an outcome (its
+    /// client gets the error a dead engine gives: a 500, or an error event on a stream), and the
+    /// whole cache goes with it, blocks in use included, as do the host tier and loaded adapters.
+    /// `reset_cache` (vLLM's `/reset_prefix_cache`) is the gentler event: requests run on and keep
+    /// the blocks they use. A step in progress is abandoned, so the engine serves at once.
+    pub fn restart(&self) {
+        let mut st = self.lock();
+        st.arriving.clear();
+        st.waiting.clear();
+        st.transferring.clear();
+        st.running.clear();
+        st.held.clear();
+        st.cache.clear();
+        st.host.clear();
+        st.lora_slots.clear();
+        self.restarts.fetch_add(1, Ordering::SeqCst);
+        drop(st);
+        self.restarted.notify_waiters();
+        self.wake.notify_one();
+    }
+
     /// Number of blocks currently in the prefix cache (in use or evictable).
     pub fn cached_blocks(&self) -> usize {
         self.lock().cache.block_count()
@@ -299,6 +327,7 @@ impl Engine {
             let floor = now.checked_sub(MAX_LAG).unwrap_or(now);
             // A busy engine's clock is its last step boundary; an idle one has none.
             let boundary = prev_deadline.filter(|p| *p >= floor);
+            let restarts = self.restarts.load(Ordering::SeqCst);
             let plan = self.lock().plan(&self.cfg, now, boundary);
             self.tell_pulled();
             match plan {
@@ -330,10 +359,19 @@ impl Engine {
                     // pods) does not sleep at all: even a past deadline waits for the timer's next
                     // millisecond tick, which would dominate a sub-millisecond request.
                     if !sim.is_zero() {
-                        tokio::time::sleep_until(deadline).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(deadline) => {}
+                            _ = self.restarted.notified() => {}
+                        }
+                    }
+                    let mut st = self.lock();
+                    if self.restarts.load(Ordering::SeqCst) != restarts {
+                        // The step's sequences died with the process it ran in.
+                        prev_deadline = None;
+                        continue;
                     }
                     prev_deadline = Some(deadline);
-                    self.lock().finish_step(&self.cfg, deadline);
+                    st.finish_step(&self.cfg, deadline);
                 }
             }
         }

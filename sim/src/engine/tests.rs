@@ -610,3 +610,41 @@ fn requests_for_a_prompt_admitted_together_compute_it_once() {
     assert_eq!(cached, vec![0, 144, 144]);
     assert_eq!(eng.lock().counters.prefix_hits, 288);
 }
+
+/// A restart ends the process: the request mid-prefill ends with no outcome (its client sees the
+/// engine stop), its blocks in use go with the rest of the cache, and the engine takes new work at
+/// once rather than after the dead step would have ended.
+#[tokio::test]
+async fn a_restart_ends_the_requests_in_flight_and_empties_the_whole_cache() {
+    let cfg = SimConfig {
+        // A 1,600-token prefill takes 20 wall seconds.
+        prefill_us_per_token: 12_500.0,
+        ..SimConfig::default()
+    };
+    let eng = Engine::new(cfg);
+    let loop_task = tokio::spawn(eng.clone().run());
+    let mut long = eng.submit(spec(1, 1600, 4));
+    let started = Instant::now();
+    while eng.lock().cache.pinned_len() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never scheduled"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eng.restart();
+    assert_eq!(eng.cached_blocks(), 0, "blocks in use go too");
+    let ended = tokio::time::timeout(Duration::from_secs(2), long.recv()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "ends without an outcome: {ended:?}"
+    );
+    let mut short = eng.submit(spec(2, 16, 1));
+    let first = tokio::time::timeout(Duration::from_secs(2), short.recv()).await;
+    assert!(
+        matches!(first, Ok(Some(SeqEvent::Token { index: 0, .. }))),
+        "served at once after the restart: {first:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    loop_task.abort();
+}
