@@ -189,6 +189,8 @@ fn measure(pods: usize) -> Figures {
             let first = kvroute::router::FirstToken {
                 addr: addr.clone(),
                 uncached_tokens: 3000.0,
+                prompt_tokens: 3000.0,
+                held_prefix: 0,
                 tokens: 3000.0,
                 decoding: 4.0,
                 predicted_ms: 300.0,

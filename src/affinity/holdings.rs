@@ -36,7 +36,32 @@ pub struct Affinity {
     restarts: HashMap<String, u32>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
+    /// The VM's clock (Unix ms) as last set ([`Self::set_clock`]): when what it observes now was
+    /// routed, to within the time it takes to reach this VM. 0 = never set.
+    clock_ms: u64,
+    /// This VM's recent routings to a pod known to hold the prompt that the index was not told
+    /// of again ([`Self::note_routed_held`]), oldest first.
+    routed_held: std::collections::VecDeque<RoutedHeld>,
+    /// Hashes in `routed_held`.
+    routed_held_hashes: usize,
 }
+
+/// A prompt routed to a pod the index believed held it, not observed again
+/// (`super::pages::RecentTouches`): if the pod turns out to have restarted before it, the new
+/// process is computing it.
+#[derive(Debug, Clone)]
+struct RoutedHeld {
+    addr: String,
+    at_ms: u64,
+    hashes: Vec<u64>,
+}
+
+/// How long a routing in `routed_held` is kept: a restart is seen at the pod's next poll (200 ms
+/// by default) and in each VM's next table, well within this.
+const ROUTED_HELD_MS: u64 = 2000;
+/// Hashes kept in `routed_held` (8 bytes each), the oldest routings going first: past it, a
+/// restart seen later keeps fewer prompts held, as before this was kept at all.
+const ROUTED_HELD_MAX_HASHES: usize = 4096;
 
 /// The blocks of one request, ready for the scheduler and the index.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,7 +149,9 @@ pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
 impl Affinity {
     /// Gives each listed pod a slot (new pods the lowest free ones) sized by what it reports
     /// caching, at most an even share of `max_index_blocks`; forgets the pods no longer listed.
-    pub fn list_pods(&mut self, table: &LoadTable, sizes: &IndexSizes) {
+    /// Returns the pods seen restarted since the last table.
+    pub fn list_pods(&mut self, table: &LoadTable, sizes: &IndexSizes) -> Vec<String> {
+        let mut restarted = Vec::new();
         let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
         let removed: Vec<String> = self
             .slot_of
@@ -145,8 +172,17 @@ impl Affinity {
         for pod in &table.pods {
             let before = self.restarts.insert(pod.addr.clone(), pod.restarts);
             if before.is_some_and(|n| n != pod.restarts) {
+                restarted.push(pod.addr.clone());
                 if let Some(&slot) = self.slot_of.get(&pod.addr) {
-                    self.index.empty_slot(slot);
+                    // The pod's clock against ours: a skew of a few ms between hosts places a
+                    // request or two routed as the process started on the wrong side of it, and
+                    // a response report corrects a wrong hit.
+                    let started_ms = pod
+                        .metrics
+                        .started_at
+                        .and_then(|s| (s.is_finite() && s > 0.0).then_some((s * 1e3) as u64));
+                    self.index.empty_slot(slot, started_ms);
+                    self.observe_routed_held(slot, &pod.addr, started_ms);
                 }
             }
         }
@@ -188,6 +224,7 @@ impl Affinity {
             let capacity = gpu.saturating_add(sizes.warm_pod_blocks).min(index_share);
             self.index.set_tiered_capacity(slot, capacity, gpu);
         }
+        restarted
     }
 
     /// How many leading blocks of `hashes` each slot holds (see [`Self::matched_of`]).
@@ -255,8 +292,54 @@ impl Affinity {
         self.slot_of.get(addr).copied()
     }
 
+    /// What the observations from now on are stamped with: a restart keeps what was routed to
+    /// the pod after its new process started (`super::index`).
+    pub fn set_clock(&mut self, now_ms: u64) {
+        self.clock_ms = self.clock_ms.max(now_ms);
+    }
+
+    /// A prompt routed to `addr`, which the index believed held its leading `hashes` and was not
+    /// told of them again: kept a while in case `addr` turns out to have restarted before it.
+    pub fn note_routed_held(&mut self, addr: &str, hashes: &[u64]) {
+        if hashes.is_empty() || hashes.len() > ROUTED_HELD_MAX_HASHES || self.clock_ms == 0 {
+            return;
+        }
+        let now = self.clock_ms;
+        while self.routed_held.front().is_some_and(|r| {
+            now.saturating_sub(r.at_ms) > ROUTED_HELD_MS
+                || self.routed_held_hashes + hashes.len() > ROUTED_HELD_MAX_HASHES
+        }) {
+            if let Some(old) = self.routed_held.pop_front() {
+                self.routed_held_hashes -= old.hashes.len();
+            }
+        }
+        self.routed_held_hashes += hashes.len();
+        self.routed_held.push_back(RoutedHeld {
+            addr: addr.to_string(),
+            at_ms: now,
+            hashes: hashes.to_vec(),
+        });
+    }
+
+    /// After `addr` restarted: the prompts routed to it since its new process started, which
+    /// the index was not told of again, are held there (the new process computes them).
+    fn observe_routed_held(&mut self, slot: usize, addr: &str, started_ms: Option<u64>) {
+        let Some(start) = started_ms else {
+            return;
+        };
+        for routed in &self.routed_held {
+            if routed.addr == addr && routed.at_ms >= start {
+                self.index.mark_time(slot, routed.at_ms);
+                self.index.observe(slot, &routed.hashes);
+            }
+        }
+    }
+
     pub fn observe(&mut self, observation: &Observation) {
         if let Some(&slot) = self.slot_of.get(&observation.addr) {
+            if self.clock_ms > 0 {
+                self.index.mark_time(slot, self.clock_ms);
+            }
             self.index.observe(slot, &observation.hashes);
         }
     }

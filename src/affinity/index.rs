@@ -22,6 +22,12 @@
 //! the whole pool re-placed every prompt as new under the restart's queues, and the pool's
 //! partition of prompts was lost with the caches (docs/results.md, "Where each prompt lived"). A
 //! VM that loads a snapshot starts without them (a snapshot carries what pods hold, not held).
+//! What was routed to the pod after its new process started is not former but held (the restart
+//! is seen a poll later, and those prompts are being computed there): each pod's touches are
+//! stamped with the time now and then ([`PrefixIndex::mark_time`]), and a restart keeps the blocks
+//! touched since the process's start ([`PrefixIndex::empty_slot`]). Made former as well, in one run
+//! three of twelve tenants recomputed in a second place within seconds of a whole-pool restart:
+//! their requests after the restart, the new process already computing their prompt, saw no holder.
 
 use hashbrown::HashMap;
 use std::collections::VecDeque;
@@ -53,7 +59,18 @@ struct PodLru {
     /// `touches` reaches `former_until`: by then the pod has refilled its cache.
     former: hashbrown::HashSet<u64>,
     former_until: u64,
+    /// (time in ms, `touches` then), oldest first: the touches after a mark were made at or after
+    /// its time. At most one per [`MARK_EVERY_MS`], the last [`MARKS`] kept.
+    marks: VecDeque<(u64, u64)>,
 }
+
+/// Resolution of the touch clock: a restart's start is placed to within this.
+const MARK_EVERY_MS: u64 = 20;
+/// Marks kept per pod (16 bytes each): at least `MARKS × MARK_EVERY_MS` = 0.64 s of history,
+/// more where the pod is touched less often, against a restart seen at the next poll (200 ms
+/// by default). One seen later (a pod down while it loads its weights) keeps what was touched
+/// since the oldest mark, all of it after the start; the touches before it are former.
+const MARKS: usize = 32;
 
 impl PodLru {
     fn len(&self) -> usize {
@@ -186,26 +203,66 @@ impl PrefixIndex {
             .collect()
     }
 
+    /// The touches the pod in `slot` gets from now on are made at `now_ms` or later (the clock the
+    /// pods' process start times are read against).
+    pub fn mark_time(&mut self, slot: usize, now_ms: u64) {
+        let Some(pod) = self.pods.get_mut(slot) else {
+            return;
+        };
+        if pod
+            .marks
+            .back()
+            .is_some_and(|&(at, _)| now_ms < at.saturating_add(MARK_EVERY_MS))
+        {
+            return;
+        }
+        if pod.marks.len() >= MARKS {
+            pod.marks.pop_front();
+        }
+        pod.marks.push_back((now_ms, pod.touches));
+    }
+
     /// Forgets everything about a slot (the pod left the pool, or a snapshot replaces it).
     pub fn clear_slot(&mut self, slot: usize) {
-        self.empty_slot(slot);
+        self.empty_slot(slot, None);
         if let Some(pod) = self.pods.get_mut(slot) {
             pod.former = hashbrown::HashSet::new();
+            pod.marks = VecDeque::new();
         }
     }
 
     /// The pod in `slot` lost its whole cache (it restarted): what it held becomes its former
-    /// blocks, replacing any older ones.
-    pub fn empty_slot(&mut self, slot: usize) {
+    /// blocks, replacing any older ones, except what was touched at or after `started_ms` (its new
+    /// process's start, where known), which the new process holds. A touch is placed by the
+    /// first mark at or after it: where no mark shows it came after the start, it is former.
+    pub fn empty_slot(&mut self, slot: usize, started_ms: Option<u64>) {
         let Some(pod) = self.pods.get_mut(slot) else {
             return;
         };
-        let hashes: Vec<u64> = pod.latest.keys().copied().collect();
-        pod.latest.clear();
-        pod.queue.clear();
-        pod.former = hashes.iter().copied().collect();
+        // Touches after this count came after the start.
+        let after = started_ms
+            .and_then(|start| pod.marks.iter().find(|&&(at, _)| at >= start))
+            .map_or(u64::MAX, |&(_, touches)| touches);
+        // Drained and refilled, not `retain`ed: erasing in place leaves tombstones that make the
+        // table grow as it refills (a VM's heap grew by 15% in the churn test).
+        let mut lost: Vec<u64> = Vec::new();
+        let kept: Vec<(u64, u64)> = pod
+            .latest
+            .drain()
+            .filter(|&(hash, stamp)| {
+                let held = stamp > after;
+                if !held {
+                    lost.push(hash);
+                }
+                held
+            })
+            .collect();
+        pod.latest.extend(kept);
+        let latest = &pod.latest;
+        pod.queue.retain(|(h, s)| latest.get(h) == Some(s));
+        pod.former = lost.iter().copied().collect();
         pod.former_until = pod.touches + pod.capacity as u64;
-        self.unmark(slot, &hashes);
+        self.unmark(slot, &lost);
     }
 
     /// Whether any slot has former blocks (a pod restarted and has not refilled).
@@ -416,7 +473,7 @@ mod tests {
         let mut idx = index(2, 4);
         idx.observe(0, &[1, 2, 3]);
         idx.observe(1, &[1, 9]);
-        idx.empty_slot(0);
+        idx.empty_slot(0, None);
         assert_eq!(idx.match_lengths(&[1, 2, 3], 2), vec![0, 1], "not a hit");
         assert_eq!(idx.former_lengths(&[1, 2, 3], 2), vec![3, 0]);
         // The opening brought back by another prompt still counts with the former rest.
@@ -428,10 +485,49 @@ mod tests {
         // Blocks a report showed lost are not; a pod leaving keeps none.
         idx.forget(1, &[9]);
         assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 0]);
-        idx.empty_slot(1);
+        idx.empty_slot(1, None);
         assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 1]);
         idx.clear_slot(1);
         assert_eq!(idx.former_lengths(&[1, 9], 2), vec![0, 0]);
+    }
+
+    #[test]
+    fn what_was_routed_to_a_restarted_pod_after_its_new_process_started_is_held_there() {
+        let mut idx = index(1, 16);
+        idx.mark_time(0, 1_000);
+        idx.observe(0, &[1, 2]);
+        idx.mark_time(0, 1_010); // within one mark: placed at 1,000
+        idx.observe(0, &[3]);
+        idx.mark_time(0, 2_000);
+        idx.observe(0, &[4, 5]);
+        idx.mark_time(0, 3_000);
+        idx.observe(0, &[1, 6]);
+        // The new process started at 1,500: the pod holds what came from 2,000 on.
+        idx.empty_slot(0, Some(1_500));
+        assert_eq!(idx.match_lengths(&[4, 5], 1), vec![2]);
+        assert_eq!(
+            idx.match_lengths(&[1, 6], 1),
+            vec![2],
+            "touched again after the start"
+        );
+        assert_eq!(idx.match_lengths(&[1, 2], 1), vec![1]);
+        assert_eq!(
+            idx.former_lengths(&[1, 2], 1),
+            vec![2],
+            "2 lived here before"
+        );
+        assert_eq!(idx.match_lengths(&[3], 1), vec![0]);
+        // A start after every mark: nothing touched since, everything former.
+        idx.empty_slot(0, Some(3_500));
+        assert_eq!(idx.match_lengths(&[4, 5], 1), vec![0]);
+        assert_eq!(idx.former_lengths(&[4, 5], 1), vec![2]);
+        // Where the marks begin after the start (a long restart), what came after the oldest
+        // mark is held.
+        idx.mark_time(0, 4_000);
+        idx.observe(0, &[7]);
+        idx.empty_slot(0, Some(10));
+        assert_eq!(idx.match_lengths(&[7], 1), vec![1]);
+        assert_eq!(idx.match_lengths(&[1], 1), vec![0]);
     }
 
     #[test]

@@ -216,6 +216,7 @@ impl RecentTouches {
             }
         }
         if let Some(fresh) = prefix_fresh_since {
+            affinity.note_routed_held(&observation.addr, hashes.get(..held).unwrap_or_default());
             self.0.insert((last, pod), fresh);
             if let Some(new) = observation.hashes.get(held..).filter(|n| !n.is_empty()) {
                 let new = Observation {

@@ -146,7 +146,7 @@ impl RequestFlow {
             host.count(Counter::Passthrough, 1);
             return Err(Box::new(BodyOutcome::Continue));
         }
-        let first_token = plan.first_token();
+        let first_token = plan.first_token(&blocks);
         let Plan {
             decision,
             pd,
@@ -249,6 +249,7 @@ impl RequestFlow {
                     .prefill_start(&first, now, first_byte_timeout_ms),
             );
             self.awaiting = Some(Awaiting {
+                restarts: vm.router.restarts_of(&first.addr),
                 first,
                 pending,
                 routed_at_us: host.now_us(),

@@ -126,6 +126,10 @@ struct Awaiting {
     /// A streamed response's first byte is its first token: that time teaches the cost model. A
     /// non-streamed one's first byte comes at the end, after the decode.
     learnable: bool,
+    /// The pod's restarts as seen when the request was routed: one seen since means the first
+    /// byte timed a recompute the prediction priced as whatever the old process held, which
+    /// teaches the cost fit nothing true (the histograms still count it: it is what happened).
+    restarts: u32,
 }
 
 /// One request's state between the host's callbacks.

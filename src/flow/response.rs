@@ -217,7 +217,9 @@ impl RequestFlow {
             .is_some_and(|id| vm.router.work.prefill_done(id, now));
         if awaiting.learnable && self.response_ok {
             let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
-            vm.learn(&awaiting.first, observed_ms);
+            if vm.router.restarts_of(&awaiting.first.addr) == awaiting.restarts {
+                vm.learn(&awaiting.first, observed_ms);
+            }
             let labels = self.labels.pairs();
             host.histogram_in(Histogram::TtftMs, &labels, observed_ms as u64);
             host.histogram_in(

@@ -46,7 +46,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn first_token(&self) -> Option<FirstToken> {
+    /// What the work board and the cost fit keep of the request, of `blocks`, until its first
+    /// byte.
+    pub fn first_token(&self, blocks: &Blocks) -> Option<FirstToken> {
         let choice = match (&self.pd, &self.decision) {
             (
                 Some(PdPlan {
@@ -61,6 +63,13 @@ impl Plan {
         Some(FirstToken {
             addr: choice.addr.clone(),
             uncached_tokens: p.uncached_tokens,
+            prompt_tokens: blocks.prompt_tokens as f64,
+            held_prefix: choice
+                .matched_blocks
+                .checked_sub(1)
+                .and_then(|i| blocks.hashes.get(i))
+                .copied()
+                .unwrap_or(0),
             tokens: p.tokens_ahead + p.uncached_tokens,
             decoding: p.decoding,
             predicted_ms: p.ttft_ms,
@@ -77,6 +86,15 @@ impl Router {
 
     pub fn load_table(&self) -> &LoadTable {
         &self.load
+    }
+
+    /// The restarts seen of `addr` (`PodLoad::restarts`; 0 for a pod not listed).
+    pub fn restarts_of(&self, addr: &str) -> u32 {
+        self.load
+            .pods
+            .iter()
+            .find(|p| p.addr == addr)
+            .map_or(0, |p| p.restarts)
     }
 
     /// `model` when it names a LoRA adapter on some pod (`crate::adapters`).
@@ -108,7 +126,9 @@ impl Router {
                 config.block.tokens_per_block,
             ),
         };
-        self.affinity.list_pods(&table, &sizes);
+        for addr in self.affinity.list_pods(&table, &sizes) {
+            self.work.pod_restarted(&addr);
+        }
         self.costs.list_pods(&table);
         self.adapters.list_pods(&table);
         self.load = table;

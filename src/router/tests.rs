@@ -207,6 +207,8 @@ fn other_vms_work_counts_as_soon_as_the_board_is_read() {
     let first = FirstToken {
         addr: "a:1".into(),
         uncached_tokens: 3000.0,
+        prompt_tokens: 0.0,
+        held_prefix: 0,
         tokens: 3000.0,
         decoding: 0.0,
         predicted_ms: 100.0,
@@ -250,6 +252,8 @@ fn a_prefill_queued_behind_another_vms_starts_when_that_one_ends() {
     let long = |tokens: f64| FirstToken {
         addr: "a:1".into(),
         uncached_tokens: tokens,
+        prompt_tokens: 0.0,
+        held_prefix: 0,
         tokens,
         decoding: 0.0,
         predicted_ms: 4000.0,
@@ -425,6 +429,44 @@ fn a_restarted_pods_prefix_entries_are_dropped_when_the_table_says_so() {
     assert_eq!(held(&r, "a:1"), whole);
 }
 
+/// The restart is seen a poll after it happened: a prompt routed to the new process in between is
+/// being computed there, so it stays held, whether the index was told of it again or not; one
+/// routed before the start is former.
+#[test]
+fn a_prompt_routed_to_a_restarted_pod_after_its_new_process_started_stays_held() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1"], 100));
+    let before = Blocks::of(&cfg.block, &chat(&"first tenant ".repeat(200), "q"), None);
+    let after = Blocks::of(&cfg.block, &chat(&"second tenant ".repeat(200), "q"), None);
+    let observe_at = |r: &mut Router, now_ms: u64, blocks: &Blocks| {
+        r.affinity.set_clock(now_ms);
+        r.affinity.observe(&Observation {
+            addr: "a:1".into(),
+            hashes: blocks.hashes.clone(),
+        });
+    };
+    // Routed again while held, not observed again (`RecentTouches`): before and after the start.
+    let third = Blocks::of(&cfg.block, &chat(&"third tenant ".repeat(200), "q"), None);
+    observe_at(&mut r, 999_000, &third);
+    observe_at(&mut r, 1_000_000, &before);
+    r.affinity.set_clock(1_000_200);
+    r.affinity.note_routed_held("a:1", &before.hashes);
+    observe_at(&mut r, 1_001_000, &after);
+    r.affinity.set_clock(1_001_200);
+    r.affinity.note_routed_held("a:1", &third.hashes);
+    let mut restarted = table(&["a:1"], 300);
+    restarted.pods[0].restarts = 1;
+    restarted.pods[0].metrics.started_at = Some(1_000.5);
+    r.apply_load_table(&cfg, restarted);
+    let slot = r.affinity.slot_of("a:1").unwrap();
+    let held = |b: &Blocks| r.affinity.index().match_lengths(&b.hashes, 64)[slot];
+    let former = |b: &Blocks| r.affinity.index().former_lengths(&b.hashes, 64)[slot];
+    assert_eq!(held(&after), after.hashes.len());
+    assert_eq!(held(&third), third.hashes.len(), "routed after the start");
+    assert_eq!((held(&before), former(&before)), (0, before.hashes.len()));
+}
+
 /// Restarting every pod empties every cache, not the pool's partition of prompts: each prompt
 /// goes back to the pod that held it (a recompute there as anywhere, not a hit), where without
 /// the restarted pods' former blocks it went wherever a new prompt would.
@@ -500,6 +542,8 @@ fn the_head_of_a_pods_queue_counts_less_as_the_pod_works_on_it() {
     let first = |tokens: f64| FirstToken {
         addr: "a:1".into(),
         uncached_tokens: tokens,
+        prompt_tokens: 0.0,
+        held_prefix: 0,
         tokens,
         decoding: 0.0,
         predicted_ms: 1e6,
@@ -539,6 +583,8 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
     let first = FirstToken {
         addr: "a:1".into(),
         uncached_tokens: 10.0,
+        prompt_tokens: 0.0,
+        held_prefix: 0,
         tokens: 10.0,
         decoding: 0.0,
         predicted_ms: 100.0,
@@ -562,6 +608,43 @@ fn an_unseen_prefill_expires_and_the_pool_is_bounded() {
     assert_eq!(r.work.pending_prefills(), MAX_PENDING);
 }
 
+/// A hit routed to a pod that restarted before it got there is a recompute: once the table shows
+/// the restart, the board counts the whole prompt of the first request queued for each prefix, on
+/// that pod only.
+#[test]
+fn a_restart_makes_the_hits_queued_on_the_pod_whole_prompts() {
+    let cfg = Config::default();
+    let mut r = Router::new();
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 100));
+    let hit = |addr: &str, held_prefix: u64| FirstToken {
+        addr: addr.into(),
+        uncached_tokens: 40.0,
+        prompt_tokens: 6000.0,
+        held_prefix,
+        tokens: 40.0,
+        decoding: 0.0,
+        predicted_ms: 20.0,
+        adapter_load_ms: 0.0,
+        warm_load_ms: 0.0,
+    };
+    r.work.prefill_start(&hit("a:1", 7), 1000, Some(60_000));
+    // Behind it, the same prefix (it hits what the first computes) and another one.
+    r.work.prefill_start(&hit("a:1", 7), 1000, Some(60_000));
+    r.work.prefill_start(&hit("a:1", 8), 1000, Some(60_000));
+    r.work.prefill_start(&hit("b:1", 7), 1000, Some(60_000));
+    r.apply_load_table(&cfg, table(&["a:1", "b:1"], 200));
+    assert_eq!(
+        r.work.of("a:1").prefill_tokens,
+        120,
+        "no restart, no change"
+    );
+    let mut restarted = table(&["a:1", "b:1"], 300);
+    restarted.pods[0].restarts = 1;
+    r.apply_load_table(&cfg, restarted);
+    assert_eq!(r.work.of("a:1").prefill_tokens, 6000 + 40 + 6000);
+    assert_eq!(r.work.of("b:1").prefill_tokens, 40);
+}
+
 #[test]
 fn a_slow_pod_is_learned_and_gets_less_work() {
     let cfg = Config::default();
@@ -574,6 +657,8 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
             let first = FirstToken {
                 addr: addr.into(),
                 uncached_tokens: tokens,
+                prompt_tokens: 0.0,
+                held_prefix: 0,
                 tokens,
                 decoding: 0.0,
                 predicted_ms: 0.0,
@@ -602,6 +687,8 @@ fn a_slow_pod_is_learned_and_gets_less_work() {
         let first = FirstToken {
             addr: pod.clone(),
             uncached_tokens: b.prompt_tokens as f64,
+            prompt_tokens: 0.0,
+            held_prefix: 0,
             tokens: 0.0,
             decoding: 0.0,
             predicted_ms: 1e9,
@@ -647,6 +734,8 @@ fn identical_pods_whose_queues_are_known_roughly_are_predicted_alike() {
             let first = FirstToken {
                 addr: addr.into(),
                 uncached_tokens: own,
+                prompt_tokens: 0.0,
+                held_prefix: 0,
                 tokens: seen_ahead + own,
                 decoding,
                 predicted_ms: 0.0,
@@ -827,6 +916,8 @@ fn equal_pods_share_their_roles_speed_from_each_first_byte() {
             let first = FirstToken {
                 addr: addr.into(),
                 uncached_tokens: 2000.0,
+                prompt_tokens: 0.0,
+                held_prefix: 0,
                 tokens: 2000.0,
                 decoding: 0.0,
                 predicted_ms: 0.0,

@@ -9,12 +9,14 @@ impl Vm {
     /// leader, whose index the pages come from).
     pub fn sync_pages(&mut self, host: &mut dyn Host) {
         if self.leader.is_none() {
+            self.router.affinity.set_clock(host.now_ms());
             pages::catch_up(&mut self.router.affinity, host);
         }
     }
 
     /// Records a routing decision locally and tells the leader.
     pub fn observe(&mut self, host: &mut dyn Host, observation: Observation) {
+        self.router.affinity.set_clock(host.now_ms());
         self.router.affinity.observe(&observation);
         self.tell_leader(
             host,
@@ -34,6 +36,7 @@ impl Vm {
         held: usize,
         now_ms: u64,
     ) {
+        self.router.affinity.set_clock(now_ms);
         let (vm, queue, unsent) = (self.id, &mut self.queue, &mut self.unsent);
         self.recent_touches.observe_routing(
             &mut self.router.affinity,

@@ -35,6 +35,8 @@ fn prefill_on(addr: &str, tokens: f64, ms: f64) -> crate::router::FirstToken {
     crate::router::FirstToken {
         addr: addr.to_string(),
         uncached_tokens: tokens,
+        prompt_tokens: tokens,
+        held_prefix: 0,
         tokens,
         decoding: 0.0,
         predicted_ms: ms,

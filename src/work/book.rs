@@ -12,6 +12,11 @@ pub struct FirstToken {
     /// The pod that prefills (the prefill pod of a split request).
     pub addr: String,
     pub uncached_tokens: f64,
+    /// The whole prompt: what the pod computes if it loses its cache before it gets there.
+    pub prompt_tokens: f64,
+    /// The last block of the prompt's prefix the pod was believed to hold (0: none): requests
+    /// queued behind one that recomputes that prefix hit it.
+    pub held_prefix: u64,
     /// The model's features at routing time: tokens ahead + uncached, sequences decoding.
     pub tokens: f64,
     pub decoding: f64,
@@ -42,6 +47,10 @@ struct PendingPrefill {
     id: u64,
     addr: String,
     tokens: u64,
+    /// The whole prompt ([`FirstToken::prompt_tokens`]).
+    prompt_tokens: u64,
+    /// [`FirstToken::held_prefix`].
+    held_prefix: u64,
     /// Since when the pod can have been computing it: when it was routed, or when the prefill before
     /// it on the same pod ended, whichever is later (the board's head, see `super::board`).
     since_ms: u64,
@@ -125,6 +134,8 @@ impl WorkBook {
             id: self.next_pending_id,
             addr: first.addr.clone(),
             tokens: first.uncached_tokens.max(0.0) as u64,
+            prompt_tokens: first.prompt_tokens.max(0.0) as u64,
+            held_prefix: first.held_prefix,
             since_ms: now_ms,
             until_ms: now_ms.saturating_add(wait),
         });
@@ -141,6 +152,29 @@ impl WorkBook {
         let done = self.pending.remove(at);
         self.pending_moved_on(&done.addr, now_ms);
         true
+    }
+
+    /// `addr` restarted with an empty cache: the first prefill queued there for each prefix it
+    /// was believed to hold computes its whole prompt; those behind it for the same prefix hit
+    /// what it computes (an engine caches blocks as it schedules them) and stay as priced. The
+    /// restart is seen a poll after it happened, and the requests routed to the new process in
+    /// between were priced as hits: left so, a pod recomputing three prompts showed a queue of
+    /// 200 tokens and was given a fourth. (Those routed to the old process fail, and leave the
+    /// board as they do.) Returns whether any changed (the row did).
+    pub fn pod_restarted(&mut self, addr: &str) -> bool {
+        let mut recomputed: Vec<u64> = Vec::new();
+        let mut changed = false;
+        for p in self.pending.iter_mut().filter(|p| p.addr == addr) {
+            if p.held_prefix == 0 || recomputed.contains(&p.held_prefix) {
+                continue;
+            }
+            recomputed.push(p.held_prefix);
+            if p.prompt_tokens > p.tokens {
+                p.tokens = p.prompt_tokens;
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Drops prefills past their deadline; returns whether any was dropped (the row changed).
