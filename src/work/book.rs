@@ -160,7 +160,10 @@ impl WorkBook {
     /// restart is seen a poll after it happened, and the requests routed to the new process in
     /// between were priced as hits: left so, a pod recomputing three prompts showed a queue of
     /// 200 tokens and was given a fourth. (Those routed to the old process fail, and leave the
-    /// board as they do.) Returns whether any changed (the row did).
+    /// board as they do.) Only this VM's book is known here: where another worker holds an
+    /// earlier request for the same prefix, this one is counted whole too, though it will hit
+    /// (docs/results.md, "A restart that ends the process"). Returns whether any changed (the row
+    /// did).
     pub fn pod_restarted(&mut self, addr: &str) -> bool {
         let mut recomputed: Vec<u64> = Vec::new();
         let mut changed = false;
