@@ -288,6 +288,11 @@ impl Affinity {
         self.index.stamp_of(self.slot_of(addr)?, hash)
     }
 
+    /// The restarts seen of `addr` as last listed (`PodLoad::restarts`; 0 for a pod not listed).
+    pub fn restarts_of(&self, addr: &str) -> u32 {
+        self.restarts.get(addr).copied().unwrap_or(0)
+    }
+
     pub fn slot_of(&self, addr: &str) -> Option<usize> {
         self.slot_of.get(addr).copied()
     }

@@ -249,7 +249,7 @@ impl RequestFlow {
                     .prefill_start(&first, now, first_byte_timeout_ms),
             );
             self.awaiting = Some(Awaiting {
-                restarts: vm.router.restarts_of(&first.addr),
+                restarts: vm.router.affinity.restarts_of(&first.addr),
                 first,
                 pending,
                 routed_at_us: host.now_us(),

@@ -217,7 +217,7 @@ impl RequestFlow {
             .is_some_and(|id| vm.router.work.prefill_done(id, now));
         if awaiting.learnable && self.response_ok {
             let observed_ms = host.now_us().saturating_sub(awaiting.routed_at_us) as f64 / 1e3;
-            if vm.router.restarts_of(&awaiting.first.addr) == awaiting.restarts {
+            if vm.router.affinity.restarts_of(&awaiting.first.addr) == awaiting.restarts {
                 vm.learn(&awaiting.first, observed_ms);
             }
             let labels = self.labels.pairs();

@@ -88,15 +88,6 @@ impl Router {
         &self.load
     }
 
-    /// The restarts seen of `addr` (`PodLoad::restarts`; 0 for a pod not listed).
-    pub fn restarts_of(&self, addr: &str) -> u32 {
-        self.load
-            .pods
-            .iter()
-            .find(|p| p.addr == addr)
-            .map_or(0, |p| p.restarts)
-    }
-
     /// `model` when it names a LoRA adapter on some pod (`crate::adapters`).
     pub fn adapter_of<'a>(&self, model: &'a str) -> Option<&'a str> {
         self.adapters.is_adapter(model).then_some(model)

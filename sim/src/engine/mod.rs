@@ -268,11 +268,7 @@ impl Engine {
     /// the blocks they use. A step in progress is abandoned, so the engine serves at once.
     pub fn restart(&self) {
         let mut st = self.lock();
-        st.arriving.clear();
-        st.waiting.clear();
-        st.transferring.clear();
-        st.running.clear();
-        st.held.clear();
+        st.drop_sequences();
         st.cache.clear();
         st.host.clear();
         st.lora_slots.clear();
@@ -310,11 +306,7 @@ impl Engine {
     pub fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
-        st.arriving.clear();
-        st.waiting.clear();
-        st.transferring.clear();
-        st.running.clear();
-        st.held.clear();
+        st.drop_sequences();
         drop(st);
         self.wake.notify_one();
     }

@@ -53,6 +53,15 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Ends every sequence, arriving to held: their receivers end without an outcome.
+    pub(super) fn drop_sequences(&mut self) {
+        self.arriving.clear();
+        self.waiting.clear();
+        self.transferring.clear();
+        self.running.clear();
+        self.held.clear();
+    }
+
     fn private_blocks(&self, cfg: &SimConfig) -> usize {
         self.running
             .iter()
