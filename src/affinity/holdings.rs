@@ -46,6 +46,17 @@ pub struct Affinity {
     routed_held_hashes: usize,
 }
 
+/// What a new load table showed restarted ([`Affinity::list_pods`]).
+#[derive(Debug, Default)]
+pub struct Restarts {
+    /// The pods seen restarted.
+    pub pods: Vec<String>,
+    /// Prompts this VM routed to them after their new process started and did not tell the
+    /// other VMs of (they were held already): to be told now, since every other VM has just
+    /// made them former.
+    pub held_again: Vec<Observation>,
+}
+
 /// A prompt routed to a pod the index believed held it, not observed again
 /// (`super::pages::RecentTouches`): if the pod turns out to have restarted before it, the new
 /// process is computing it.
@@ -149,9 +160,10 @@ pub const MAX_BLOCKS_PER_REQUEST: usize = 8192;
 impl Affinity {
     /// Gives each listed pod a slot (new pods the lowest free ones) sized by what it reports
     /// caching, at most an even share of `max_index_blocks`; forgets the pods no longer listed.
-    /// Returns the pods seen restarted since the last table.
-    pub fn list_pods(&mut self, table: &LoadTable, sizes: &IndexSizes) -> Vec<String> {
-        let mut restarted = Vec::new();
+    /// Returns the pods seen restarted since the last table, and what this VM routed to them
+    /// after their new process started that the other VMs must hear of again ([`Restarts`]).
+    pub fn list_pods(&mut self, table: &LoadTable, sizes: &IndexSizes) -> Restarts {
+        let mut restarts = Restarts::default();
         let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
         let removed: Vec<String> = self
             .slot_of
@@ -172,7 +184,7 @@ impl Affinity {
         for pod in &table.pods {
             let before = self.restarts.insert(pod.addr.clone(), pod.restarts);
             if before.is_some_and(|n| n != pod.restarts) {
-                restarted.push(pod.addr.clone());
+                restarts.pods.push(pod.addr.clone());
                 if let Some(&slot) = self.slot_of.get(&pod.addr) {
                     // The pod's clock against ours: a skew of a few ms between hosts places a
                     // request or two routed as the process started on the wrong side of it, and
@@ -182,7 +194,8 @@ impl Affinity {
                         .started_at
                         .and_then(|s| (s.is_finite() && s > 0.0).then_some((s * 1e3) as u64));
                     self.index.empty_slot(slot, started_ms);
-                    self.observe_routed_held(slot, &pod.addr, started_ms);
+                    let held = self.observe_routed_held(slot, &pod.addr, started_ms);
+                    restarts.held_again.extend(held);
                 }
             }
         }
@@ -224,7 +237,7 @@ impl Affinity {
             let capacity = gpu.saturating_add(sizes.warm_pod_blocks).min(index_share);
             self.index.set_tiered_capacity(slot, capacity, gpu);
         }
-        restarted
+        restarts
     }
 
     /// How many leading blocks of `hashes` each slot holds (see [`Self::matched_of`]).
@@ -328,16 +341,29 @@ impl Affinity {
 
     /// After `addr` restarted: the prompts routed to it since its new process started, which
     /// the index was not told of again, are held there (the new process computes them).
-    fn observe_routed_held(&mut self, slot: usize, addr: &str, started_ms: Option<u64>) {
+    /// Returned for the other VMs, which never heard of these routings: a prompt routed by one
+    /// worker and asked for again in another was a move and a second recompute there.
+    fn observe_routed_held(
+        &mut self,
+        slot: usize,
+        addr: &str,
+        started_ms: Option<u64>,
+    ) -> Vec<Observation> {
         let Some(start) = started_ms else {
-            return;
+            return Vec::new();
         };
+        let mut held = Vec::new();
         for routed in &self.routed_held {
             if routed.addr == addr && routed.at_ms >= start {
                 self.index.mark_time(slot, routed.at_ms);
                 self.index.observe(slot, &routed.hashes);
+                held.push(Observation {
+                    addr: addr.to_string(),
+                    hashes: routed.hashes.clone(),
+                });
             }
         }
+        held
     }
 
     pub fn observe(&mut self, observation: &Observation) {

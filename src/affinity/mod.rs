@@ -30,7 +30,7 @@ pub mod tiers;
 pub mod tokenize;
 
 pub use holdings::{
-    Affinity, Blocks, CacheExpectation, CacheVerdict, IndexSizes, MAX_BLOCKS_PER_REQUEST,
+    Affinity, Blocks, CacheExpectation, CacheVerdict, IndexSizes, Restarts, MAX_BLOCKS_PER_REQUEST,
 };
 
 /// Tokenizes text into token ids (tiktoken mode); injected so the core does not depend on it.

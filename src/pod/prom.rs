@@ -63,9 +63,11 @@ pub struct PodMetrics {
     #[serde(default, skip_serializing_if = "GatewayShare::is_none")]
     pub ours: GatewayShare,
     /// The engine process's start (`process_start_time_seconds`, Unix seconds; Python engines'
-    /// standard process collector: vLLM, SGLang): another value means a restart, an empty cache.
-    /// The leader's alone (`crate::vm::leader`); not in the load table.
-    #[serde(skip)]
+    /// standard process collector: vLLM, SGLang): another value means a restart, an empty cache
+    /// (`crate::vm::leader`). In the load table too: every VM keeps what was routed to the pod
+    /// after it (`crate::affinity::index`); left out, every VM read `None` and made all of it
+    /// former.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<f64>,
 }
 

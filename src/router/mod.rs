@@ -20,6 +20,7 @@ use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::prom::PodMetrics;
 use crate::scheduler::predict::head_progress;
 use crate::scheduler::{decide, Choice, Decision, Hints, PodView, RouteRequest};
+use crate::state::messages::Observation;
 pub use crate::work::FirstToken;
 use crate::work::WorkBook;
 
@@ -105,8 +106,9 @@ impl Router {
     }
 
     /// Adopts a newer load table: new pods get index slots, removed pods are forgotten (index, fits),
-    /// capacities follow what the pods report.
-    pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) {
+    /// capacities follow what the pods report. Returns what this VM routed to restarted pods
+    /// after their new process started, for the other VMs to observe ([`crate::affinity::Restarts::held_again`]).
+    pub fn apply_load_table(&mut self, config: &Config, table: LoadTable) -> Vec<Observation> {
         let sizes = IndexSizes {
             tokens_per_block: config.block.tokens_per_block,
             default_pod_blocks: config.default_pod_capacity_blocks,
@@ -117,12 +119,14 @@ impl Router {
                 config.block.tokens_per_block,
             ),
         };
-        for addr in self.affinity.list_pods(&table, &sizes) {
-            self.work.pod_restarted(&addr);
+        let restarts = self.affinity.list_pods(&table, &sizes);
+        for addr in &restarts.pods {
+            self.work.pod_restarted(addr);
         }
         self.costs.list_pods(&table);
         self.adapters.list_pods(&table);
         self.load = table;
+        restarts.held_again
     }
 
     pub fn route(

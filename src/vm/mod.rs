@@ -215,13 +215,23 @@ impl Vm {
             .write(&mut self.router.work, host, self.id, now, read);
     }
 
-    /// Adopts the leader's load table if it changed since this VM last read it.
+    /// Adopts the leader's load table if it changed since this VM last read it, and tells every
+    /// VM what it routed to a pod the table shows restarted after the new process started.
     pub fn refresh_load_table(&mut self, host: &mut dyn Host) {
         let (bytes, cas) = host.shared_get(LOAD_KEY);
         if cas != self.load_cas {
             if let Some(table) = bytes.and_then(|b| LoadTable::decode(&b)) {
-                self.router.apply_load_table(&self.config, table);
+                let held_again = self.router.apply_load_table(&self.config, table);
                 self.load_cas = cas;
+                for observation in held_again {
+                    self.tell_leader(
+                        host,
+                        Message::Observation {
+                            vm: self.id,
+                            observation,
+                        },
+                    );
+                }
             }
         }
     }

@@ -515,3 +515,58 @@ fn a_poll_envoy_ended_without_an_answer_is_a_failed_poll() {
     assert_eq!(host.counter(Counter::PollFailures), failures + 2);
     assert!(vm.is_leader());
 }
+
+/// A prompt one worker routed to its holder after the holder's process restarted, and that the
+/// index was not told of again (it was held), is held there in every worker once the restart is
+/// seen: the other workers never heard of that routing, and asked for the prompt they would send
+/// it elsewhere, a second recompute while the first runs on the new process.
+#[test]
+fn what_one_worker_routed_to_a_restarted_pod_after_its_start_is_held_there_in_every_worker() {
+    let cfg = config("");
+    let mut c = Cluster::new(&cfg, 2);
+    let started = |at_ms: u64| format!("process_start_time_seconds {:e}\n", at_ms as f64 / 1e3);
+    c.extra_metrics = started(c.vms[0].1.now_ms() - 60_000);
+    c.ready();
+    let leader = c.leaders()[0];
+    let worker = 1 - leader;
+    let prompt: Vec<u64> = (1..=8).collect();
+    let route = |c: &mut Cluster, hashes: &[u64], held: usize| {
+        let (vm, host) = &mut c.vms[worker];
+        let now = host.now_ms();
+        let observation = Observation {
+            addr: PODS[0].to_string(),
+            hashes: hashes.to_vec(),
+        };
+        vm.observe_routing(host, observation, held, now);
+    };
+    route(&mut c, &prompt, 0);
+    for _ in 0..3 {
+        c.tick();
+        c.advance_ms(100);
+    }
+    // The pod restarts; the worker routes the prompt again (with a new last block) before any
+    // poll shows it, as a hit the index is not told of again.
+    let restart_ms = c.vms[worker].1.now_ms();
+    c.advance_ms(50);
+    let mut again = prompt.clone();
+    again.push(99);
+    route(&mut c, &again, prompt.len());
+    c.extra_metrics = started(restart_ms);
+    for _ in 0..4 {
+        c.tick();
+        c.advance_ms(100);
+    }
+    for (i, (vm, _)) in c.vms.iter().enumerate() {
+        assert_eq!(
+            vm.router.load_table().pods[0].restarts,
+            1,
+            "VM {i} saw the restart"
+        );
+        let slot = vm.router.affinity.slot_of(PODS[0]).unwrap();
+        assert_eq!(
+            vm.router.affinity.index().match_lengths(&prompt, 64)[slot],
+            prompt.len(),
+            "VM {i} (the worker is {worker}) holds the prompt on the restarted pod"
+        );
+    }
+}
