@@ -495,6 +495,7 @@ mod tests {
             serves: Vec::new(),
             locality: None,
             restarts: 0,
+            seats: None,
         };
         assert_eq!(health_of(&pod, 5000, 2000), Health::Unknown);
         pod.late = true;

@@ -299,6 +299,10 @@ pub enum Gauge {
     PodPrefillTokensPerSecond,
     /// First bytes the pod's TTFT model has learned from (decayed).
     PodFitSamples,
+    /// The engine's cap on requests running at once that the overload guard uses: configured
+    /// (`overload_guard.max_running`) or learned from the pod's polls (`crate::pod::seats`); 0:
+    /// none known, the guard is off for the pod.
+    PodSeats,
     /// Requests flow control holds in the whole Envoy (every worker), per `band`.
     FlowHeldRequests,
     /// Distinct flows (tenants) with requests held, per `band`: how many share the queue.
@@ -435,7 +439,7 @@ impl Counter {
 }
 
 impl Gauge {
-    pub const ALL: [Gauge; 14] = [
+    pub const ALL: [Gauge; 15] = [
         Gauge::PodsHealthy,
         Gauge::PodsStale,
         Gauge::PodsEjected,
@@ -448,6 +452,7 @@ impl Gauge {
         Gauge::PodTtftOverheadUs,
         Gauge::PodPrefillTokensPerSecond,
         Gauge::PodFitSamples,
+        Gauge::PodSeats,
         Gauge::FlowHeldRequests,
         Gauge::FlowWaitingFlows,
     ];
@@ -466,6 +471,7 @@ impl Gauge {
             Gauge::PodTtftOverheadUs => "kvroute.pod.ttft_overhead_microseconds",
             Gauge::PodPrefillTokensPerSecond => "kvroute.pod.prefill_tokens_per_second",
             Gauge::PodFitSamples => "kvroute.pod.fit_samples",
+            Gauge::PodSeats => "kvroute.pod.seats",
             Gauge::FlowHeldRequests => "kvroute.flow.held_requests",
             Gauge::FlowWaitingFlows => "kvroute.flow.waiting_flows",
         }
@@ -481,9 +487,10 @@ impl Gauge {
             | Gauge::PoolRequestsRunning
             | Gauge::PoolKvCacheUsagePermille => POOL_ROLE,
             Gauge::BuildInfo => &[VERSION],
-            Gauge::PodTtftOverheadUs | Gauge::PodPrefillTokensPerSecond | Gauge::PodFitSamples => {
-                &[POOL, ROLE, POD]
-            }
+            Gauge::PodTtftOverheadUs
+            | Gauge::PodPrefillTokensPerSecond
+            | Gauge::PodFitSamples
+            | Gauge::PodSeats => &[POOL, ROLE, POD],
             Gauge::IndexEntries => &[],
             Gauge::FlowHeldRequests | Gauge::FlowWaitingFlows => &[BAND],
         }

@@ -561,16 +561,27 @@ pub async fn wait_kvroute_healthy(envoy: &Envoy, want: u64, opts: &StackOptions)
 }
 
 /// kvroute's `kvroute.flow.*` counters in `envoy`, each summed over its labels but the drops'
-/// reason (`flow.dropped_total{reason=queue_timeout}`); empty when none (or the admin API did not
-/// answer).
+/// reason (`flow.dropped_total{reason=queue_timeout}`), and how many pods had each seat cap for
+/// the overload guard at the end (`pods_with_seats{seats=8}`: `kvroute.pod.seats` above 0); empty
+/// when none (or the admin API did not answer).
 pub async fn flow_counters(envoy: &Envoy) -> std::collections::BTreeMap<String, u64> {
     const PREFIX: &str = "wasmcustom.kvroute.";
     let mut out = std::collections::BTreeMap::new();
     for (name, value) in envoy.labelled_stats().await.unwrap_or_default() {
         let base = harness::strip_labels(&name);
-        let Some(metric) = base.strip_prefix(PREFIX).filter(|m| m.starts_with("flow.")) else {
+        let Some(metric) = base.strip_prefix(PREFIX) else {
             continue;
         };
+        if metric == "pod.seats" {
+            if value > 0 {
+                *out.entry(format!("pods_with_seats{{seats={value}}}"))
+                    .or_default() += 1;
+            }
+            continue;
+        }
+        if !metric.starts_with("flow.") {
+            continue;
+        }
         let key = match harness::label_value(&name, "reason") {
             Some(reason) => format!("{metric}{{reason={reason}}}"),
             None => metric.to_owned(),

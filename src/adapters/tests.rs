@@ -27,6 +27,7 @@ fn pod(addr: &str, running: &[&str], slots: Option<u32>) -> PodLoad {
         serves: Vec::new(),
         locality: None,
         restarts: 0,
+        seats: None,
     }
 }
 

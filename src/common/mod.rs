@@ -61,8 +61,8 @@ pub enum NoEndpointPolicy {
 /// The overload guard of the picker (see `crate::scheduler` picker): a pod at the engine's cap on
 /// running requests whose queue (requests not yet started) is this far above the shortest
 /// candidate queue is ranked behind the others (the SGLang router's `balance_abs_threshold` /
-/// `balance_rel_threshold` shape). Without `max_running` it never fires: below the cap a queue is
-/// prefill work, which the prediction prices.
+/// `balance_rel_threshold` shape). Where no cap is known (configured or learned) it never fires:
+/// below the cap a queue is prefill work, which the prediction prices.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
@@ -70,9 +70,10 @@ pub struct OverloadGuard {
     pub abs_gap: f64,
     pub rel_gap: f64,
     /// The engine's cap on requests running at once (vLLM's `--max-num-seqs`, SGLang's
-    /// `--max-running-requests`, llama.cpp's `--parallel`), which no engine exports. Unset, the
-    /// guard is off; set, a pod with that many requests is guarded by its queue: that queue waits
-    /// for decodes, which the prediction does not see.
+    /// `--max-running-requests`, llama.cpp's `--parallel`), which no engine exports. A pod with
+    /// that many requests is guarded by its queue: that queue waits for decodes, which the
+    /// prediction does not see. Unset, each pod's cap is learned from its polls
+    /// (`crate::pod::seats`), and until they show one the guard is off for it.
     pub max_running: Option<u32>,
 }
 

@@ -18,6 +18,12 @@ impl ItlTimer {
         self.chunks = self.chunks.saturating_add(1);
     }
 
+    /// From the first chunk to the last, once at least three arrived (`None` before): how long
+    /// the stream decoded, most of the time its request held one of the pod's seats.
+    pub fn span_ms(&self) -> Option<f64> {
+        (self.chunks >= 3).then(|| self.last_us.saturating_sub(self.first_us) as f64 / 1e3)
+    }
+
     /// The mean time between chunks, once at least three arrived (`None` before).
     pub fn itl_ms(&self) -> Option<f64> {
         (self.chunks >= 3).then(|| {
@@ -39,5 +45,6 @@ mod tests {
         assert_eq!(t.itl_ms(), None);
         t.on_chunk(41_000);
         assert_eq!(t.itl_ms(), Some(20.0));
+        assert_eq!(t.span_ms(), Some(40.0));
     }
 }

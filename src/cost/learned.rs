@@ -38,6 +38,9 @@ pub struct Costs {
     others_fits: HashMap<String, Vec<PodFit>>,
     /// Running mean of each pod's inter-token latency, from the streams this VM timed.
     itl_ms: HashMap<String, f64>,
+    /// Running mean of how long each pod's streams decoded (first chunk to last), from the
+    /// streams this VM timed: how long a request holds one of its seats (`crate::pod::seats`).
+    decode_ms: HashMap<String, f64>,
     /// Per role, the calibration of served predictions to the median.
     ttft_scale: [MedianScale; ROLES],
     /// Per role, how widely served predictions miss (see [`ErrorBand`]).
@@ -84,6 +87,8 @@ impl Costs {
         let listed: hashbrown::HashSet<&str> = table.pods.iter().map(|p| p.addr.as_str()).collect();
         self.speeds.retain(|addr, _| listed.contains(addr.as_str()));
         self.itl_ms.retain(|addr, _| listed.contains(addr.as_str()));
+        self.decode_ms
+            .retain(|addr, _| listed.contains(addr.as_str()));
         self.listed = table
             .pods
             .iter()
@@ -273,6 +278,21 @@ impl Costs {
             )
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    }
+
+    /// How long `addr`'s streams decode (this VM's running mean; `None`: none timed).
+    pub fn decode_of(&self, addr: &str) -> Option<f64> {
+        self.decode_ms.get(addr).copied()
+    }
+
+    /// A stream on `addr` decoded for `span_ms`, its first chunk to its last.
+    pub fn observe_decode(&mut self, addr: &str, span_ms: f64) {
+        let known = self.role_by_addr.contains_key(addr);
+        if !(span_ms.is_finite() && span_ms >= 0.0 && known) {
+            return;
+        }
+        let mean = self.decode_ms.entry_ref(addr).or_insert(span_ms);
+        *mean = *mean * (1.0 - ITL_ALPHA) + span_ms * ITL_ALPHA;
     }
 
     /// A stream on `addr` delivered its tokens `itl_ms` apart on average.

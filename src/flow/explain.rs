@@ -165,6 +165,9 @@ fn write_loads(line: &mut String, ranked: &[Choice]) {
     if ranked.iter().any(|c| c.prediction.warm_load_ms > 0.0) {
         let _ = write!(line, "; warm_load_ms={:.1}", p.warm_load_ms);
     }
+    if ranked.iter().any(|c| c.prediction.seat_wait_ms > 0.0) {
+        let _ = write!(line, "; seat_wait_ms={:.1}", p.seat_wait_ms);
+    }
 }
 
 pub fn debug_line(

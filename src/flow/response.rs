@@ -177,6 +177,9 @@ impl RequestFlow {
         if let Some(itl_ms) = self.itl.itl_ms().filter(|_| completed) {
             vm.router.costs.observe_itl(&addr, itl_ms);
         }
+        if let Some(span_ms) = self.itl.span_ms().filter(|_| completed) {
+            vm.router.costs.observe_decode(&addr, span_ms);
+        }
         if board_changed {
             let now = host.now_ms();
             vm.write_inflight_row(host, now);

@@ -39,6 +39,10 @@ pub struct PodLoad {
     /// worker that sees it change drops the pod's prefix entries at once.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub restarts: u32,
+    /// The engine's cap on requests running at once, as its polls have shown it
+    /// (`crate::pod::seats`); `None` until they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seats: Option<u32>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -125,6 +129,7 @@ mod tests {
             serves: Vec::new(),
             locality: None,
             restarts: 0,
+            seats: None,
         };
         assert!(p.is_fresh(2000, 1000));
         assert!(!p.is_fresh(2001, 1000));

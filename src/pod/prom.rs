@@ -69,6 +69,11 @@ pub struct PodMetrics {
     /// former.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<f64>,
+    /// Tokens the engine has generated since it started (`vllm:generation_tokens_total`,
+    /// `sglang:generation_tokens_total`, `llamacpp:tokens_predicted_total`; summed over label
+    /// sets): whether it made progress between two polls (`super::seats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_tokens: Option<f64>,
 }
 
 /// This gateway's requests on a pod when its poll was sent (every worker VM's, from the work
@@ -153,6 +158,7 @@ enum Signal {
     CacheInfo,
     LoraInfo,
     StartTime,
+    Generated,
 }
 
 fn signal(name: &str) -> Option<Signal> {
@@ -175,6 +181,9 @@ fn signal(name: &str) -> Option<Signal> {
         "vllm:cache_config_info" | "sglang:cache_config_info" => Signal::CacheInfo,
         "vllm:lora_requests_info" => Signal::LoraInfo,
         "process_start_time_seconds" => Signal::StartTime,
+        "vllm:generation_tokens_total"
+        | "sglang:generation_tokens_total"
+        | "llamacpp:tokens_predicted_total" => Signal::Generated,
         _ => return None,
     })
 }
@@ -219,7 +228,9 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         let bound = match sig {
             Signal::Waiting | Signal::Running => MAX_POD_REQUESTS,
             Signal::KvUsage => 1.0,
-            Signal::CacheInfo | Signal::LoraInfo | Signal::StartTime => f64::INFINITY,
+            Signal::CacheInfo | Signal::LoraInfo | Signal::StartTime | Signal::Generated => {
+                f64::INFINITY
+            }
         };
         if value > bound {
             implausible = implausible.saturating_add(1);
@@ -256,6 +267,9 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
             }
             Signal::LoraInfo => {}
             Signal::StartTime => m.started_at = Some(value),
+            Signal::Generated => {
+                m.generated_tokens = Some(m.generated_tokens.unwrap_or(0.0) + value);
+            }
         }
     }
     judge(
@@ -276,6 +290,8 @@ fn judge(
     (well_formed, evidence): (bool, bool),
     implausible: u32,
 ) -> Result<Page, PromError> {
+    // A counter's samples can add up to infinity too, which the table could not carry.
+    m.generated_tokens = m.generated_tokens.filter(|g| g.is_finite());
     if names_load {
         // Finite samples can add up to infinity (found by fuzzing `prom`): the load table could
         // not carry it (JSON has no infinity) and no worker would read the table.

@@ -47,6 +47,7 @@ fn router_with_streams(cfg: &Config, prefill_waiting: f64, decode_running: f64) 
                 serves: Vec::new(),
                 locality: None,
                 restarts: 0,
+                seats: None,
                 late: false,
                 ejected_until_ms: 0,
             });

@@ -31,6 +31,7 @@ fn table(addrs: &[&str], now: u64) -> LoadTable {
                 serves: Vec::new(),
                 locality: None,
                 restarts: 0,
+                seats: None,
                 late: false,
                 ejected_until_ms: 0,
             })

@@ -42,6 +42,12 @@ pub struct PodView<'a> {
     pub waiting: f64,
     pub running: f64,
     pub kv_usage: f64,
+    /// The engine's cap on requests running at once: `overload_guard.max_running` where
+    /// configured, else as the pod's polls have shown it (`crate::pod::seats`); `None`: unknown.
+    pub seats: Option<u32>,
+    /// How long a request holds one of those seats: how long the pod's streams decode
+    /// (`crate::cost`), if any were timed.
+    pub seat_hold_ms: Option<f64>,
     /// Requests this gateway has sent to the pod that have not finished (every worker VM).
     pub inflight: f64,
     /// Of those, the uncached prompt tokens of the ones still before their first byte (their

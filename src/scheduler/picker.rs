@@ -33,9 +33,10 @@
 //!   the support assistant of …`: one 64-character block) went to the same pod once one pod held
 //!   that opening. A hot prefix spilling off its holder still keys on one block of that prefix
 //!   (the holder is not tied with the pods it spills to), so it spills to one pod, not to all.
-//! * **Overload guard.** Only where the engine's cap on running requests is configured
+//! * **Overload guard.** Only where the engine's cap on running requests is known: configured
 //!   (`overload_guard.max_running`: vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`,
-//!   llama.cpp's `--parallel`; no engine exports it): a pod running that many whose queue
+//!   llama.cpp's `--parallel`; no engine exports it), else as the pod's polls have shown it
+//!   ([`PodView::seats`], `crate::pod::seats`): a pod running that many whose queue
 //!   (requests not yet started, [`PodView::queue`]) exceeds the shortest candidate queue by more
 //!   than `abs_gap` and by more than `rel_gap` times is ranked after every pod that is not. Below
 //!   its seat cap a request waits on a pod only for the prefills ahead of it, which the
@@ -127,7 +128,7 @@ pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
 /// among the candidates.
 pub fn overloaded(config: &SelectionConfig<'_>, pod: &PodView<'_>, min_queue: f64) -> bool {
     let guard = config.overload_guard;
-    let Some(seats) = guard.max_running else {
+    let Some(seats) = guard.max_running.or(pod.seats) else {
         return false;
     };
     let queue = pod.queue();

@@ -26,6 +26,14 @@
 //!   load it ([`PodView::adapter_load_ms`], `crate::adapters`), added after the scale: it is not a
 //!   token cost, and it is also work the pod does for this request (the load runs in the engine's
 //!   step, so it delays the requests queued behind it as the prefill does).
+//! * **seat wait** — where the pod's cap on running requests is known ([`PodView::seats`]:
+//!   configured, or learned from its polls) and the requests on it fill its seats, the request
+//!   waits for seats to free: those beyond the seats go first, then it, and a seat frees every
+//!   `hold ÷ seats` on average, `hold` how long the pod's streams decode
+//!   ([`PodView::seat_hold_ms`]): [`seat_wait_ms`]. Added after the scale, to this request's first
+//!   token only: it waits for decodes, it adds no work. Without it a pod at its cap looked as
+//!   soon as its prefill queue said, and only the overload guard, past its gap, saw the queue for
+//!   seats (docs/results.md, "Overload and flow control").
 //! * **decoding** — sequences decoding on the pod (polled, or the gateway's own count of requests
 //!   past their first byte if larger): an engine that runs prefill and decode in one step pays for
 //!   the decode batch in every step, the first token's included.
@@ -71,6 +79,8 @@ pub struct Prediction {
     pub adapter_reload_ms: f64,
     /// Of `ttft_ms`, the time to load its cached blocks from tiers beyond the GPU.
     pub warm_load_ms: f64,
+    /// Of `ttft_ms`, the wait for one of the pod's seats ([`seat_wait_ms`]).
+    pub seat_wait_ms: f64,
 }
 
 impl Prediction {
@@ -94,6 +104,24 @@ pub fn head_progress(work: &PodWork, cost: &Coefficients, now_ms: u64) -> f64 {
     (busy_ms.max(0.0) * 1e3 / cost.us_per_token).min(work.head_tokens as f64)
 }
 
+/// Milliseconds the request would wait for a seat on `pod` (see the module header): 0 where its
+/// cap or how long its requests hold a seat is unknown, or a seat is free.
+pub fn seat_wait_ms(pod: &PodView<'_>) -> f64 {
+    let (Some(seats), Some(hold)) = (pod.seats, pod.seat_hold_ms) else {
+        return 0.0;
+    };
+    if seats == 0 || !(hold.is_finite() && hold > 0.0) {
+        return 0.0;
+    }
+    let seats = f64::from(seats);
+    let beyond = pod.load() + 1.0 - seats;
+    if beyond > 0.0 {
+        beyond * hold / seats
+    } else {
+        0.0
+    }
+}
+
 pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
     let uncached = uncached_tokens(
         request.prompt_tokens,
@@ -111,10 +139,12 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         0.0
     };
     let own_compute_ms = pod.cost.us_per_token * uncached / 1e3 * pod.ttft_scale + adapter_load_ms;
+    let seat_wait_ms = seat_wait_ms(pod);
     Prediction {
         ttft_ms: pod.cost.predict_ms(tokens_ahead + uncached, decoding) * pod.ttft_scale
             + adapter_load_ms
-            + warm_load_ms,
+            + warm_load_ms
+            + seat_wait_ms,
         uncached_tokens: uncached,
         tokens_ahead,
         decoding,
@@ -123,6 +153,7 @@ pub fn predict(pod: &PodView<'_>, request: &RouteRequest<'_>) -> Prediction {
         adapter_load_ms,
         adapter_reload_ms: pod.adapter_reload_ms.max(0.0),
         warm_load_ms,
+        seat_wait_ms,
     }
 }
 

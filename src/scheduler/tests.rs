@@ -10,6 +10,8 @@ fn pod(addr: &'static str) -> PodView<'static> {
         waiting: 0.0,
         running: 0.0,
         kv_usage: 0.0,
+        seats: None,
+        seat_hold_ms: None,
         inflight: 0.0,
         queued_tokens: 0.0,
         queued_requests: 0.0,
@@ -194,6 +196,23 @@ fn a_holder_with_every_seat_taken_is_guarded_though_its_queue_is_prefill_work() 
     // Four at once: six of the ten wait for a decode to end, which no prefill term shows.
     cfg.overload_guard.max_running = Some(4);
     assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+    // Unconfigured, the cap its polls showed (`crate::pod::seats`) guards it alike, and the
+    // configured one goes before it.
+    cfg.overload_guard.max_running = None;
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+    pods[0].seats = Some(4);
+    assert_ne!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+    cfg.overload_guard.max_running = Some(12);
+    assert_eq!(
         primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
         ADDRS[0]
     );
@@ -894,4 +913,40 @@ fn a_prompts_old_home_keeps_it_after_a_restart_unless_another_pod_is_clearly_soo
     pods[0].queued_tokens = 1800.0;
     let d = decide(&cfg.selection(), &pods, &request(&hashes));
     assert_eq!(primary(&d), ADDRS[1], "{d:?}");
+}
+
+#[test]
+fn a_request_waits_for_a_seat_on_a_pod_whose_seats_are_taken() {
+    let cfg = Config::default();
+    let hashes: Vec<u64> = (1..=100).collect();
+    let mut pods: Vec<PodView> = ADDRS[..2].iter().map(|a| pod(a)).collect();
+    // Pod 0 holds the prompt and runs its 8 seats full with 6 more waiting for one (within the
+    // overload guard's gap); pod 1 runs 4 of its 8.
+    pods[0].matched_blocks = 100;
+    pods[0].running = 8.0;
+    pods[0].waiting = 6.0;
+    pods[1].running = 4.0;
+    for p in &mut pods {
+        p.seats = Some(8);
+    }
+    // Unknown how long a request holds a seat: the prompt's holder, as before.
+    assert_eq!(
+        primary(&decide(&cfg.selection(), &pods, &request(&hashes))),
+        ADDRS[0]
+    );
+    // Seven seats must free before it gets one, one every 4 s ÷ 8: 3.5 s, against recomputing
+    // 1,600 tokens where a seat is free.
+    for p in &mut pods {
+        p.seat_hold_ms = Some(4000.0);
+    }
+    let d = decide(&cfg.selection(), &pods, &request(&hashes));
+    assert_eq!(primary(&d), ADDRS[1]);
+    let Decision::Route { ranked, .. } = d else {
+        unreachable!()
+    };
+    assert_eq!(ranked[0].prediction.seat_wait_ms, 0.0);
+    assert!(
+        (ranked[1].prediction.seat_wait_ms - 3500.0).abs() < 1e-9,
+        "{ranked:?}"
+    );
 }

@@ -7,6 +7,7 @@ use crate::health::{PassiveHealth, Tally};
 use crate::pod::load::{LoadTable, PodLoad};
 use crate::pod::models::{self, ServedModel};
 use crate::pod::prom::{self, Figures, GatewayShare, PodMetrics};
+use crate::pod::seats::SeatCap;
 use hashbrown::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +31,8 @@ struct PodRecord {
     restarts: u32,
     /// The last poll saw a restart (the caller counts it: `kvroute.pod.restarts`).
     just_restarted: bool,
+    /// Its cap on running requests, as its polls show it.
+    seats: SeatCap,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +102,7 @@ impl Leader {
                 implausible: 0,
                 restarts: 0,
                 just_restarted: false,
+                seats: SeatCap::default(),
             });
             record.role = role;
             if record.pool != *pool {
@@ -197,6 +201,7 @@ impl Leader {
                 if restarted(record, &page.metrics) {
                     record.restarts = record.restarts.wrapping_add(1);
                     record.just_restarted = true;
+                    record.seats = SeatCap::default();
                     log::info!(
                         "kvroute: pod {addr} restarted (process start {:?} after {:?}, polls failing before: {}): its KV cache is empty, its prefix entries are dropped",
                         page.metrics.started_at,
@@ -210,6 +215,18 @@ impl Leader {
                     );
                 }
                 record.figures = Some(page.figures);
+                let seats = record.seats.seats();
+                record.seats.observe(&page.metrics);
+                if record.seats.seats() != seats {
+                    match record.seats.seats() {
+                        Some(n) => log::info!(
+                            "kvroute: pod {addr} keeps requests waiting while it runs {n} and generates: taken as its cap on running requests (the overload guard's seats; `overload_guard.max_running` overrides)"
+                        ),
+                        None => log::info!(
+                            "kvroute: pod {addr} runs more than {seats:?} requests at once: that was no cap"
+                        ),
+                    }
+                }
                 if record.metrics_at_ms > 0 && page.metrics.models != record.metrics.models {
                     // The pod serves other models now (restarted with other weights, or under
                     // other names): its model list is stale too, and a name it dropped would
@@ -330,6 +347,7 @@ impl Leader {
                 serves: served_names(&r.metrics, &r.served),
                 locality: self.localities.get(addr).cloned(),
                 restarts: r.restarts,
+                seats: r.seats.seats(),
             })
             .collect();
         pods.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -473,6 +491,37 @@ mod tests {
             poll(&mut l, b, PollResult::Answered(200, PAGE), 1600),
             (false, 1)
         );
+    }
+
+    #[test]
+    fn a_cap_on_running_requests_its_polls_show_is_in_the_table_until_a_restart() {
+        let cfg = config(r#"{"pools":[{"name":"a","endpoints":["10.0.0.1:1"]}]}"#);
+        let mut l = Leader::new(&cfg);
+        let a = "10.0.0.1:1";
+        let page = |started: f64, waiting: u32, running: u32, generated: u32| {
+            format!(
+                "process_start_time_seconds {started:e}\n\
+                 vllm:num_requests_waiting {waiting}\nvllm:num_requests_running {running}\n\
+                 vllm:generation_tokens_total{{engine=\"0\"}} {generated}\n"
+            )
+        };
+        let poll = |l: &mut Leader, body: String, now: u64| {
+            l.on_poll(
+                a,
+                PollResult::Answered(200, body.as_bytes()),
+                GatewayShare::default(),
+                now,
+            );
+            l.table(now).pods[0].seats
+        };
+        let mut now = 1000;
+        for i in 0..=crate::pod::seats::STREAK {
+            now += 100;
+            poll(&mut l, page(1.7e9, 20, 8, 100 * i), now);
+        }
+        assert_eq!(poll(&mut l, page(1.7e9, 20, 8, 10_000), now + 100), Some(8));
+        // The new process starts over: nothing learned of the old one holds.
+        assert_eq!(poll(&mut l, page(1.8e9, 20, 8, 10_100), now + 200), None);
     }
 
     #[test]
