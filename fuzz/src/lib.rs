@@ -370,8 +370,8 @@ fn gen_metrics(g: &mut Gen) -> PodMetrics {
             prefilling: g.number(1e3),
             inflight: g.number(1e3),
         },
-        // The leader's alone: never in a table (`serde(skip)`).
-        started_at: None,
+        started_at: (g.u8() & 1 == 1).then(|| g.number(2e9)),
+        generated_tokens: (g.u8() & 1 == 1).then(|| g.number(1e12)),
     }
 }
 
@@ -397,6 +397,7 @@ fn gen_table(g: &mut Gen) -> LoadTable {
             serves: (0..g.len(3)).map(|_| g.string(12)).collect(),
             locality: None,
             restarts: u32::from(g.u8() & 3),
+            seats: (g.u8() & 1 == 1).then(|| g.u32()),
         })
         .collect();
     LoadTable {

@@ -151,6 +151,7 @@ impl PromError {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Signal {
     Waiting,
     Running,
@@ -159,6 +160,19 @@ enum Signal {
     LoraInfo,
     StartTime,
     Generated,
+}
+
+impl Signal {
+    /// The most a sample of it can truly be; above it, the sample is implausible (and clamped).
+    fn bound(self) -> f64 {
+        match self {
+            Signal::Waiting | Signal::Running => MAX_POD_REQUESTS,
+            Signal::KvUsage => 1.0,
+            Signal::CacheInfo | Signal::LoraInfo | Signal::StartTime | Signal::Generated => {
+                f64::INFINITY
+            }
+        }
+    }
 }
 
 fn signal(name: &str) -> Option<Signal> {
@@ -225,13 +239,7 @@ pub fn read(text: &[u8]) -> Result<Page, PromError> {
         if !value.is_finite() || value < 0.0 {
             continue;
         }
-        let bound = match sig {
-            Signal::Waiting | Signal::Running => MAX_POD_REQUESTS,
-            Signal::KvUsage => 1.0,
-            Signal::CacheInfo | Signal::LoraInfo | Signal::StartTime | Signal::Generated => {
-                f64::INFINITY
-            }
-        };
+        let bound = sig.bound();
         if value > bound {
             implausible = implausible.saturating_add(1);
         }

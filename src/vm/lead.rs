@@ -255,6 +255,11 @@ impl Vm {
             Gauge::IndexEntries,
             self.router.affinity.index_entries() as u64,
         );
+        self.publish_pod_gauges(host, table);
+    }
+
+    /// Each pod's learned cost and the seat cap the overload guard uses for it.
+    fn publish_pod_gauges(&self, host: &mut dyn Host, table: &LoadTable) {
         let pool_costs = self.router.costs.pool_costs();
         let settings = self.config.costs();
         for pod in &table.pods {
