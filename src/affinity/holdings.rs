@@ -36,14 +36,14 @@ pub struct Affinity {
     restarts: HashMap<String, u32>,
     /// Sequence number of the last delta page applied.
     pub applied_page: u64,
-    /// The VM's clock (Unix ms) as last set ([`Self::set_clock`]): when what it observes now was
-    /// routed, to within the time it takes to reach this VM. 0 = never set.
+    /// The VM's clock (Unix ms) as last set ([`Self::set_clock`]): when what it routes now was
+    /// routed. 0 = never set.
     clock_ms: u64,
-    /// This VM's recent routings to a pod known to hold the prompt that the index was not told
-    /// of again ([`Self::note_routed_held`]), oldest first.
-    routed_held: std::collections::VecDeque<RoutedHeld>,
-    /// Hashes in `routed_held`.
-    routed_held_hashes: usize,
+    /// This VM's recent routings, told to the index or not ([`Self::note_routing`]), oldest
+    /// first.
+    recent_routings: std::collections::VecDeque<RecentRouting>,
+    /// Hashes in `recent_routings`.
+    recent_routings_hashes: usize,
 }
 
 /// What a new load table showed restarted ([`Affinity::list_pods`]).
@@ -51,28 +51,29 @@ pub struct Affinity {
 pub struct Restarts {
     /// The pods seen restarted.
     pub pods: Vec<String>,
-    /// Prompts this VM routed to them after their new process started and did not tell the
-    /// other VMs of (they were held already): to be told now, since every other VM has just
-    /// made them former.
+    /// Prompts this VM routed to them after their new process started: to be told to every VM
+    /// again, since every other VM has just made them former (it could not tell them from what
+    /// was routed before the start: see [`Affinity::observe_routed`]).
     pub held_again: Vec<Observation>,
 }
 
-/// A prompt routed to a pod the index believed held it, not observed again
-/// (`super::pages::RecentTouches`): if the pod turns out to have restarted before it, the new
-/// process is computing it.
+/// A prompt this VM routed (`super::pages::RecentTouches`): if the pod turns out to have
+/// restarted before it, the new process is computing it.
 #[derive(Debug, Clone)]
-struct RoutedHeld {
+struct RecentRouting {
     addr: String,
     at_ms: u64,
     hashes: Vec<u64>,
 }
 
-/// How long a routing in `routed_held` is kept: a restart is seen at the pod's next poll (200 ms
+/// How long a routing in `recent_routings` is kept: a restart is seen at the pod's next poll (200 ms
 /// by default) and in each VM's next table, well within this.
-const ROUTED_HELD_MS: u64 = 2000;
-/// Hashes kept in `routed_held` (8 bytes each), the oldest routings going first: past it, a
-/// restart seen later keeps fewer prompts held, as before this was kept at all.
-const ROUTED_HELD_MAX_HASHES: usize = 4096;
+const RECENT_ROUTINGS_MS: u64 = 2000;
+/// Hashes kept in `recent_routings` (8 bytes each), and routings (about 100 bytes each with their
+/// address), the oldest going first: past either, a restart seen later keeps fewer prompts held.
+/// The window to cover is a poll and a table's way to every VM, a few hundred ms of routings.
+const RECENT_ROUTINGS_MAX_HASHES: usize = 2048;
+const RECENT_ROUTINGS_MAX: usize = 128;
 
 /// The blocks of one request, ready for the scheduler and the index.
 #[derive(Debug, Clone, PartialEq)]
@@ -194,7 +195,7 @@ impl Affinity {
                         .started_at
                         .and_then(|s| (s.is_finite() && s > 0.0).then_some((s * 1e3) as u64));
                     self.index.empty_slot(slot, started_ms);
-                    let held = self.observe_routed_held(slot, &pod.addr, started_ms);
+                    let held = self.observe_recent_routings(slot, &pod.addr, started_ms);
                     restarts.held_again.extend(held);
                 }
             }
@@ -310,40 +311,41 @@ impl Affinity {
         self.slot_of.get(addr).copied()
     }
 
-    /// What the observations from now on are stamped with: a restart keeps what was routed to
-    /// the pod after its new process started (`super::index`).
+    /// When what this VM routes from now on was routed: a restart keeps what was routed to the
+    /// pod after its new process started (`super::index`).
     pub fn set_clock(&mut self, now_ms: u64) {
         self.clock_ms = self.clock_ms.max(now_ms);
     }
 
-    /// A prompt routed to `addr`, which the index believed held its leading `hashes` and was not
-    /// told of them again: kept a while in case `addr` turns out to have restarted before it.
-    pub fn note_routed_held(&mut self, addr: &str, hashes: &[u64]) {
-        if hashes.is_empty() || hashes.len() > ROUTED_HELD_MAX_HASHES || self.clock_ms == 0 {
+    /// A prompt routed to `addr` (its leading `hashes`, told to the index or not): kept a while in
+    /// case `addr` turns out to have restarted before it.
+    pub fn note_routing(&mut self, addr: &str, hashes: &[u64]) {
+        if hashes.is_empty() || hashes.len() > RECENT_ROUTINGS_MAX_HASHES || self.clock_ms == 0 {
             return;
         }
         let now = self.clock_ms;
-        while self.routed_held.front().is_some_and(|r| {
-            now.saturating_sub(r.at_ms) > ROUTED_HELD_MS
-                || self.routed_held_hashes + hashes.len() > ROUTED_HELD_MAX_HASHES
+        while self.recent_routings.front().is_some_and(|r| {
+            now.saturating_sub(r.at_ms) > RECENT_ROUTINGS_MS
+                || self.recent_routings_hashes + hashes.len() > RECENT_ROUTINGS_MAX_HASHES
+                || self.recent_routings.len() >= RECENT_ROUTINGS_MAX
         }) {
-            if let Some(old) = self.routed_held.pop_front() {
-                self.routed_held_hashes -= old.hashes.len();
+            if let Some(old) = self.recent_routings.pop_front() {
+                self.recent_routings_hashes -= old.hashes.len();
             }
         }
-        self.routed_held_hashes += hashes.len();
-        self.routed_held.push_back(RoutedHeld {
+        self.recent_routings_hashes += hashes.len();
+        self.recent_routings.push_back(RecentRouting {
             addr: addr.to_string(),
             at_ms: now,
             hashes: hashes.to_vec(),
         });
     }
 
-    /// After `addr` restarted: the prompts routed to it since its new process started, which
-    /// the index was not told of again, are held there (the new process computes them).
-    /// Returned for the other VMs, which never heard of these routings: a prompt routed by one
-    /// worker and asked for again in another was a move and a second recompute there.
-    fn observe_routed_held(
+    /// After `addr` restarted: the prompts this VM routed to it since its new process started
+    /// are held there (the new process computes them). Returned for the other VMs, which made
+    /// them former: a prompt routed by one worker and asked for again in another was a move and
+    /// a second recompute there.
+    fn observe_recent_routings(
         &mut self,
         slot: usize,
         addr: &str,
@@ -353,7 +355,7 @@ impl Affinity {
             return Vec::new();
         };
         let mut held = Vec::new();
-        for routed in &self.routed_held {
+        for routed in &self.recent_routings {
             if routed.addr == addr && routed.at_ms >= start {
                 self.index.mark_time(slot, routed.at_ms);
                 self.index.observe(slot, &routed.hashes);
@@ -366,11 +368,29 @@ impl Affinity {
         held
     }
 
-    pub fn observe(&mut self, observation: &Observation) {
+    /// What this VM routed now: stamped with the time (the index's marks, which a restart reads)
+    /// and kept among the recent routings.
+    ///
+    /// Only this VM's own routings are marked. Another VM's, applied from the leader's queue or
+    /// pages ([`Self::observe`]), arrive a tick or more after they were routed; marked at their
+    /// arrival, one routed before a pod's restart and arriving after it was taken for the new
+    /// process's (a real-Envoy test failed 1 run in 3 on it). Each VM tells the others what it
+    /// routed after the start instead ([`Restarts::held_again`]). One still arriving after this
+    /// VM's own first routing past the start is taken for the new process's (the index cannot
+    /// tell); the first response from there reports the miss.
+    pub fn observe_routed(&mut self, observation: &Observation) {
         if let Some(&slot) = self.slot_of.get(&observation.addr) {
             if self.clock_ms > 0 {
                 self.index.mark_time(slot, self.clock_ms);
             }
+            self.index.observe(slot, &observation.hashes);
+        }
+        self.note_routing(&observation.addr, &observation.hashes);
+    }
+
+    /// What another VM routed (the leader's queue, a page).
+    pub fn observe(&mut self, observation: &Observation) {
+        if let Some(&slot) = self.slot_of.get(&observation.addr) {
             self.index.observe(slot, &observation.hashes);
         }
     }

@@ -216,20 +216,20 @@ impl RecentTouches {
             }
         }
         if let Some(fresh) = prefix_fresh_since {
-            affinity.note_routed_held(&observation.addr, hashes.get(..held).unwrap_or_default());
+            affinity.note_routing(&observation.addr, hashes.get(..held).unwrap_or_default());
             self.0.insert((last, pod), fresh);
             if let Some(new) = observation.hashes.get(held..).filter(|n| !n.is_empty()) {
                 let new = Observation {
                     addr: observation.addr,
                     hashes: new.to_vec(),
                 };
-                affinity.observe(&new);
+                affinity.observe_routed(&new);
                 tell(new);
             }
             return;
         }
         let held_end = held.checked_sub(1).and_then(|i| hashes.get(i)).copied();
-        affinity.observe(&observation);
+        affinity.observe_routed(&observation);
         tell(observation);
         let touches_now = slot
             .and_then(|slot| affinity.index().turnover(slot))

@@ -430,9 +430,10 @@ fn a_restarted_pods_prefix_entries_are_dropped_when_the_table_says_so() {
     assert_eq!(held(&r, "a:1"), whole);
 }
 
-/// The restart is seen a poll after it happened: a prompt routed to the new process in between is
-/// being computed there, so it stays held, whether the index was told of it again or not; one
-/// routed before the start is former.
+/// The restart is seen a poll after it happened: a prompt this VM routed to the new process in
+/// between is being computed there, so it stays held, whether the index was told of it again or
+/// not, and is told to the other VMs; one routed before the start is former, also where another
+/// VM's routing of it arrived here after the start.
 #[test]
 fn a_prompt_routed_to_a_restarted_pod_after_its_new_process_started_stays_held() {
     let cfg = Config::default();
@@ -442,7 +443,7 @@ fn a_prompt_routed_to_a_restarted_pod_after_its_new_process_started_stays_held()
     let after = Blocks::of(&cfg.block, &chat(&"second tenant ".repeat(200), "q"), None);
     let observe_at = |r: &mut Router, now_ms: u64, blocks: &Blocks| {
         r.affinity.set_clock(now_ms);
-        r.affinity.observe(&Observation {
+        r.affinity.observe_routed(&Observation {
             addr: "a:1".into(),
             hashes: blocks.hashes.clone(),
         });
@@ -452,20 +453,33 @@ fn a_prompt_routed_to_a_restarted_pod_after_its_new_process_started_stays_held()
     observe_at(&mut r, 999_000, &third);
     observe_at(&mut r, 1_000_000, &before);
     r.affinity.set_clock(1_000_200);
-    r.affinity.note_routed_held("a:1", &before.hashes);
+    r.affinity.note_routing("a:1", &before.hashes);
+    // Another VM's routing from before the start, arriving from a page after it.
+    let late = Blocks::of(&cfg.block, &chat(&"fourth tenant ".repeat(200), "q"), None);
+    r.affinity.observe(&Observation {
+        addr: "a:1".into(),
+        hashes: late.hashes.clone(),
+    });
     observe_at(&mut r, 1_001_000, &after);
     r.affinity.set_clock(1_001_200);
-    r.affinity.note_routed_held("a:1", &third.hashes);
+    r.affinity.note_routing("a:1", &third.hashes);
     let mut restarted = table(&["a:1"], 300);
     restarted.pods[0].restarts = 1;
     restarted.pods[0].metrics.started_at = Some(1_000.5);
-    r.apply_load_table(&cfg, restarted);
+    let told = r.apply_load_table(&cfg, restarted);
+    let told: Vec<&[u64]> = told.iter().map(|o| o.hashes.as_slice()).collect();
+    assert_eq!(
+        told,
+        [&after.hashes[..], &third.hashes[..]],
+        "told to the other VMs"
+    );
     let slot = r.affinity.slot_of("a:1").unwrap();
     let held = |b: &Blocks| r.affinity.index().match_lengths(&b.hashes, 64)[slot];
     let former = |b: &Blocks| r.affinity.index().former_lengths(&b.hashes, 64)[slot];
     assert_eq!(held(&after), after.hashes.len());
     assert_eq!(held(&third), third.hashes.len(), "routed after the start");
     assert_eq!((held(&before), former(&before)), (0, before.hashes.len()));
+    assert_eq!((held(&late), former(&late)), (0, late.hashes.len()));
 }
 
 /// Restarting every pod empties every cache, not the pool's partition of prompts: each prompt

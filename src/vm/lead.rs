@@ -87,7 +87,6 @@ impl Vm {
     /// What the workers sent through the shared queue (observations, evictions, request
     /// verdicts), at most `MAX_DRAIN_PER_TICK` messages, and this VM's own verdicts.
     fn drain_queue(&mut self, host: &mut dyn Host, st: &mut LeaderState, now: u64) {
-        self.router.affinity.set_clock(now);
         for _ in 0..MAX_DRAIN_PER_TICK {
             let Some(bytes) = host.queue_pop(st.queue) else {
                 break;

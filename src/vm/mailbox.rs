@@ -9,7 +9,6 @@ impl Vm {
     /// leader, whose index the pages come from).
     pub fn sync_pages(&mut self, host: &mut dyn Host) {
         if self.leader.is_none() {
-            self.router.affinity.set_clock(host.now_ms());
             pages::catch_up(&mut self.router.affinity, host);
         }
     }
@@ -17,7 +16,7 @@ impl Vm {
     /// Records a routing decision locally and tells the leader.
     pub fn observe(&mut self, host: &mut dyn Host, observation: Observation) {
         self.router.affinity.set_clock(host.now_ms());
-        self.router.affinity.observe(&observation);
+        self.router.affinity.observe_routed(&observation);
         self.tell_leader(
             host,
             Message::Observation {
