@@ -77,6 +77,14 @@ pub struct OverloadGuard {
     pub max_running: Option<u32>,
 }
 
+impl OverloadGuard {
+    /// The seat cap a pod is taken to have: `max_running` where configured, else what its polls
+    /// showed (`learned`, `crate::pod::seats`).
+    pub fn seats(&self, learned: Option<u32>) -> Option<u32> {
+        self.max_running.or(learned)
+    }
+}
+
 impl Default for OverloadGuard {
     fn default() -> Self {
         OverloadGuard {

@@ -195,7 +195,7 @@ impl Router {
                     waiting: polled.waiting,
                     running: polled.running,
                     kv_usage: polled.kv_usage,
-                    seats: config.overload_guard.max_running.or(p.seats),
+                    seats: config.overload_guard.seats(p.seats),
                     seat_hold_ms: self.costs.decode_of(&p.addr),
                     inflight: f64::from(work.inflight),
                     queued_tokens: work.prefill_tokens as f64 - head_progress(&work, &cost, now_ms),

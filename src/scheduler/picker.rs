@@ -128,7 +128,7 @@ pub fn tie_key(held: usize, request: &RouteRequest<'_>) -> u64 {
 /// among the candidates.
 pub fn overloaded(config: &SelectionConfig<'_>, pod: &PodView<'_>, min_queue: f64) -> bool {
     let guard = config.overload_guard;
-    let Some(seats) = guard.max_running.or(pod.seats) else {
+    let Some(seats) = guard.seats(pod.seats) else {
         return false;
     };
     let queue = pod.queue();

@@ -290,7 +290,7 @@ impl Vm {
                 &labels,
                 self.router.costs.fit_samples(&pod.addr).max(0.0).round() as u64,
             );
-            let seats = self.config.overload_guard.max_running.or(pod.seats);
+            let seats = self.config.overload_guard.seats(pod.seats);
             host.gauge_in(Gauge::PodSeats, &labels, u64::from(seats.unwrap_or(0)));
         }
     }
